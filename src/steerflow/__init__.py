@@ -1,0 +1,7 @@
+"""steerflow: steerable, resumable LLM-agent flows."""
+
+from __future__ import annotations
+
+__all__ = ["__version__"]
+
+__version__ = "0.1.0"

@@ -1,0 +1,85 @@
+"""Canonical JSON for checkpoint entries, and the ``result_digest`` of a response.
+
+Canonical encoding
+    ``json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True,
+    allow_nan=False)`` applied to the *normalized* value.  Normalizing turns tuples
+    into lists, object keys into strings (the same spelling ``json.dumps`` would give
+    them) and any value JSON cannot represent into ``str(value)``; it refuses NaN and
+    infinities, and refuses two distinct keys that would collide once spelled as
+    strings.  Because the writer stores the normalized response in the entry, a reader
+    can recompute the digest from the stored ``response`` and compare.
+
+Digest
+    ``"blake2b:"`` followed by the hex of a 32-byte BLAKE2b hash of those canonical
+    bytes.  It lives in the same file as the entry, so it notices accidental drift
+    (a truncated or replaced value), not a deliberate edit.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from typing import Any, TypeAlias
+
+__all__ = ["JSON", "canonical_bytes", "normalize", "result_digest"]
+
+JSON: TypeAlias = Any  # a plain tree of dict/list/str/int/float/bool/None
+
+_DIGEST_PREFIX = "blake2b:"
+
+
+def _key(key: object) -> str:
+    if isinstance(key, str):
+        return key
+    if key is True:
+        return "true"
+    if key is False:
+        return "false"
+    if key is None:
+        return "null"
+    if isinstance(key, int):
+        return str(key)
+    if isinstance(key, float):
+        if not math.isfinite(key):
+            raise ValueError(f"non-finite number used as an object key: {key!r}")
+        return repr(key)
+    return str(key)
+
+
+def normalize(value: object) -> JSON:
+    """Return a fresh plain-JSON copy of ``value`` (see the module docstring)."""
+    if value is None or isinstance(value, (str, bool, int)):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"non-finite number cannot be stored: {value!r}")
+        return value
+    if isinstance(value, dict):
+        out: dict[str, JSON] = {}
+        for key, item in value.items():
+            name = _key(key)
+            if name in out:
+                raise ValueError(f"object keys collide once written as JSON: {name!r}")
+            out[name] = normalize(item)
+        return out
+    if isinstance(value, (list, tuple)):
+        return [normalize(item) for item in value]
+    return str(value)
+
+
+def canonical_bytes(value: object) -> bytes:
+    """The canonical JSON encoding of the normalized ``value``."""
+    text = json.dumps(
+        normalize(value),
+        sort_keys=True,
+        separators=(",", ":"),
+        ensure_ascii=True,
+        allow_nan=False,
+    )
+    return text.encode("ascii")
+
+
+def result_digest(response: object) -> str:
+    """``"blake2b:<64 hex>"`` over the canonical JSON encoding of ``response``."""
+    return _DIGEST_PREFIX + hashlib.blake2b(canonical_bytes(response), digest_size=32).hexdigest()

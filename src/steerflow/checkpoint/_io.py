@@ -1,0 +1,283 @@
+"""Every filesystem call the checkpoint writer makes, each bracketed by a fault seam.
+
+Seam names are ``<object>-<step>``: the object is ``snapshot`` (v2 file), ``base``,
+``journal``, ``staging`` or ``dir``; the step is ``create``, ``write``, ``write-part``
+(after a short write, before the rest), ``fsync``, ``close``, ``link``, ``exchange``,
+``replace``, ``unlink``, ``quarantine`` or ``lock``.  Raw file descriptors only: there
+is no userspace buffer, so "flush" has nothing to do beyond the write loop.
+
+Only Linux is qualified.  ``renameat2`` comes through ctypes; where the kernel or the
+filesystem lacks it (NFS, some FUSE), :func:`exchange` reports ``None`` and the caller
+falls back to ``os.replace`` after an identity pre-check, which can still destroy an
+occupant that appears between the check and the rename (documented residual risk).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import stat
+import uuid
+
+from steerflow import _faults
+
+__all__ = [
+    "Identity",
+    "close",
+    "create_exclusive",
+    "create_tmpfile",
+    "exchange",
+    "fsync",
+    "fsync_dir",
+    "identity",
+    "link_fd",
+    "lock_exclusive",
+    "lstat_identity",
+    "open_dir",
+    "open_staging",
+    "rename_noreplace",
+    "replace",
+    "unique_name",
+    "unlink",
+    "write_all",
+]
+
+Identity = tuple[int, int]  # (st_dev, st_ino)
+
+_seam = _faults.seam
+
+_RENAME_NOREPLACE = 1
+_RENAME_EXCHANGE = 2
+_AT_FDCWD = -100
+
+
+def identity(fd: int) -> Identity:
+    """``(st_dev, st_ino)`` of an open descriptor."""
+    st = os.fstat(fd)
+    return (st.st_dev, st.st_ino)
+
+
+def lstat_identity(dir_fd: int, name: str) -> Identity | None:
+    """Identity of the object named ``name`` (links not followed), or None if absent."""
+    try:
+        st = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except FileNotFoundError:
+        return None
+    return (st.st_dev, st.st_ino)
+
+
+def unique_name(prefix: str) -> str:
+    """A fresh name for a temporary object."""
+    return f"{prefix}.{uuid.uuid4().hex}.tmp"
+
+
+def open_dir(path: str) -> int:
+    """Open a directory handle that later calls address by ``dir_fd``."""
+    _seam("dir-open", "before")
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    _seam("dir-open", "after")
+    return fd
+
+
+def open_staging(parent_fd: int, name: str) -> int:
+    """Create (0700) or open the private staging directory and check it is ours.
+
+    Refuses a symlink (ENOTDIR through ``O_NOFOLLOW``), another owner, any group or
+    other permission bit, and a different filesystem from the parent.
+    """
+    _seam("staging-create", "before")
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(name, 0o700, dir_fd=parent_fd)
+    fd = os.open(
+        name, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=parent_fd
+    )
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISDIR(st.st_mode):
+            raise OSError(errno.ENOTDIR, f"staging {name!r} is not a directory")
+        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+            raise PermissionError(errno.EPERM, f"staging {name!r} is not private to this user")
+        if st.st_dev != os.fstat(parent_fd).st_dev:
+            raise OSError(errno.EXDEV, f"staging {name!r} is on another filesystem")
+    except BaseException:
+        os.close(fd)
+        raise
+    _seam("staging-create", "after")
+    return fd
+
+
+def lock_exclusive(fd: int) -> None:
+    """Take the single-writer lock on ``fd`` without waiting (BlockingIOError if held)."""
+    _seam("staging-lock", "before")
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    _seam("staging-lock", "after")
+
+
+def create_exclusive(dir_fd: int, name: str, obj: str, *, append: bool = False) -> int:
+    """Create ``name`` with O_CREAT|O_EXCL|O_NOFOLLOW, mode 0600, and return its fd."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+    if append:
+        flags |= os.O_APPEND
+    _seam(f"{obj}-create", "before")
+    fd = os.open(name, flags, 0o600, dir_fd=dir_fd)
+    _seam(f"{obj}-create", "after")
+    return fd
+
+
+def create_tmpfile(dir_fd: int, obj: str, *, append: bool = False) -> int | None:
+    """An unnamed file (O_TMPFILE) in the directory, or None where unsupported."""
+    tmpfile = getattr(os, "O_TMPFILE", 0)
+    if not tmpfile:
+        return None
+    flags = tmpfile | os.O_WRONLY | os.O_CLOEXEC | (os.O_APPEND if append else 0)
+    _seam(f"{obj}-create", "before")
+    try:
+        fd = os.open(".", flags, 0o600, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOENT):
+            return None
+        raise
+    _seam(f"{obj}-create", "after")
+    return fd
+
+
+def link_fd(fd: int, dir_fd: int, name: str, obj: str) -> None:
+    """Give the unnamed file behind ``fd`` the name ``name`` (linkat via /proc/self/fd)."""
+    _seam(f"{obj}-link", "before")
+    os.link(f"/proc/self/fd/{fd}", name, dst_dir_fd=dir_fd, follow_symlinks=True)
+    _seam(f"{obj}-link", "after")
+
+
+def write_all(fd: int, data: bytes, obj: str) -> int:
+    """Write every byte of ``data``, looping over short writes; return the count."""
+    view = memoryview(data)
+    cap = _faults.short_write_cap()
+    total = len(view)
+    off = 0
+    _seam(f"{obj}-write", "before")
+    while off < total:
+        end = total if cap is None else min(total, off + cap)
+        n = os.write(fd, view[off:end])
+        if n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        off += n
+        if off < total:
+            _seam(f"{obj}-write-part", "after")
+    _seam(f"{obj}-write", "after")
+    return total
+
+
+def fsync(fd: int, obj: str) -> None:
+    """fsync one file; a failure is final for that fd (never retried)."""
+    _seam(f"{obj}-fsync", "before")
+    os.fsync(fd)
+    _seam(f"{obj}-fsync", "after")
+
+
+def fsync_dir(dir_fd: int) -> None:
+    """fsync a directory whose entries changed."""
+    _seam("dir-fsync", "before")
+    os.fsync(dir_fd)
+    _seam("dir-fsync", "after")
+
+
+def close(fd: int, obj: str) -> None:
+    """Close a descriptor; errors propagate to the caller."""
+    _seam(f"{obj}-close", "before")
+    os.close(fd)
+    _seam(f"{obj}-close", "after")
+
+
+def replace(src_dir: int, src: str, dst_dir: int, dst: str, obj: str) -> None:
+    """``rename(2)`` over the destination (the v2 publication and the fallback path)."""
+    _seam(f"{obj}-replace", "before")
+    os.replace(src, dst, src_dir_fd=src_dir, dst_dir_fd=dst_dir)
+    _seam(f"{obj}-replace", "after")
+
+
+def unlink(dir_fd: int, name: str, obj: str) -> None:
+    """Remove one name."""
+    _seam(f"{obj}-unlink", "before")
+    os.unlink(name, dir_fd=dir_fd)
+    _seam(f"{obj}-unlink", "after")
+
+
+def _renameat2(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> None:
+    func = _renameat2_func()
+    if func is None:
+        raise OSError(errno.ENOSYS, "renameat2 is not available")
+    rc = func(src_dir, os.fsencode(src), dst_dir, os.fsencode(dst), flags)
+    if rc != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err), dst)
+
+
+_libc_func: object = None
+
+
+def _renameat2_func() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
+    global _libc_func
+    if _libc_func is None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            func = libc.renameat2
+            func.argtypes = [
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_int,
+                ctypes.c_char_p,
+                ctypes.c_uint,
+            ]
+            func.restype = ctypes.c_int
+            _libc_func = func
+        except (OSError, AttributeError):
+            _libc_func = False
+    return _libc_func or None
+
+
+def rename_noreplace(src_dir: int, src: str, dst_dir: int, dst: str, obj: str) -> bool | None:
+    """Rename only if ``dst`` is free.  True done, False taken (EEXIST), None unsupported."""
+    _seam(f"{obj}-rename", "before")
+    try:
+        _renameat2(src_dir, src, dst_dir, dst, _RENAME_NOREPLACE)
+    except OSError as exc:
+        if exc.errno == errno.EEXIST:
+            return False
+        if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+            return None
+        raise
+    _seam(f"{obj}-rename", "after")
+    return True
+
+
+def exchange(src_dir: int, src: str, dst_dir: int, dst: str, obj: str) -> bool | None:
+    """Publish ``src`` as ``dst`` without destroying an occupant.
+
+    Returns True when an occupant was swapped into ``src`` (RENAME_EXCHANGE), False when
+    ``dst`` was free and the rename happened (RENAME_NOREPLACE), None when the platform
+    has no ``renameat2`` flags (the caller then falls back, see the module docstring).
+    """
+    _seam(f"{obj}-exchange", "before")
+    for _ in range(8):
+        try:
+            _renameat2(src_dir, src, dst_dir, dst, _RENAME_EXCHANGE)
+        except OSError as exc:
+            if exc.errno in (errno.ENOSYS, errno.EINVAL, errno.EOPNOTSUPP):
+                return None
+            if exc.errno != errno.ENOENT:
+                raise
+        else:
+            _seam(f"{obj}-exchange", "after")
+            return True
+        try:
+            _renameat2(src_dir, src, dst_dir, dst, _RENAME_NOREPLACE)
+        except OSError as exc:
+            if exc.errno != errno.EEXIST:  # appeared meanwhile: exchange again
+                raise
+        else:
+            _seam(f"{obj}-exchange", "after")
+            return False
+    raise OSError(errno.EAGAIN, f"destination {dst!r} kept appearing and vanishing")

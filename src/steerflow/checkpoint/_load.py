@@ -1,0 +1,74 @@
+"""``load_checkpoint``: read a checkpoint unit and dispatch on its declared version.
+
+The version is decided before anything else is interpreted: a missing, non-integer,
+unknown or duplicated top-level ``version`` member is refused.  Version 2 is read as
+one snapshot file (:mod:`._load_v2`); version 3 through the base + journal loader
+(:mod:`._load_v3`).  There is no fallback from one reader to the other.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from ._load_v2 import load_v2
+from ._load_v3 import load_v3
+from ._read import CHECKPOINT_FILENAME, JOURNAL_FILENAME, Parsed, parse_json, read_pinned
+from ._report import Report
+
+__all__ = ["CHECKPOINT_FILENAME", "JOURNAL_FILENAME", "load_checkpoint"]
+
+
+def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a checkpoint; return ``(state, checkpoint_recovery report)``.
+
+    Args:
+        path: the ``checkpoint.json`` path, or the run directory holding it.
+
+    Returns:
+        ``state`` in the D4 shape (for version 3: the base folded with the valid
+        journal prefix, carrying ``version: 3`` and its ``generation``), and the
+        recovery report of CONTRACT §8.
+
+    Raises:
+        CheckpointRecoveryError: the checkpoint is missing, unreadable, of an unknown
+            or ambiguous version, or fails validation; ``.report`` says where.
+    """
+    target = Path(path)
+    if target.is_dir():
+        target = target / CHECKPOINT_FILENAME
+    report = Report()
+    try:
+        first = read_pinned(os.fspath(target))
+    except OSError as exc:
+        raise report.refuse("unreadable-checkpoint", detail=exc.strerror) from exc
+    if first is None:
+        raise report.refuse("missing-checkpoint")
+    data, pin = first
+    try:
+        try:
+            parsed = parse_json(data)
+        except ValueError as exc:
+            raise report.refuse("malformed-json", detail=type(exc).__name__) from None
+        version = _declared_version(parsed, report)
+        report.checkpoint_version = version
+        if version == 2:
+            return load_v2(parsed, report)
+    finally:
+        os.close(pin)
+    return load_v3(os.fspath(target), report)
+
+
+def _declared_version(parsed: Parsed, report: Report) -> int:
+    doc = parsed.value
+    if not isinstance(doc, dict):
+        raise report.refuse("not-an-object")
+    if "version" in parsed.top_duplicates:
+        raise report.refuse("ambiguous-version")
+    if "version" not in doc:
+        raise report.refuse("missing-version")
+    version = doc["version"]
+    if isinstance(version, bool) or not isinstance(version, int) or version not in (2, 3):
+        raise report.refuse("unsupported-version")
+    return version

@@ -1,0 +1,44 @@
+"""The version 2 reader: one complete snapshot in the D4 shape.
+
+Legacy parsing semantics are kept for v2 input: a repeated member name below the top
+level keeps its last value, as ``json.loads`` always did.  (A repeated top-level
+``version`` is refused earlier, by the dispatcher.)  The snapshot's containers must
+have their D4 types; the report is ``clean`` with every journal figure ``None``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._read import Parsed
+from ._report import Report
+
+__all__ = ["load_v2"]
+
+_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("session_id", str),
+    ("prompt", str),
+    ("plan", list),
+    ("flow_context", dict),
+    ("ops", dict),
+    ("spawned", list),
+    ("config", dict),
+)
+
+
+def load_v2(parsed: Parsed, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Validate the snapshot's shape and return it with a clean report."""
+    doc: dict[str, Any] = parsed.value
+    for name, kind in _TYPES:
+        if not isinstance(doc.get(name), kind):
+            raise report.refuse("invalid-snapshot", detail=f"member {name!r} missing or mistyped")
+    max_spawn = doc.get("max_spawn")
+    if max_spawn is not None and (isinstance(max_spawn, bool) or not isinstance(max_spawn, int)):
+        raise report.refuse("invalid-snapshot", detail="member 'max_spawn' mistyped")
+    for key, entry in doc["ops"].items():
+        if not isinstance(entry, dict) or entry.get("agent_id", key) != key:
+            raise report.refuse("invalid-snapshot", detail="an ops entry is malformed")
+    for entry in doc["spawned"]:
+        if not isinstance(entry, dict) or not isinstance(entry.get("node_id"), str):
+            raise report.refuse("invalid-snapshot", detail="a spawned entry is malformed")
+    return doc, report.as_dict()

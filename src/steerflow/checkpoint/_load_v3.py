@@ -1,0 +1,290 @@
+"""The version 3 reader: a base snapshot folded with the valid prefix of its journal.
+
+Coherent view
+    The base is read through a pinned descriptor, then the journal, then the base name
+    is checked to still hold the pinned object.  If a compaction replaced the base in
+    between, the pair is read again (bounded); a journal from another publication is
+    never combined with the wrong base.  Holding the pin keeps the inode number from
+    being recycled while the comparison is made.
+
+Journal rules
+    Lines end in LF.  A final segment without LF is a torn append: it is left out and
+    its size reported.  Every complete line must be a valid record: exact members,
+    no duplicate names at any depth, finite numbers, the 32-hex generation, an
+    integer ``seq`` in 1..2**63-1, a known ``kind``, a well-formed entry and patch.
+    Records of another generation are counted and skipped; records of the base's
+    generation must run 1, 2, 3, ... without gaps or repeats.  Anything else refuses
+    the whole checkpoint, and the report names the first bad line and the last good
+    sequence number.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from typing import Any
+
+from ._patch import PatchError, apply_patch, validate_patch
+from ._read import JOURNAL_FILENAME, Parsed, parse_json, read_pinned
+from ._report import Report
+
+__all__ = ["MAX_SEQ", "load_v3", "valid_generation"]
+
+MAX_SEQ = 2**63 - 1
+_GENERATION = re.compile(r"[0-9a-f]{32}")
+_RECORD_REQUIRED = frozenset({"version", "generation", "seq", "kind", "entry"})
+_RECORD_ALLOWED = _RECORD_REQUIRED | {"flow_context"}
+_BASE_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("session_id", str),
+    ("prompt", str),
+    ("plan", list),
+    ("flow_context", dict),
+    ("ops", dict),
+    ("spawned", list),
+    ("config", dict),
+)
+_OPTIONAL_TEXT = ("operation", "assignee", "instruction", "parent_id", "spawn_id")
+_ATTEMPTS = 5
+
+
+class _Invalid(Exception):
+    """A validation failure: ``reason`` is the refusal code."""
+
+    def __init__(self, reason: str, detail: str = "") -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def valid_generation(value: object) -> bool:
+    """True for 32 lowercase hexadecimal characters."""
+    return isinstance(value, str) and _GENERATION.fullmatch(value) is not None
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def check_entry(kind: str, entry: object) -> None:
+    """Validate one planned (``op``) or spawned (``spawn``) entry; raise ``_Invalid``."""
+    if not isinstance(entry, dict):
+        raise _Invalid("invalid-entry", "entry is not an object")
+    key = "agent_id" if kind == "op" else "node_id"
+    if not isinstance(entry.get(key), str) or not entry[key]:
+        raise _Invalid("invalid-entry", f"{key} missing or not a string")
+    if "response" not in entry:
+        raise _Invalid("invalid-entry", "response missing")
+    status = entry.get("status")
+    allowed = ("completed", "failed") if kind == "op" else ("completed", "failed", "pending")
+    if status not in allowed:
+        raise _Invalid("invalid-entry", "unsupported status")
+    if status == "pending" and entry["response"] is not None:
+        raise _Invalid("invalid-entry", "a pending entry carries a response")
+    digest = entry.get("result_digest")
+    if digest is not None and not isinstance(digest, str):
+        raise _Invalid("invalid-entry", "result_digest is not a string")
+    if kind == "spawn":
+        for name in _OPTIONAL_TEXT:
+            if entry.get(name) is not None and not isinstance(entry[name], str):
+                raise _Invalid("invalid-entry", f"{name} is not a string or null")
+
+
+def _check_base(parsed: Parsed) -> dict[str, Any]:
+    if parsed.duplicates:
+        raise _Invalid("duplicate-member")
+    if parsed.non_finite:
+        raise _Invalid("non-finite-number")
+    doc = parsed.value
+    if not isinstance(doc, dict) or doc.get("version") != 3 or not _is_int(doc["version"]):
+        raise _Invalid("unsupported-version")
+    if not valid_generation(doc.get("generation")):
+        raise _Invalid("invalid-generation")
+    if doc.get("journal_seq") != 0 or not _is_int(doc["journal_seq"]):
+        raise _Invalid("invalid-base", "journal_seq is not 0")
+    for name, kind in _BASE_TYPES:
+        if not isinstance(doc.get(name), kind):
+            raise _Invalid("invalid-base", f"member {name!r} missing or mistyped")
+    if doc.get("max_spawn") is not None and not _is_int(doc["max_spawn"]):
+        raise _Invalid("invalid-base", "max_spawn mistyped")
+    for key, entry in doc["ops"].items():
+        check_entry("op", entry)
+        if entry["agent_id"] != key:
+            raise _Invalid("invalid-base", "an ops key differs from its agent_id")
+    seen: set[str] = set()
+    for entry in doc["spawned"]:
+        check_entry("spawn", entry)
+        if entry["node_id"] in seen:
+            raise _Invalid("invalid-base", "a spawned node_id repeats")
+        seen.add(entry["node_id"])
+    return doc
+
+
+def check_record(raw: bytes) -> dict[str, Any]:
+    """Decode and validate one complete journal line (without its LF)."""
+    try:
+        parsed = parse_json(raw)
+    except ValueError:
+        raise _Invalid("malformed-record") from None
+    if parsed.duplicates:
+        raise _Invalid("duplicate-member")
+    if parsed.non_finite:
+        raise _Invalid("non-finite-number")
+    rec = parsed.value
+    if not isinstance(rec, dict):
+        raise _Invalid("malformed-record", "not an object")
+    if set(rec) - _RECORD_ALLOWED:
+        raise _Invalid("unknown-member")
+    if _RECORD_REQUIRED - set(rec):
+        raise _Invalid("missing-member")
+    if rec["version"] != 3 or not _is_int(rec["version"]):
+        raise _Invalid("unsupported-record-version")
+    if not valid_generation(rec["generation"]):
+        raise _Invalid("invalid-generation")
+    seq = rec["seq"]
+    if not _is_int(seq) or not 1 <= seq <= MAX_SEQ:
+        raise _Invalid("invalid-seq")
+    if rec["kind"] not in ("op", "spawn"):
+        raise _Invalid("unknown-kind")
+    check_entry(rec["kind"], rec["entry"])
+    if "flow_context" in rec:
+        ctx = rec["flow_context"]
+        if not isinstance(ctx, dict) or set(ctx) != {"patch"}:
+            raise _Invalid("invalid-patch", "flow_context must be exactly {patch}")
+        try:
+            validate_patch(ctx["patch"])
+        except PatchError as exc:
+            raise _Invalid("invalid-patch", str(exc)) from None
+    return rec
+
+
+class _Fold:
+    """The base being advanced by journal records, one validated record at a time."""
+
+    def __init__(self, base: dict[str, Any]) -> None:
+        self.base = base
+        self.ops: dict[str, Any] = dict(base["ops"])
+        self.spawned: list[Any] = list(base["spawned"])
+        self.index = {entry["node_id"]: i for i, entry in enumerate(self.spawned)}
+        self.context: Any = base["flow_context"]
+
+    def apply(self, rec: dict[str, Any]) -> None:
+        context = self.context
+        if "flow_context" in rec:
+            try:
+                context = apply_patch(context, rec["flow_context"]["patch"])
+            except PatchError as exc:
+                raise _Invalid("invalid-transition", str(exc)) from None
+        # Everything is validated; only now does the record become visible.
+        entry = rec["entry"]
+        if rec["kind"] == "op":
+            self.ops[entry["agent_id"]] = entry
+        elif entry["node_id"] in self.index:
+            self.spawned[self.index[entry["node_id"]]] = entry
+        else:
+            self.index[entry["node_id"]] = len(self.spawned)
+            self.spawned.append(entry)
+        self.context = context
+
+    def state(self) -> dict[str, Any]:
+        base = self.base
+        out: dict[str, Any] = {"version": 3, "generation": base["generation"]}
+        for name in ("session_id", "prompt", "plan"):
+            out[name] = base[name]
+        out["flow_context"] = self.context
+        out["ops"] = self.ops
+        out["spawned"] = self.spawned
+        out["config"] = base["config"]
+        if base.get("max_spawn") is not None:
+            out["max_spawn"] = base["max_spawn"]
+        return out
+
+
+def _coherent_read(path: str, report: Report) -> tuple[bytes, bytes]:
+    """Read (base, journal) such that the journal belongs to that base publication."""
+    journal_path = os.path.join(os.path.dirname(path), JOURNAL_FILENAME)
+    missing_journal = False
+    for attempt in range(_ATTEMPTS):
+        if attempt:
+            time.sleep(0.002 * attempt)
+        try:
+            base = read_pinned(path)
+        except OSError as exc:
+            raise report.refuse("unreadable-checkpoint", detail=exc.strerror) from exc
+        if base is None:
+            continue
+        base_bytes, base_fd = base
+        journal_fd = None
+        try:
+            try:
+                journal = read_pinned(journal_path)
+            except OSError as exc:
+                raise report.refuse("unreadable-journal", detail=exc.strerror) from exc
+            if journal is not None:
+                journal_fd = journal[1]
+            st_pin = os.fstat(base_fd)
+            try:
+                st_now = os.stat(path, follow_symlinks=False)
+            except FileNotFoundError:
+                continue
+            if (st_pin.st_dev, st_pin.st_ino) != (st_now.st_dev, st_now.st_ino):
+                continue  # a compaction published a new base meanwhile: read again
+            if journal is None:
+                missing_journal = True
+                continue
+            return base_bytes, journal[0]
+        finally:
+            os.close(base_fd)
+            if journal_fd is not None:
+                os.close(journal_fd)
+    if missing_journal:
+        raise report.refuse("missing-journal")
+    raise report.refuse("incoherent-read")
+
+
+def load_v3(path: str, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Load a version 3 unit whose base is at ``path``."""
+    report.checkpoint_version = 3
+    base_bytes, journal = _coherent_read(path, report)
+    try:
+        base = _check_base(parse_json(base_bytes))
+    except ValueError:
+        raise report.refuse("malformed-json") from None
+    except _Invalid as bad:
+        raise report.refuse(bad.reason, detail=bad.detail) from None
+    generation: str = base["generation"]
+    report.generation = generation
+    report.records_applied = 0
+    report.last_seq = 0
+    report.valid_prefix_seq = 0
+    report.stale_generation_records = 0
+    report.discarded_tail_bytes = 0
+    fold = _Fold(base)
+    offset = 0
+    line_no = 0
+    while True:
+        end = journal.find(b"\n", offset)
+        if end < 0:
+            break
+        line_no += 1
+        seq: int | None = None
+        try:
+            rec = check_record(journal[offset:end])
+            seq = rec["seq"]
+            if rec["generation"] != generation:
+                report.stale_generation_records += 1
+            else:
+                expected = report.last_seq + 1
+                if seq != expected:
+                    reason = "duplicate-seq" if seq < expected else "sequence-gap"
+                    raise _Invalid(reason)
+                fold.apply(rec)
+                report.records_applied += 1
+                report.last_seq = report.valid_prefix_seq = expected
+        except _Invalid as bad:
+            raise report.refuse(
+                bad.reason, seq=seq, line=line_no, byte_offset=offset, detail=bad.detail
+            ) from None
+        offset = end + 1
+    report.discarded_tail_bytes = len(journal) - offset
+    return fold.state(), report.as_dict()

@@ -1,0 +1,80 @@
+"""Strict, link-refusing reads of checkpoint files, and JSON decoding that counts duplicates."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import stat
+from dataclasses import dataclass, field
+from typing import Any
+
+__all__ = ["CHECKPOINT_FILENAME", "JOURNAL_FILENAME", "Parsed", "parse_json", "read_pinned"]
+
+CHECKPOINT_FILENAME = "checkpoint.json"
+JOURNAL_FILENAME = "checkpoint.json.journal"
+
+
+@dataclass
+class Parsed:
+    """A decoded JSON text plus what strict readers need to know about it."""
+
+    value: Any
+    duplicates: int = 0  # duplicate member names anywhere (after unescaping)
+    top_duplicates: list[str] = field(default_factory=list)  # duplicated top-level names
+    non_finite: bool = False  # NaN / Infinity literals were present
+
+
+def parse_json(text: str | bytes) -> Parsed:
+    """Decode JSON, keeping the last value of a duplicated name but counting it.
+
+    Raises ``ValueError`` (``json.JSONDecodeError`` or ``UnicodeDecodeError``) when the
+    text is not JSON at all.
+    """
+    calls: list[list[str]] = []
+    parsed = Parsed(None)
+
+    def pairs_hook(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        dups: list[str] = []
+        for key, value in pairs:
+            if key in out:
+                dups.append(key)
+            out[key] = value
+        parsed.duplicates += len(dups)
+        calls.append(dups)
+        return out
+
+    def constant(name: str) -> float:
+        parsed.non_finite = True
+        return float(name.replace("Infinity", "inf"))
+
+    if isinstance(text, bytes):
+        text = text.decode("utf-8")
+    parsed.value = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=constant)
+    if isinstance(parsed.value, dict) and calls:
+        parsed.top_duplicates = calls[-1]  # the outermost object is decoded last
+    return parsed
+
+
+def read_pinned(path: str) -> tuple[bytes, int] | None:
+    """Read a regular file without following links; return (bytes, open fd) or None.
+
+    The returned descriptor pins the inode so its ``(st_dev, st_ino)`` cannot be
+    recycled while the caller compares identities; the caller closes it.
+    """
+    flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(errno.EINVAL, f"{path!r} is not a regular file")
+        chunks: list[bytes] = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    except BaseException:
+        os.close(fd)
+        raise
+    return b"".join(chunks), fd

@@ -1,0 +1,83 @@
+"""The ``checkpoint_recovery`` report (CONTRACT §8) and the refusal that carries it.
+
+The report describes *where* and *why*, never *what*: it holds positions, counts,
+generation ids and reason codes, and never a prompt, response or context value.
+Anything the loader did not establish stays ``None``.
+
+For a version 2 snapshot there is no journal, so ``generation``, ``records_applied``,
+``last_seq``, ``stale_generation_records``, ``discarded_tail_bytes`` and
+``valid_prefix_seq`` are all ``None`` and a readable file is ``clean``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from steerflow.errors import CheckpointRecoveryError
+
+__all__ = ["REPORT_VERSION", "Report", "Status"]
+
+REPORT_VERSION = 1
+Status = Literal["clean", "recovered_prefix", "refused"]
+
+
+@dataclass
+class Report:
+    """Mutable while loading; :meth:`as_dict` gives the wire form."""
+
+    checkpoint_version: int | None = None
+    generation: str | None = None
+    records_applied: int | None = None
+    last_seq: int | None = None
+    stale_generation_records: int | None = None
+    discarded_tail_bytes: int | None = None
+    valid_prefix_seq: int | None = None
+    refusal: dict[str, Any] | None = None
+
+    @property
+    def status(self) -> Status:
+        """``refused`` if refused; ``recovered_prefix`` if anything was skipped."""
+        if self.refusal is not None:
+            return "refused"
+        if self.discarded_tail_bytes or self.stale_generation_records:
+            return "recovered_prefix"
+        return "clean"
+
+    def as_dict(self) -> dict[str, Any]:
+        """The report as CONTRACT §8 names it."""
+        return {
+            "report_version": REPORT_VERSION,
+            "status": self.status,
+            "checkpoint_version": self.checkpoint_version,
+            "generation": self.generation,
+            "records_applied": self.records_applied,
+            "last_seq": self.last_seq,
+            "stale_generation_records": self.stale_generation_records,
+            "discarded_tail_bytes": self.discarded_tail_bytes,
+            "refusal": None if self.refusal is None else dict(self.refusal),
+            "valid_prefix_seq": self.valid_prefix_seq,
+        }
+
+    def refuse(
+        self,
+        reason: str,
+        *,
+        seq: int | None = None,
+        line: int | None = None,
+        byte_offset: int | None = None,
+        detail: str | None = None,
+    ) -> CheckpointRecoveryError:
+        """Record the refusal and return the error to raise (``reason`` is a code)."""
+        self.refusal = {"reason": reason, "seq": seq, "line": line, "byte_offset": byte_offset}
+        message = f"checkpoint recovery refused: {reason}"
+        where = ", ".join(
+            f"{k}={v!r}"
+            for k, v in (("seq", seq), ("line", line), ("byte_offset", byte_offset))
+            if v is not None
+        )
+        if where:
+            message += f" ({where})"
+        if detail:
+            message += f": {detail}"
+        return CheckpointRecoveryError(self.as_dict(), message)

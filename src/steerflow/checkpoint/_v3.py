@@ -1,0 +1,290 @@
+"""Version 3 persistence: a base snapshot plus an append-only journal of transitions.
+
+Files
+    ``checkpoint.json`` (base: the snapshot, ``version: 3``, a fresh 32-hex
+    ``generation`` per publication, ``journal_seq: 0``) and ``checkpoint.json.journal``
+    (one compact JSON record per line, ``seq`` 1, 2, ... within the generation).
+
+Identity (see ``shared/design/durable-files.md``)
+    Every object is created unnamed (``O_TMPFILE``) inside the private staging
+    directory ``.checkpoint.json.staging`` (0700, flock'd: one writer), written and
+    fsync'd through its creation descriptor, named there with ``linkat`` through
+    ``/proc/self/fd``, then swapped into place with ``renameat2(RENAME_EXCHANGE)``
+    (``RENAME_NOREPLACE`` when the name is free).  The identity ``(st_dev, st_ino)``
+    always comes from the creation descriptor, and those descriptors stay open as pins
+    until superseded.  After the swap the published name must hold that identity.
+    The displaced object is unlinked only if it is the pinned previous one; anything
+    else is moved to ``quarantine.*`` in staging, never destroyed.
+
+Append and acknowledgement
+    Before writing and again after the fsync, the journal descriptor must still be
+    linked and both published names must still hold the pinned objects.  Only then is
+    a record acknowledged.  Several queued records may share one write and one fsync.
+
+Compaction
+    Before an append that would exceed ``max_records`` records or ``max_bytes`` bytes
+    (or the sequence limit), the folded state is published as a new base, the
+    directory synced, and an empty journal swapped in for the old one.  A single record
+    larger than ``max_bytes`` is never appended: it goes straight into a new base.
+
+Errors
+    Any I/O error or identity mismatch stops the writer: later calls raise
+    ``PersistenceError``.  Nothing is retried on a descriptor whose fsync failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import uuid
+
+from steerflow import _faults
+from steerflow.errors import PersistenceError
+
+from . import _io
+from ._load_v3 import MAX_SEQ
+from ._state import Item, State, Ticket, dumps_compact
+
+__all__ = ["V3Backend"]
+
+_Pin = tuple[int, _io.Identity]  # (open creation fd, identity)
+
+
+class V3Backend:
+    """Owns the base/journal pair; methods run on a worker thread under the writer lock."""
+
+    version = 3
+
+    def __init__(self, path: str, state: State, *, max_records: int, max_bytes: int) -> None:
+        self.dirname = os.path.dirname(path) or "."
+        self.name = os.path.basename(path)
+        self.jname = self.name + ".journal"
+        self.staging = f".{self.name}.staging"
+        self.state = state
+        self.max_records = max_records
+        self.max_bytes = max_bytes
+        self.generation = ""
+        self.seq = 0  # last sequence number assigned in this generation
+        self.jbytes = 0  # bytes in the current journal (written or buffered)
+        self.broken: str | None = None
+        self._pfd: int | None = None
+        self._sfd: int | None = None
+        self._base: _Pin | None = None
+        self._journal: _Pin | None = None
+        self.compactions = 0
+
+    # -- batch entry point -----------------------------------------------------
+
+    def persist(self, batch: list[Ticket]) -> None:
+        """Append (or compact) every item of ``batch`` in order and acknowledge it."""
+        if self.broken is not None:
+            self._fail_all(batch, PersistenceError(self._stopped_message()))
+            return
+        pending: list[Ticket] = []
+        buf = bytearray()
+        try:
+            if self._journal is None:
+                self._initialize()
+            for ticket in batch:
+                item = ticket.item
+                if item is None:
+                    pending.append(ticket)
+                    continue
+                line = self._encode(item, self.seq + 1)
+                if len(line) > self.max_bytes:
+                    self._commit(buf, pending)
+                    self.state.apply(item)
+                    self._compact()  # the oversize transition lands in the new base
+                    ticket.done = True
+                    continue
+                if (
+                    self.seq >= self.max_records
+                    or self.jbytes + len(line) > self.max_bytes
+                    or self.seq >= MAX_SEQ
+                ):
+                    self._commit(buf, pending)
+                    self._compact()
+                    line = self._encode(item, 1)
+                buf += line
+                self.seq += 1
+                self.jbytes += len(line)
+                self.state.apply(item)
+                pending.append(ticket)
+            self._commit(buf, pending)
+        except (OSError, PersistenceError) as exc:
+            self.broken = f"{type(exc).__name__}: {exc}"
+            error = exc if isinstance(exc, PersistenceError) else None
+            self._fail_all(batch, error or PersistenceError(f"checkpoint write failed: {exc}"))
+
+    def close(self) -> None:
+        """Close every descriptor and drop the writer lock (errors propagate)."""
+        errors: list[OSError] = []
+        for pin in (self._journal, self._base):
+            if pin is not None:
+                try:
+                    _io.close(pin[0], "pin")
+                except OSError as exc:
+                    errors.append(exc)
+        self._journal = self._base = None
+        for fd in (self._sfd, self._pfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._sfd = self._pfd = None
+        if errors:
+            raise PersistenceError(f"closing the checkpoint files failed: {errors[0]}")
+
+    # -- helpers ---------------------------------------------------------------
+
+    def _stopped_message(self) -> str:
+        return f"checkpoint writer stopped after an earlier failure ({self.broken})"
+
+    @staticmethod
+    def _fail_all(batch: list[Ticket], error: BaseException) -> None:
+        for ticket in batch:
+            if not ticket.done:
+                ticket.done, ticket.error = True, error
+
+    def _encode(self, item: Item, seq: int) -> bytes:
+        record: dict[str, object] = {
+            "version": 3,
+            "generation": self.generation,
+            "seq": seq,
+            "kind": item.kind,
+            "entry": item.entry,
+        }
+        if item.patch:
+            record["flow_context"] = {"patch": item.patch}
+        return dumps_compact(record) + b"\n"
+
+    def _commit(self, buf: bytearray, pending: list[Ticket]) -> None:
+        """Write and fsync the buffered lines, check reachability, acknowledge them."""
+        if buf:
+            assert self._journal is not None
+            fd = self._journal[0]
+            self._check_reachable()
+            _io.write_all(fd, bytes(buf), "journal")
+            _faults.seam("journal-flush", "before")  # raw fd: nothing buffered in userspace
+            _faults.seam("journal-flush", "after")
+            _io.fsync(fd, "journal")
+            self._check_reachable()
+            buf.clear()
+        _faults.seam("advance", "before")
+        for ticket in pending:
+            ticket.done = True
+        pending.clear()
+        _faults.seam("advance", "after")
+
+    def _check_reachable(self) -> None:
+        assert self._journal is not None and self._base is not None and self._pfd is not None
+        jfd, jid = self._journal
+        if os.fstat(jfd).st_nlink < 1:
+            raise PersistenceError("the journal was unlinked; refusing to acknowledge")
+        if _io.lstat_identity(self._pfd, self.jname) != jid:
+            raise PersistenceError(f"{self.jname!r} no longer names the journal this writer owns")
+        if _io.lstat_identity(self._pfd, self.name) != self._base[1]:
+            raise PersistenceError(f"{self.name!r} no longer names the base this writer owns")
+
+    def _open_dirs(self) -> None:
+        os.makedirs(self.dirname, mode=0o700, exist_ok=True)
+        self._pfd = _io.open_dir(self.dirname)
+        mode = os.fstat(self._pfd).st_mode
+        if mode & 0o022 and not mode & stat.S_ISVTX:
+            raise PersistenceError(f"{self.dirname!r} is writable by others and not sticky")
+        self._sfd = _io.open_staging(self._pfd, self.staging)
+        try:
+            _io.lock_exclusive(self._sfd)
+        except BlockingIOError:
+            raise PersistenceError(
+                f"another writer owns the checkpoint in {self.dirname!r}"
+            ) from None
+
+    def _initialize(self) -> None:
+        """Publish an empty journal, then the first base (a base never lacks its journal)."""
+        self._open_dirs()
+        self.generation = uuid.uuid4().hex
+        self._journal = self._publish(self.jname, b"", "journal", previous=None)
+        self._base = self._publish(self.name, self._base_bytes(), "base", previous=None)
+        self.seq = self.jbytes = 0
+
+    def _base_bytes(self) -> bytes:
+        head: dict[str, object] = {"version": 3, "generation": self.generation, "journal_seq": 0}
+        return dumps_compact(self.state.document(head))
+
+    def _compact(self) -> None:
+        """Publish the folded state as a new generation's base, then an empty journal."""
+        self.generation = uuid.uuid4().hex
+        old_base, old_journal = self._base, self._journal
+        self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
+        self.seq = self.jbytes = 0
+        self.compactions += 1
+        for pin in (old_base, old_journal):
+            if pin is not None:
+                _io.close(pin[0], "pin")
+
+    def _publish(self, name: str, data: bytes, obj: str, *, previous: _Pin | None) -> _Pin:
+        """Create, fill, fsync and install one object under ``name``; return its pin."""
+        assert self._pfd is not None and self._sfd is not None
+        pfd, sfd = self._pfd, self._sfd
+        append = obj == "journal"
+        temp = _io.unique_name(obj)
+        fd = _io.create_tmpfile(sfd, obj, append=append)
+        named = fd is None
+        if fd is None:
+            fd = _io.create_exclusive(sfd, temp, obj, append=append)
+        created = _io.identity(fd)
+        try:
+            if data:
+                _io.write_all(fd, data, obj)
+            _io.fsync(fd, obj)
+            if not named:
+                _io.link_fd(fd, sfd, temp, obj)
+                named = True
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+                if named and _io.lstat_identity(sfd, temp) == created:
+                    _io.unlink(sfd, temp, "cleanup")
+            raise
+        try:
+            self._install(temp, name, obj, created, previous)
+        except BaseException:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+            raise
+        return fd, created
+
+    def _install(
+        self, temp: str, name: str, obj: str, created: _io.Identity, previous: _Pin | None
+    ) -> None:
+        pfd, sfd = self._pfd, self._sfd
+        assert pfd is not None and sfd is not None
+        swapped = _io.exchange(sfd, temp, pfd, name, obj)
+        if swapped is None:
+            # No renameat2 flags here: check the occupant, then a plain rename (R3).
+            occupant = _io.lstat_identity(pfd, name)
+            if occupant is not None and (previous is None or occupant != previous[1]):
+                raise PersistenceError(f"{name!r} holds an object this writer did not create")
+            _io.replace(sfd, temp, pfd, name, obj)
+        if _io.lstat_identity(pfd, name) != created:
+            raise PersistenceError(f"{name!r} does not hold the file this writer just created")
+        _io.fsync_dir(pfd)
+        if swapped:
+            self._dispose(temp, name, previous)
+
+    def _dispose(self, temp: str, name: str, previous: _Pin | None) -> None:
+        """Handle what the exchange moved into staging: ours is removed, others kept."""
+        sfd = self._sfd
+        assert sfd is not None
+        displaced = _io.lstat_identity(sfd, temp)
+        if displaced is None:
+            return
+        if previous is not None and displaced == previous[1]:
+            _io.unlink(sfd, temp, "cleanup")
+            return
+        keep = f"quarantine.{name}.{uuid.uuid4().hex}"
+        if _io.rename_noreplace(sfd, temp, sfd, keep, "quarantine") is False:
+            raise OSError(errno.EEXIST, f"quarantine name {keep!r} is taken")

@@ -1,0 +1,279 @@
+"""``CheckpointWriter``: admission on the event loop, persistence on a worker thread.
+
+Order
+    A call to :meth:`CheckpointWriter.record` or :meth:`~CheckpointWriter.record_spawned`
+    is *admitted* synchronously, before its first ``await``: the entry is normalized, the
+    context is captured, and the item joins one FIFO queue.  That queue position is the
+    single total order of both methods.
+
+Persistence
+    Callers then take the writer lock in turn.  Whoever holds it takes *every* queued
+    item (its own and any admitted after it) and hands the batch to the format backend
+    on a worker thread, so one fsync can cover several records (group commit).  A caller
+    whose item an earlier batch already covered only collects its result.
+
+Acknowledgement
+    ``await record(...)`` returns once the batch holding its item is durable: for
+    version 2 the new snapshot is renamed into place and the directory synced; for
+    version 3 the journal line is written and fsync'd and the files are still reachable.
+
+Cancellation
+    A cancelled caller whose batch is already on the worker thread waits for that
+    thread to finish before the lock is released and the cancellation propagates, so
+    ownership is never released while I/O is still mutating the checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Protocol
+
+from steerflow.errors import PersistenceError
+
+from . import _capture
+from ._digest import JSON, normalize, result_digest
+from ._state import Item, Kind, State, Ticket
+from ._v2 import V2Backend
+from ._v3 import V3Backend
+
+__all__ = ["CheckpointWriter", "SavedHook"]
+
+SavedHook = Callable[[str, str], None]
+"""``on_saved(kind, key)``: kind is ``"flush"``, ``"op"`` or ``"spawn"``; key the node id."""
+
+_PLANNED_STATUSES = frozenset({"completed", "failed"})
+_SPAWNED_STATUSES = frozenset({"completed", "failed", "pending"})
+
+
+class _Backend(Protocol):
+    version: int
+
+    def persist(self, batch: list[Ticket]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class CheckpointWriter:
+    """Writes one run's checkpoint (version 2 snapshot, or version 3 base + journal).
+
+    Args:
+        path: the ``checkpoint.json`` path inside the run directory.
+        session_id: the flow session id.
+        prompt: the flow prompt.
+        plan: the plan, as stored in the checkpoint (``dep_indices`` form).
+        config: execution settings replayed on resume.
+        max_spawn: spawn budget; omitted from the file when None.
+        flow_context: the initial shared context.
+        version: 2 (default) or 3.
+        max_records: v3 compaction threshold in journal records.
+        max_bytes: v3 compaction threshold in encoded journal bytes.
+        on_saved: optional hook called on the event loop after each acknowledgement.
+    """
+
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        *,
+        session_id: str,
+        prompt: str,
+        plan: list[Any],
+        config: Mapping[str, Any],
+        max_spawn: int | None = None,
+        flow_context: Mapping[str, Any] | None = None,
+        version: int = 2,
+        max_records: int = 128,
+        max_bytes: int = 8_388_608,
+        on_saved: SavedHook | None = None,
+    ) -> None:
+        if version not in (2, 3) or isinstance(version, bool):
+            raise ValueError(f"unsupported checkpoint version: {version!r}")
+        for name, limit in (("max_records", max_records), ("max_bytes", max_bytes)):
+            if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+                raise ValueError(f"{name} must be a positive integer, got {limit!r}")
+        self.path = Path(path)
+        self.version = version
+        self.persisted = True
+        self.error: str | None = None
+        self.records_acknowledged = 0
+        self.on_saved = on_saved
+        meta: dict[str, JSON] = {
+            "session_id": session_id,
+            "prompt": prompt,
+            "plan": normalize(list(plan)),
+            "config": normalize(dict(config)),
+            "max_spawn": max_spawn,
+        }
+        try:
+            self._ctx: _capture.Frozen = _capture.freeze(dict(flow_context or {}))
+        except ValueError as exc:
+            raise PersistenceError(f"the initial flow context cannot be stored: {exc}") from exc
+        state = State(meta=meta, context=self._ctx, to_json=_capture.to_jsonable)
+        self._backend: _Backend
+        if version == 2:
+            self._backend = V2Backend(os.fspath(self.path), state)
+        else:
+            self._backend = V3Backend(
+                os.fspath(self.path), state, max_records=max_records, max_bytes=max_bytes
+            )
+        self._queue: list[Ticket] = []
+        self._lock = asyncio.Lock()
+        self._closed = False
+
+    # -- public API --------------------------------------------------------------
+
+    async def flush(self) -> None:
+        """Publish the initial snapshot/base if needed and persist everything admitted."""
+        self._check_open()
+        ticket = Ticket(None)
+        self._queue.append(ticket)
+        await self._settle(ticket, "flush", "")
+
+    async def record(
+        self,
+        agent_id: str,
+        *,
+        status: str,
+        response: object,
+        flow_context: Mapping[str, Any] | None = None,
+    ) -> None:
+        """Record a planned node's outcome; returns once it is acknowledged."""
+        if status not in _PLANNED_STATUSES:
+            raise ValueError(f"planned status must be completed or failed, got {status!r}")
+        raw = {"agent_id": agent_id, "status": status, "response": response}
+        ticket = self._admit("op", agent_id, raw, flow_context)
+        await self._settle(ticket, "op", agent_id)
+
+    async def record_spawned(
+        self,
+        node_id: str,
+        *,
+        status: str,
+        response: object,
+        flow_context: Mapping[str, Any] | None = None,
+        operation: str | None = None,
+        assignee: str | None = None,
+        instruction: str | None = None,
+        parent_id: str | None = None,
+        spawn_id: str | None = None,
+        context: object = None,
+        **extra: object,
+    ) -> None:
+        """Record (or replace, by ``node_id``) a spawned node; returns once acknowledged.
+
+        Extra keyword fields (``emitter_workload``, ``escalated_from``, ...) are kept
+        in the entry verbatim after normalization.
+        """
+        if status not in _SPAWNED_STATUSES:
+            raise ValueError(f"spawned status must be completed, failed or pending: {status!r}")
+        if status == "pending" and response is not None:
+            raise ValueError("a pending spawned entry must have response=None")
+        clash = sorted(set(extra) & {"result_digest", "node_id"})
+        if clash:
+            raise ValueError(f"reserved entry fields passed as extras: {clash!r}")
+        raw: dict[str, object] = {
+            "node_id": node_id,
+            "status": status,
+            "response": response,
+            "operation": operation,
+            "assignee": assignee,
+            "instruction": instruction,
+            "parent_id": parent_id,
+            "spawn_id": spawn_id,
+            "context": context,
+            **extra,
+        }
+        ticket = self._admit("spawn", node_id, raw, flow_context)
+        await self._settle(ticket, "spawn", node_id)
+
+    async def close(self) -> None:
+        """Persist anything still queued, then release files and the writer lock."""
+        if self._closed:
+            return
+        try:
+            if self._queue:
+                ticket = Ticket(None)
+                self._queue.append(ticket)
+                await self._settle(ticket, "flush", "")
+        finally:
+            self._closed = True
+            async with self._lock:
+                await self._run(self._backend.close)
+
+    # -- internals ---------------------------------------------------------------
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PersistenceError(f"checkpoint writer for {os.fspath(self.path)!r} is closed")
+
+    def _admit(
+        self, kind: Kind, key: str, raw: dict[str, object], flow_context: Mapping[str, Any] | None
+    ) -> Ticket:
+        """Synchronous admission: no await between reading live values and queuing."""
+        self._check_open()
+        if flow_context is not None and not isinstance(flow_context, Mapping):
+            raise TypeError(f"flow_context must be a mapping or None, got {type(flow_context)}")
+        try:
+            entry = normalize(raw)
+            entry["result_digest"] = result_digest(entry["response"])
+            context, ops = _capture.capture(self._ctx, flow_context)
+            patch = ops if ops and self.version == 3 else None
+        except ValueError as exc:
+            self._fail(f"cannot record {key!r}: {exc}")
+            raise PersistenceError(f"cannot record {key!r}: {exc}") from exc
+        self._ctx = context
+        ticket = Ticket(Item(kind, key, entry, patch, context))
+        self._queue.append(ticket)
+        return ticket
+
+    async def _settle(self, ticket: Ticket, kind: str, key: str) -> None:
+        async with self._lock:
+            if not ticket.done:
+                batch, self._queue = self._queue, []
+                try:
+                    await self._run(self._backend.persist, batch)
+                except Exception as exc:  # a backend bug must still settle every caller
+                    error = (
+                        exc
+                        if isinstance(exc, PersistenceError)
+                        else PersistenceError(f"checkpoint write failed: {exc!r}")
+                    )
+                    for other in batch:
+                        if not other.done:
+                            other.done, other.error = True, error
+                finally:
+                    for other in batch:
+                        if other.error is not None:
+                            self._fail(str(other.error))
+        if ticket.error is not None:
+            raise ticket.error
+        if kind != "flush":
+            self.records_acknowledged += 1
+        if self.on_saved is not None:
+            self.on_saved(kind, key)
+
+    async def _run(self, func: Callable[..., None], *args: Any) -> None:
+        """Run ``func`` on a worker thread; never abandon it while it is running."""
+        loop = asyncio.get_running_loop()
+        future = loop.run_in_executor(None, func, *args)
+        cancelled = False
+        while True:
+            try:
+                await asyncio.shield(future)
+                break
+            except asyncio.CancelledError:
+                cancelled = True  # keep waiting: the thread still owns the files
+                if future.done():
+                    break
+        if cancelled:
+            if not future.cancelled() and future.exception() is not None:
+                pass  # retrieved here; the batch's tickets already carry the error
+            raise asyncio.CancelledError
+        future.result()
+
+    def _fail(self, message: str) -> None:
+        self.persisted = False
+        if self.error is None:
+            self.error = message

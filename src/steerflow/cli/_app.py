@@ -1,0 +1,382 @@
+"""The ``steerflow`` command line: a thin layer over the library API."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from steerflow.errors import ExitCode, SteerflowError, UsageError
+from steerflow.executor import EventBus
+from steerflow.home import resolve_home
+from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun
+from steerflow.cli._output import emit_json, emit_text, warn
+from steerflow.cli._progress import Progress
+from steerflow.cli._views import ctl_status_view, runs_view, show_view
+
+__all__ = ["app", "cli_exit", "main"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+EXIT_EPILOG = """\b
+Exit codes:
+  0    completed (for ctl: queued)
+  1    a node failed, or an unexpected runtime error
+  2    usage error (bad flags, bad plan file)
+  3    refused: unknown/ambiguous id, session not running, kind not allowed,
+       resume refused, checkpoint recovery refused, database busy
+  124  deadline reached; completed work persisted and resumable
+  130  interrupted by SIGINT; completed work persisted
+  143  terminated by SIGTERM; completed work persisted
+"""
+
+REACTIVE_HELP = (
+    "Let operations spawn new ones: off (default), all, or a comma-separated list of roles "
+    "allowed to spawn."
+)
+MAX_OPS_HELP = (
+    "Total operation budget shared by plan and spawns: spawns allowed = max(0, N - plan size). "
+    "0 or unset means no cap on the plan, but spawns are still capped at 20 to bound cost; "
+    "every spawn refused by the budget is printed."
+)
+
+
+def _home(ctx: click.Context) -> Path:
+    return resolve_home(ctx.obj.get("home") if ctx.obj else None)
+
+
+def run_options(func: F) -> F:
+    """Options shared by ``flow`` and ``play`` (defined once)."""
+    decorators = [
+        click.option("--model", "model", metavar="SPEC", help="Model: echo, echo:delay=S, script:PATH, openai/M, anthropic/M, claude-code/M, codex/M. Default: the plan's, else echo."),
+        click.option("--reactive", metavar="off|all|ROLE,...", help=REACTIVE_HELP),
+        click.option("--max-ops", type=click.IntRange(min=0), metavar="N", help=MAX_OPS_HELP),
+        click.option("--concurrency", type=click.IntRange(1, 256), metavar="N", help="Operations running at once (default: the plan's, else 4)."),
+        click.option("--save", type=click.Path(file_okay=False, path_type=Path), metavar="DIR", help="Artifact root for this run (default: <run dir>/artifacts)."),
+        click.option("--timeout", "timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Deadline: admit nothing new after it, let running nodes finish, persist, exit 124."),
+        click.option("--checkpoint-version", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome."),
+        click.option("--dry-run", is_flag=True, help="Plan and show the graph; run nothing."),
+        click.option("--show-graph", is_flag=True, help="Print the DAG and write graph.mmd (Mermaid) into the run directory."),
+        click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (progress stays on stderr)."),
+    ]
+    for decorator in reversed(decorators):
+        func = decorator(func)
+    return func
+
+
+@click.group(epilog=EXIT_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option("--home", type=click.Path(file_okay=False), envvar="STEERFLOW_HOME", help="Home directory (default: $STEERFLOW_HOME or ~/.steerflow).")
+@click.version_option(package_name="steerflow")
+@click.pass_context
+def app(ctx: click.Context, home: str | None) -> None:
+    """Run LLM-agent flows as a dependency graph you can steer live and resume faithfully.
+
+    \b
+    Quick start:
+      steerflow play demo                 # bundled playbook, offline echo model
+      steerflow runs                      # recent runs
+      steerflow show RUN_OR_SESSION       # live node status
+      steerflow ctl pause SESSION         # from another terminal
+    """
+    ctx.ensure_object(dict)
+    ctx.obj["home"] = home
+
+
+def _flow_options(**kw: Any) -> FlowOptions:
+    return FlowOptions(
+        prompt=kw.get("prompt"),
+        plan_path=kw.get("plan"),
+        playbook=kw.get("playbook"),
+        model=kw.get("model"),
+        reactive=kw.get("reactive"),
+        max_ops=kw.get("max_ops"),
+        concurrency=kw.get("concurrency"),
+        save=kw.get("save"),
+        timeout_s=kw.get("timeout"),
+        checkpoint_version=int(kw.get("checkpoint_version") or 3),
+        dry_run=bool(kw.get("dry_run")),
+        show_graph=bool(kw.get("show_graph")),
+        kind=kw.get("kind", "flow"),
+    )
+
+
+def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
+    """Run a flow with signal handling and print its result; returns the exit code."""
+    events = EventBus()
+    events.subscribe(Progress(quiet=False))
+    run = FlowRun(options, home=home, events=events)
+
+    async def main() -> FlowResult:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, run.request_stop, sig)
+        try:
+            return await run.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    result = asyncio.run(main())
+    print_result(result, as_json=as_json)
+    return int(result.exit_code)
+
+
+def print_result(result: FlowResult, *, as_json: bool) -> None:
+    """Print a flow result as JSON or as a short human summary."""
+    if result.graph_text:
+        warn("graph:\n" + result.graph_text)
+    for warning in result.warnings:
+        warn(f"warning: {warning}")
+    for rejection in result.spawn_rejections:
+        warn(
+            f"spawn rejected: {rejection['agent_id'] or '<none>'} from {rejection['emitter']}: "
+            f"{rejection['reason']} ({rejection['detail']})"
+        )
+    if as_json:
+        emit_json(result.to_json())
+        return
+    lines = [f"status: {result.status}"]
+    if result.run_id:
+        lines.append(f"run: {result.run_id}  session: {result.session_id}")
+    if result.checkpoint.get("path"):
+        saved = "saved" if result.checkpoint.get("persisted") else "NOT persisted"
+        lines.append(
+            f"checkpoint: {result.checkpoint['path']} (v{result.checkpoint['version']}, {saved})"
+        )
+        if result.checkpoint.get("error"):
+            lines.append(f"checkpoint error: {result.checkpoint['error']}")
+    if result.resumed_from:
+        lines.append(f"resumed from session: {result.resumed_from}")
+    lines.append("nodes:")
+    for node in result.nodes:
+        extra = f"  error: {node['error']}" if node.get("error") else ""
+        lines.append(f"  {node['status']:<10} {node['kind']:<8} {node['id']}{extra}")
+    if result.status in ("timed_out", "interrupted") and result.run_id:
+        lines.append(f"resume with: steerflow resume {result.run_id}")
+    emit_text("\n".join(lines))
+
+
+@app.command(epilog=EXIT_EPILOG)
+@click.argument("prompt", required=False)
+@click.option("--plan", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Run this plan file (YAML or JSON) instead of asking the planner.")
+@click.option("-p", "--playbook", metavar="NAME", help="Run a playbook: <home>/playbooks/NAME.yaml, then the bundled ones.")
+@run_options
+@click.pass_context
+def flow(ctx: click.Context, **kw: Any) -> int:
+    """Plan PROMPT with the model (or take --plan/--playbook), then run it."""
+    if kw["plan"] is not None and kw["playbook"] is not None:
+        raise UsageError("give either --plan or --playbook, not both")
+    kw["kind"] = "play" if kw["playbook"] else "flow"
+    return execute(_home(ctx), _flow_options(**kw), as_json=kw["as_json"])
+
+
+@app.command(epilog=EXIT_EPILOG)
+@click.argument("name")
+@click.argument("prompt", required=False)
+@run_options
+@click.pass_context
+def play(ctx: click.Context, name: str, **kw: Any) -> int:
+    """Run playbook NAME (sugar for: flow -p NAME [PROMPT])."""
+    kw.update(playbook=name, kind="play")
+    return execute(_home(ctx), _flow_options(**kw), as_json=kw["as_json"])
+
+
+@app.command(epilog=EXIT_EPILOG)
+@click.argument("target")
+@click.option("--retry-failed", is_flag=True, help="Run failed nodes again (repeats their side effects). Spawned nodes below a re-run parent are rebuilt and run again after it, never dropped.")
+@click.option("--allow-degraded-context", is_flag=True, help="Let nodes whose inherited conversation cannot be restored run with an empty branch (named in the result).")
+@click.option("--dry-run", is_flag=True, help="Check the checkpoint and show what would run; run nothing.")
+@click.option("--show-graph", is_flag=True, help="Print the DAG and write graph.mmd into the new run directory.")
+@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Deadline for the resumed run.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def resume(ctx: click.Context, target: str, **kw: Any) -> int:
+    """Resume a run from its checkpoint: replay what finished, run the rest, or refuse.
+
+    TARGET is a run directory, a run id or unambiguous prefix, or a session,
+    invocation or play id (or prefix). Model, prompt, plan, budgets, reactive policy,
+    concurrency and save dir come from the checkpoint; the new run gets its own session
+    and run directory and records resumed_from.
+    """
+    from steerflow.resume import prepare_resume
+
+    home = _home(ctx)
+    seed = prepare_resume(
+        home,
+        target,
+        retry_failed=kw["retry_failed"],
+        allow_degraded_context=kw["allow_degraded_context"],
+    )
+    options = FlowOptions(
+        resume=seed,
+        dry_run=kw["dry_run"],
+        show_graph=kw["show_graph"],
+        timeout_s=kw["timeout"],
+        checkpoint_version=3,
+    )
+    return execute(home, options, as_json=kw["as_json"])
+
+
+@app.command()
+@click.option("--all", "show_all", is_flag=True, help="List every run, not only the 20 newest.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
+    """List runs, newest first (a dead run shows as interrupted)."""
+    view = runs_view(_home(ctx), limit=None if show_all else 20)
+    if as_json:
+        emit_json(view)
+    elif not view["runs"]:
+        emit_text("no runs yet: try `steerflow play demo`")
+    else:
+        emit_text(
+            "\n".join(
+                f"{r['run_id'] or '-':<24} {r['status']:<12} {r['kind']:<5} {r['session_id']}"
+                for r in view["runs"]
+            )
+        )
+    return 0
+
+
+@app.command()
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def show(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Show a run: status, phase and every node's live status."""
+    view = show_view(_home(ctx), target)
+    if as_json:
+        emit_json(view)
+        return 0
+    lines = [
+        f"run: {view['run_id']}  session: {view['session_id']}",
+        f"status: {view['status']}  phase: {view['phase']}",
+    ]
+    ckpt = view.get("checkpoint") or {}
+    if ckpt.get("path"):
+        lines.append(f"checkpoint: {ckpt['path']} (v{ckpt.get('version')})")
+    report = view.get("checkpoint_recovery") or {}
+    if report and report.get("status") != "clean":
+        lines.append(f"checkpoint recovery: {report.get('status')} {report.get('refusal') or ''}")
+    lines.append("nodes:")
+    for node in view["nodes"]:
+        who = f" ({node['assignee']})" if node.get("assignee") else ""
+        lines.append(f"  {node['status']:<10} {node['kind']:<8} {node['id']}{who}")
+    emit_text("\n".join(lines))
+    return 0
+
+
+@app.group()
+def ctl() -> None:
+    """Steer a running flow from another terminal (queued; applied by the flow's poller)."""
+
+
+def _queued(home: Path, target: str, verb: str, text: str | None = None) -> int:
+    from steerflow.control import enqueue_control
+
+    queued = enqueue_control(home, target, verb, text)  # type: ignore[arg-type]
+    emit_text(
+        f"{queued.control_id}\nqueued {verb} for session {queued.session_id} "
+        "(queued, not yet applied: see `steerflow ctl status`)"
+    )
+    return 0
+
+
+@ctl.command("pause", epilog=EXIT_EPILOG)
+@click.argument("target")
+@click.pass_context
+def ctl_pause(ctx: click.Context, target: str) -> int:
+    """Hold every operation that has not started yet."""
+    return _queued(_home(ctx), target, "pause")
+
+
+@ctl.command("resume", epilog=EXIT_EPILOG)
+@click.argument("target")
+@click.pass_context
+def ctl_resume(ctx: click.Context, target: str) -> int:
+    """Release a paused flow."""
+    return _queued(_home(ctx), target, "resume")
+
+
+@ctl.command("msg", epilog=EXIT_EPILOG)
+@click.argument("target")
+@click.argument("text")
+@click.pass_context
+def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
+    """Send a correction into the next operation (at most once)."""
+    return _queued(_home(ctx), target, "message", text)
+
+
+@ctl.command("resolve", epilog=EXIT_EPILOG)
+@click.argument("control_id")
+@click.option("--as", "outcome", type=click.Choice(["applied", "abandoned"]), required=True, help="The outcome you observed.")
+@click.option("--by", metavar="WHO", help="Who resolved it (stored as abandoned:WHO).")
+@click.pass_context
+def ctl_resolve(ctx: click.Context, control_id: str, outcome: str, by: str | None) -> int:
+    """Close a control left in 'applying' by a flow that died mid-apply."""
+    from steerflow.control import resolve_control
+
+    row = resolve_control(_home(ctx), control_id, outcome, by)  # type: ignore[arg-type]
+    emit_text(f"{row.id} {row.result}")
+    return 0
+
+
+@ctl.command("status")
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Show a session's phase, poller state and controls."""
+    view = ctl_status_view(_home(ctx), target)
+    if as_json:
+        emit_json(view)
+        return 0
+    lines = [
+        f"session: {view['session_id']}  status: {view['status']}  phase: {view['phase']}  "
+        f"poller: {view['poller']}"
+    ]
+    for c in view["controls"]:
+        lines.append(f"  {c['id']}  {c['verb']:<8} {c['result'] or 'pending'}")
+    emit_text("\n".join(lines))
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the CLI and return its exit code (never raises for expected errors)."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    try:
+        code = app.main(args=args, prog_name="steerflow", standalone_mode=False)
+    except click.exceptions.Exit as exc:
+        return int(exc.exit_code)
+    except click.exceptions.Abort:
+        return int(ExitCode.SIGINT)
+    except click.ClickException as exc:
+        exc.show()
+        return int(ExitCode.USAGE)
+    except SteerflowError as exc:
+        if "--json" in args:
+            emit_json(
+                {
+                    "status": "refused" if exc.exit_code == ExitCode.REFUSED else "error",
+                    "exit_code": int(exc.exit_code),
+                    "error": {"code": exc.code, "message": str(exc)},
+                    **({"checkpoint_recovery": exc.report} if hasattr(exc, "report") else {}),
+                }
+            )
+        warn(f"steerflow: error: {exc}")
+        return int(exc.exit_code)
+    except KeyboardInterrupt:
+        return int(ExitCode.SIGINT)
+    except BrokenPipeError:
+        return 0
+    return int(code or 0)
+
+
+def cli_exit() -> None:
+    """Console-script entry point."""
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""The dependency-aware executor, its graph, event stream and steering state."""
+
+from __future__ import annotations
+
+from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._graph import TERMINAL, Edge, Graph, NodeKind, NodeStatus, Operation, build_graph
+from steerflow.executor._scheduler import (
+    CLI_DEFAULT_MAX_SPAWN,
+    LIBRARY_DEFAULT_MAX_SPAWN,
+    FlowExecutor,
+    SpawnRejection,
+)
+from steerflow.executor._steer import STEER_CLOSE, STEER_OPEN, PauseGate, SharedContext, render_steer
+
+__all__ = [
+    "CLI_DEFAULT_MAX_SPAWN",
+    "LIBRARY_DEFAULT_MAX_SPAWN",
+    "STEER_CLOSE",
+    "STEER_OPEN",
+    "TERMINAL",
+    "Edge",
+    "EventBus",
+    "EventType",
+    "FlowEvent",
+    "FlowExecutor",
+    "Graph",
+    "NodeKind",
+    "NodeStatus",
+    "Operation",
+    "PauseGate",
+    "SharedContext",
+    "SpawnRejection",
+    "build_graph",
+    "render_steer",
+]

@@ -1,0 +1,370 @@
+"""The dependency-aware executor: one asyncio task per operation inside one TaskGroup.
+
+Each node waits for its dependencies, evaluates its edge conditions, renders its
+instruction, waits at the pause gate, takes capacity, renders late operator
+steers, invokes its provider and reports to completion observers. Admission can
+be closed (signals, deadlines): nodes not yet invoked then stay ``pending``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from steerflow.errors import ProviderError
+from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._graph import Edge, Graph, Operation
+from steerflow.executor._steer import PauseGate, SharedContext, render_steer
+from steerflow.plan import ReactivePolicy, SpawnSpec
+from steerflow.providers import Message, Provider, ProviderRequest
+
+__all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
+
+LIBRARY_DEFAULT_MAX_SPAWN = 50
+CLI_DEFAULT_MAX_SPAWN = 20
+
+Observer = Callable[[Operation], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class SpawnRejection:
+    """A spawn request the executor refused, and why."""
+
+    emitter: str
+    agent_id: str | None
+    reason: str
+    detail: str
+
+
+class FlowExecutor:
+    """Runs a graph to completion (or until admission closes)."""
+
+    def __init__(
+        self,
+        graph: Graph,
+        *,
+        provider_for: Callable[[Operation], Provider],
+        run_id: str,
+        home: Path,
+        artifact_dir: Callable[[str], Path],
+        system_prompt: Callable[[Operation], str | None] = lambda op: None,
+        concurrency: int = 4,
+        reactive: ReactivePolicy | None = None,
+        max_spawn: int = LIBRARY_DEFAULT_MAX_SPAWN,
+        gate: PauseGate | None = None,
+        context: SharedContext | None = None,
+        events: EventBus | None = None,
+        observers: list[Observer] | None = None,
+        call_timeout_s: float | None = None,
+    ) -> None:
+        if concurrency < 1:
+            raise ValueError("concurrency must be >= 1")
+        self.graph = graph
+        self._provider_for = provider_for
+        self._run_id = run_id
+        self._home = home
+        self._artifact_dir = artifact_dir
+        self._system_prompt = system_prompt
+        self._limiter = asyncio.Semaphore(concurrency)
+        self.concurrency = concurrency
+        self.reactive = reactive or ReactivePolicy(enabled=False)
+        self.max_spawn = max(0, max_spawn)
+        self.gate = gate or PauseGate()
+        self.context = context or SharedContext()
+        self.events = events or EventBus()
+        self.observers: list[Observer] = list(observers or [])
+        self._call_timeout_s = call_timeout_s
+        self._done: dict[str, asyncio.Event] = {}
+        self._tg: asyncio.TaskGroup | None = None
+        self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self.admission_open = True
+        self.admission_reason: str | None = None
+        self.running = 0
+        self.max_running = 0
+        self.spawned_count = 0
+        self.spawn_rejections: list[SpawnRejection] = []
+
+    # -- control surface -------------------------------------------------------------------
+
+    def pause(self) -> None:
+        """Close the pause gate (idempotent)."""
+        self.gate.pause()
+
+    def resume(self) -> None:
+        """Open the pause gate (idempotent)."""
+        self.gate.resume()
+
+    def has_pending(self) -> bool:
+        """True if some operation has not started yet (a message can still reach it)."""
+        return any(op.status == "pending" for op in self.graph)
+
+    def close_admission(self, reason: str, *, cancel_inflight: bool = False) -> None:
+        """Admit no new operation; optionally cancel provider calls already running."""
+        if self.admission_open:
+            self.admission_open = False
+            self.admission_reason = reason
+            self._emit("admission_closed", data={"reason": reason})
+        # Waiters at the gate must re-check admission, so open it for them.
+        self.gate.resume()
+        if cancel_inflight:
+            for task in list(self._inflight.values()):
+                task.cancel()
+
+    # -- running ---------------------------------------------------------------------------
+
+    async def run(self) -> None:
+        """Run every node; returns when all are terminal or withheld."""
+        async with asyncio.TaskGroup() as tg:
+            self._tg = tg
+            for op in self.graph:
+                self._launch(op)
+        self._tg = None
+
+    def _launch(self, op: Operation) -> None:
+        assert self._tg is not None
+        self._done[op.node_id] = asyncio.Event()
+        self._tg.create_task(self._run_node(op), name=f"node:{op.key}")
+
+    async def _run_node(self, op: Operation) -> None:
+        try:
+            await self._drive(op)
+        finally:
+            self._done[op.node_id].set()
+
+    async def _drive(self, op: Operation) -> None:
+        if op.replayed and op.status == "completed":
+            self._emit("node_replayed", op)
+            await self._notify(op)
+            return
+        for edge in op.edges:
+            await self._done[edge.source].wait()
+        verdict = self._edge_verdict(op)
+        if verdict == "withheld":
+            self._emit("node_withheld", op, data={"reason": "dependency not run"})
+            return
+        if verdict == "skipped":
+            op.status = "skipped"
+            self._emit("node_skipped", op, data={"reason": "edge condition not met"})
+            return
+        base = self._render_dependencies(op)
+        steers = self.context.take_unrendered(op.key)
+        if not await self._admit(op):
+            return
+        try:
+            steers += self.context.take_unrendered(op.key)
+            op.rendered_instruction = render_steer(steers, base)
+            if steers:
+                op.extra["steers"] = [m.get("control_id") for m in steers]
+            op.status = "running"
+            self._emit("node_started", op)
+            await self._invoke(op)
+        finally:
+            self.running -= 1
+            self._limiter.release()
+        if op.status == "completed":
+            self._spawn_children(op)
+        if op.terminal:
+            self._emit("node_completed" if op.status == "completed" else "node_failed", op)
+            await self._notify(op)
+
+    def _edge_verdict(self, op: Operation) -> str:
+        sources = [self.graph.ops[e.source] for e in op.edges]
+        if any(s.status == "pending" for s in sources):
+            return "withheld"
+        if all(edge.satisfied_by(s) for edge, s in zip(op.edges, sources, strict=True)):
+            return "run"
+        return "skipped"
+
+    async def _admit(self, op: Operation) -> bool:
+        """Pass the pause gate and take capacity; False if admission closed meanwhile."""
+        while True:
+            if not self.admission_open:
+                self._withhold(op)
+                return False
+            await self.gate.wait_open(lambda: self._emit("node_paused", op))
+            if not self.admission_open:
+                self._withhold(op)
+                return False
+            await self._limiter.acquire()
+            # A pause that arrived while we waited for capacity still holds this node:
+            # it has not started, so it must not start now.
+            if self.gate.paused or not self.admission_open:
+                self._limiter.release()
+                continue
+            self.running += 1
+            self.max_running = max(self.max_running, self.running)
+            return True
+
+    def _withhold(self, op: Operation) -> None:
+        self._emit("node_withheld", op, data={"reason": self.admission_reason or "admission closed"})
+
+    async def _invoke(self, op: Operation) -> None:
+        history = self._history(op)
+        request = ProviderRequest(
+            run_id=self._run_id,
+            node_key=op.key,
+            node_id=op.node_id,
+            kind=op.kind,
+            assignee=op.assignee,
+            instruction=op.rendered_instruction or op.instruction,
+            history=tuple(history),
+            artifact_dir=self._artifact_dir(op.key),
+            home=self._home,
+            allow_spawn=self.reactive.allows(op.assignee),
+            timeout_s=self._call_timeout_s,
+        )
+        try:
+            await asyncio.to_thread(os.makedirs, request.artifact_dir, 0o700, True)
+            provider = self._provider_for(op)
+            call = asyncio.ensure_future(provider.invoke(request))
+            self._inflight[op.node_id] = call
+            try:
+                response = await call
+            finally:
+                self._inflight.pop(op.node_id, None)
+        except asyncio.CancelledError:
+            if call_cancelled_by_us(op, self):
+                op.status = "pending"
+                self._withhold(op)
+                return
+            raise
+        except ProviderError as exc:
+            op.status, op.error = "failed", str(exc)
+            return
+        except Exception as exc:  # a provider bug fails its node, never the whole flow
+            op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
+            return
+        op.response = response.text
+        op.usage = response.usage
+        op.artifacts = response.artifacts
+        op.branch = [
+            *history,
+            Message("user", request.instruction),
+            Message("assistant", response.text),
+        ]
+        op.extra["spawn_requests"] = response.spawns
+        op.status = "completed"
+
+    def _history(self, op: Operation) -> list[Message]:
+        if op.branch:  # a spawned node starts from its emitter's cloned branch
+            return list(op.branch)
+        system = self._system_prompt(op)
+        history = [Message("system", system)] if system else []
+        if op.inherit_context and op.edges:
+            source = self.graph.ops[op.edges[0].source]
+            history = list(source.branch) or history
+        return history
+
+    def _render_dependencies(self, op: Operation) -> str:
+        blocks = []
+        for edge in op.edges:
+            source = self.graph.ops[edge.source]
+            if source.status == "completed":
+                blocks.append(f"### {source.key} (completed)\n{source.response}")
+            elif source.status == "failed":
+                blocks.append(f"### {source.key} (failed)\n{source.error}")
+        if not blocks:
+            return op.instruction
+        return op.instruction + "\n\n[RESULTS OF DEPENDENCIES]\n" + "\n\n".join(blocks)
+
+    # -- reactive expansion ----------------------------------------------------------------
+
+    def _spawn_children(self, emitter: Operation) -> None:
+        requests = emitter.extra.pop("spawn_requests", [])
+        if not isinstance(requests, list) or not requests:
+            return
+        if not self.reactive.allows(emitter.assignee):
+            self._emit("spawn_rejected", emitter, data={"reason": "reactive_disabled"})
+            return
+        for raw in requests:
+            self._try_spawn(emitter, raw)
+
+    def _reject(self, emitter: Operation, agent_id: str | None, reason: str, detail: str) -> None:
+        self.spawn_rejections.append(SpawnRejection(emitter.key, agent_id, reason, detail))
+        self._emit(
+            "spawn_rejected",
+            emitter,
+            data={"agent_id": agent_id, "reason": reason, "detail": detail},
+        )
+
+    def _try_spawn(self, emitter: Operation, raw: object) -> None:
+        if raw is None or raw == {}:
+            self._reject(emitter, None, "null_child", "the spawn request was empty")
+            return
+        try:
+            spec = SpawnSpec.model_validate(raw)
+        except ValidationError as exc:
+            agent = raw.get("agent_id") if isinstance(raw, dict) else None
+            detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
+            self._reject(emitter, str(agent) if agent else None, "builder_error", detail)
+            return
+        if spec.agent_id in spec.depends_on:
+            self._reject(emitter, spec.agent_id, "cycle", "the spawned node depends on itself")
+            return
+        if spec.agent_id in self.graph.by_key:
+            self._reject(emitter, spec.agent_id, "duplicate", "a node with this id exists")
+            return
+        unknown = [d for d in spec.depends_on if d not in self.graph.by_key]
+        if unknown:
+            self._reject(emitter, spec.agent_id, "builder_error", f"unknown depends_on {unknown}")
+            return
+        if self.spawned_count >= self.max_spawn:
+            self._reject(
+                emitter,
+                spec.agent_id,
+                "max_spawn_exceeded",
+                f"spawn budget of {self.max_spawn} used up",
+            )
+            return
+        if not self.admission_open:
+            self._reject(emitter, spec.agent_id, "admission_closed", "the flow is stopping")
+            return
+        edges = [Edge(source=emitter.node_id)] if spec.link_to_emitter else []
+        edges += [Edge(source=self.graph.by_key[d].node_id) for d in spec.depends_on]
+        child = Operation(
+            key=spec.agent_id,
+            instruction=spec.instruction,
+            kind="spawned",
+            assignee=spec.assignee,
+            edges=edges,
+            parent_id=emitter.node_id,
+            branch=list(emitter.branch),
+        )
+        self.graph.add(child)
+        self.spawned_count += 1
+        self._emit("node_spawned", child, data={"emitter": emitter.key})
+        self._launch(child)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    async def _notify(self, op: Operation) -> None:
+        for observer in self.observers:
+            await observer(op)
+
+    def _emit(
+        self, kind: EventType, op: Operation | None = None, *, data: dict[str, object] | None = None
+    ) -> None:
+        self.events.emit(
+            FlowEvent(
+                type=kind,
+                node_key=op.key if op else None,
+                node_id=op.node_id if op else None,
+                data=data or {},
+            )
+        )
+
+
+def call_cancelled_by_us(op: Operation, executor: FlowExecutor) -> bool:
+    """True if the provider call was cancelled by ``close_admission(cancel_inflight=True)``."""
+    current = asyncio.current_task()
+    with contextlib.suppress(AttributeError):
+        if current is not None and current.cancelling():
+            return False
+    return not executor.admission_open

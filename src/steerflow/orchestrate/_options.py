@@ -1,0 +1,102 @@
+"""Inputs and outputs of one flow run, independent of the command line."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Literal
+
+from steerflow.errors import ExitCode
+from steerflow.executor import Graph
+from steerflow.plan import PlanFile
+
+__all__ = ["FlowOptions", "FlowResult", "ResumeSeed"]
+
+
+@dataclass
+class ResumeSeed:
+    """What a resume hands the runner: the persisted plan and how to pre-mark the graph.
+
+    ``apply`` runs once the fresh graph is built and before anything executes; it
+    pre-marks replayed nodes and rebuilds spawned ones.
+    """
+
+    plan: PlanFile
+    prompt: str
+    config: dict[str, Any]
+    resumed_from: str
+    source_run_id: str | None
+    apply: Callable[[Graph], None]
+    flow_context: dict[str, Any] = field(default_factory=dict)
+    max_spawn: int | None = None
+    degraded: list[str] = field(default_factory=list)
+    checkpoint_recovery: dict[str, Any] | None = None
+
+
+@dataclass
+class FlowOptions:
+    """Everything ``flow``/``play``/``resume`` decide before running.
+
+    ``None`` means "not given": the plan file or playbook value, then the default, applies.
+    """
+
+    prompt: str | None = None
+    plan_path: Path | None = None
+    playbook: str | None = None
+    model: str | None = None
+    reactive: str | None = None
+    max_ops: int | None = None
+    concurrency: int | None = None
+    save: Path | None = None
+    timeout_s: float | None = None
+    checkpoint_version: int = 3
+    dry_run: bool = False
+    show_graph: bool = False
+    kind: Literal["flow", "play"] = "flow"
+    default_max_spawn: int = 20
+    resume: ResumeSeed | None = None
+    checkpoint_max_records: int = 128
+    checkpoint_max_bytes: int = 8_388_608
+
+
+@dataclass
+class FlowResult:
+    """The outcome of one run, as printed by ``--json``."""
+
+    session_id: str | None
+    run_id: str | None
+    status: str
+    exit_code: ExitCode
+    checkpoint: dict[str, Any]
+    checkpoint_recovery: dict[str, Any] | None
+    nodes: list[dict[str, Any]]
+    run_dir: str | None = None
+    warnings: list[str] = field(default_factory=list)
+    spawn_rejections: list[dict[str, Any]] = field(default_factory=list)
+    resumed_from: str | None = None
+    degraded_context: list[str] = field(default_factory=list)
+    graph_text: str | None = None
+    error: dict[str, str] | None = None
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``--json`` object (CONTRACT §3)."""
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "status": self.status,
+            "exit_code": int(self.exit_code),
+            "checkpoint": self.checkpoint,
+            "checkpoint_recovery": self.checkpoint_recovery,
+            "nodes": self.nodes,
+            "run_dir": self.run_dir,
+            "warnings": self.warnings,
+            "spawn_rejections": self.spawn_rejections,
+            "resumed_from": self.resumed_from,
+            "degraded_context": self.degraded_context,
+            "usage": self.usage,
+        }
+        if self.error is not None:
+            out["error"] = self.error
+        return out

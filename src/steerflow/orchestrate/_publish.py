@@ -1,0 +1,118 @@
+"""Publish live node status and a heartbeat to the state DB for other processes."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+from steerflow.errors import SteerflowError
+from steerflow.executor import FlowEvent, Graph
+from steerflow.state import NodeStatus, NodeUpdate, StateDB
+
+__all__ = ["HEARTBEAT_INTERVAL_S", "NodePublisher", "heartbeat_loop"]
+
+HEARTBEAT_INTERVAL_S = 2.0
+
+_EVENT_STATUS: dict[str, NodeStatus] = {
+    "node_started": "running",
+    "node_completed": "completed",
+    "node_failed": "failed",
+    "node_skipped": "skipped",
+    "node_replayed": "completed",
+    "node_paused": "paused",
+    "node_spawned": "pending",
+    "node_withheld": "pending",
+}
+
+
+class NodePublisher:
+    """Coalesces node status changes and writes them in one transaction per batch.
+
+    Events arrive synchronously on the loop; the write happens in a worker thread
+    so the event loop never waits on SQLite.
+    """
+
+    def __init__(self, db: StateDB, session_id: str, graph: Graph) -> None:
+        self._db = db
+        self._session_id = session_id
+        self._graph = graph
+        self._dirty: dict[str, NodeUpdate] = {}
+        self._wake = asyncio.Event()
+        self._closing = False
+        self.errors = 0
+
+    def snapshot_all(self) -> None:
+        """Queue every node's current status (initial publication)."""
+        for op in self._graph:
+            self._queue(op.key, op.status)
+
+    def on_event(self, event: FlowEvent) -> None:
+        """Event-bus subscriber."""
+        status = _EVENT_STATUS.get(event.type)
+        if status is not None and event.node_key is not None:
+            self._queue(event.node_key, status)
+
+    def on_gate(self, paused: bool) -> None:
+        """When the gate reopens, nodes shown as paused are pending again."""
+        if not paused:
+            for op in self._graph:
+                if op.status == "pending":
+                    self._queue(op.key, "pending")
+
+    def _queue(self, key: str, status: NodeStatus) -> None:
+        op = self._graph.by_key.get(key)
+        if op is None:
+            return
+        detail: dict[str, object] | None = None
+        if op.error:
+            detail = {"error": op.error[:500]}
+        if op.usage is not None:
+            detail = (detail or {}) | {
+                "input_tokens": op.usage.input_tokens,
+                "output_tokens": op.usage.output_tokens,
+                "cost_usd": op.usage.cost_usd,
+            }
+        self._dirty[key] = NodeUpdate(
+            node_key=key,
+            kind=op.kind,
+            status=status,
+            node_id=op.node_id,
+            assignee=op.assignee,
+            detail=detail,
+        )
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Write batches until :meth:`close`; a failed write is retried with the next batch."""
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            await self.flush()
+            if self._closing and not self._dirty:
+                return
+
+    async def flush(self) -> None:
+        """Write every queued update now."""
+        if not self._dirty:
+            return
+        batch, self._dirty = list(self._dirty.values()), {}
+        try:
+            await asyncio.to_thread(self._db.upsert_nodes, self._session_id, batch)
+        except SteerflowError:
+            self.errors += 1
+            for row in batch:
+                self._dirty.setdefault(row.node_key, row)
+
+    async def close(self) -> None:
+        """Flush what is left and stop."""
+        self._closing = True
+        self._wake.set()
+        await self.flush()
+
+
+async def heartbeat_loop(db: StateDB, session_id: str) -> None:
+    """Refresh the session heartbeat until cancelled."""
+    while True:
+        with contextlib.suppress(SteerflowError):
+            await asyncio.to_thread(db.heartbeat, session_id)
+        await asyncio.sleep(HEARTBEAT_INTERVAL_S)

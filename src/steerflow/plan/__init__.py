@@ -1,0 +1,45 @@
+"""Plans and playbooks: parse and validate, nothing else (CONTRACT §5)."""
+
+from __future__ import annotations
+
+from steerflow.plan._load import (
+    ReactivePolicy,
+    bundled_playbooks,
+    find_playbook,
+    load_plan_file,
+    parse_plan,
+    parse_plan_text,
+    parse_reactive,
+    truncate_plan,
+)
+from steerflow.plan._model import (
+    AGENT_ID_PATTERN,
+    MAX_PLAN_ENTRIES,
+    Dependency,
+    EdgeWhen,
+    PlanEntry,
+    PlanFile,
+    RoleSpec,
+    SpawnSpec,
+    is_agent_id,
+)
+
+__all__ = [
+    "AGENT_ID_PATTERN",
+    "MAX_PLAN_ENTRIES",
+    "Dependency",
+    "EdgeWhen",
+    "PlanEntry",
+    "PlanFile",
+    "ReactivePolicy",
+    "RoleSpec",
+    "SpawnSpec",
+    "bundled_playbooks",
+    "find_playbook",
+    "is_agent_id",
+    "load_plan_file",
+    "parse_plan",
+    "parse_plan_text",
+    "parse_reactive",
+    "truncate_plan",
+]

@@ -1,0 +1,211 @@
+"""Read plan files and playbooks, with errors that name the file, line and field."""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from steerflow.errors import PlanValidationError, UsageError
+from steerflow.plan._model import MAX_PLAN_ENTRIES, PlanFile
+
+__all__ = [
+    "ReactivePolicy",
+    "bundled_playbooks",
+    "find_playbook",
+    "load_plan_file",
+    "parse_plan",
+    "parse_reactive",
+    "truncate_plan",
+]
+
+_PLAYBOOK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+@dataclass(frozen=True)
+class ReactivePolicy:
+    """Which emitting roles may spawn new operations.
+
+    ``enabled`` False means no spawn is ever accepted; ``roles`` None means
+    every role may spawn; otherwise only operations whose assignee is listed.
+    """
+
+    enabled: bool
+    roles: frozenset[str] | None = None
+    spec: str = "off"
+
+    def allows(self, assignee: str | None) -> bool:
+        """True if an operation with this assignee may spawn."""
+        if not self.enabled:
+            return False
+        return self.roles is None or (assignee is not None and assignee in self.roles)
+
+
+def parse_reactive(spec: str | bool | None) -> ReactivePolicy:
+    """Parse ``--reactive off|all|ROLE[,ROLE...]``."""
+    if spec is None or spec is False:
+        return ReactivePolicy(enabled=False, spec="off")
+    if spec is True:
+        return ReactivePolicy(enabled=True, spec="all")
+    text = spec.strip()
+    lowered = text.lower()
+    if lowered in {"off", "false", "no", "0", "none", ""}:
+        return ReactivePolicy(enabled=False, spec="off")
+    if lowered in {"all", "true", "yes", "on", "1"}:
+        return ReactivePolicy(enabled=True, spec="all")
+    roles = [r.strip() for r in text.split(",")]
+    if any(not r for r in roles):
+        raise UsageError(f"--reactive {spec!r}: empty role name in the list")
+    return ReactivePolicy(enabled=True, roles=frozenset(roles), spec=",".join(roles))
+
+
+def truncate_plan(plan: PlanFile) -> tuple[PlanFile, int]:
+    """Cut a plan to MAX_PLAN_ENTRIES; returns the plan and how many were dropped.
+
+    Dependencies on dropped entries are removed with them, so the cut plan
+    still validates.
+    """
+    extra = len(plan.plan) - MAX_PLAN_ENTRIES
+    if extra <= 0:
+        return plan, 0
+    kept = plan.plan[:MAX_PLAN_ENTRIES]
+    kept_ids = {e.agent_id for e in kept}
+    trimmed = [
+        e.model_copy(update={"depends_on": [d for d in e.dependencies if d.id in kept_ids]})
+        for e in kept
+    ]
+    return plan.model_copy(update={"plan": trimmed}), extra
+
+
+def parse_plan(data: object, *, source: str, text: str | None = None) -> PlanFile:
+    """Validate already-decoded plan data; errors name ``source`` and the field."""
+    if not isinstance(data, dict):
+        raise PlanValidationError(f"{source}: a plan must be a mapping with a 'plan' list")
+    if isinstance(data.get("plan"), list) and len(data["plan"]) > MAX_PLAN_ENTRIES:
+        # Validate only what we keep: a runaway planner should be cut, not refused.
+        data = {**data, "plan": data["plan"][:MAX_PLAN_ENTRIES]}
+        kept = {e.get("agent_id") for e in data["plan"] if isinstance(e, dict)}
+        data["plan"] = [
+            {**e, "depends_on": [d for d in e.get("depends_on", []) if _dep_id(d) in kept]}
+            if isinstance(e, dict) and isinstance(e.get("depends_on"), list)
+            else e
+            for e in data["plan"]
+        ]
+    try:
+        return PlanFile.model_validate(data)
+    except ValidationError as exc:
+        raise PlanValidationError(_describe(exc, source=source, text=text)) from None
+
+
+def _dep_id(dep: object) -> object:
+    return dep.get("id") if isinstance(dep, dict) else dep
+
+
+def load_plan_file(path: Path) -> PlanFile:
+    """Read and validate a YAML or JSON plan file."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError(f"plan file not found: {str(path)!r}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read plan file {str(path)!r}: {exc}") from None
+    return parse_plan_text(text, source=str(path))
+
+
+def parse_plan_text(text: str, *, source: str) -> PlanFile:
+    """Decode YAML/JSON text and validate it as a plan."""
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except json.JSONDecodeError as exc:
+        raise PlanValidationError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg}") from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise PlanValidationError(f"{source}{where}: invalid YAML: {problem}") from None
+    return parse_plan(data, source=source, text=text)
+
+
+def bundled_playbooks() -> list[str]:
+    """Names of the playbooks shipped with the package."""
+    root = resources.files("steerflow.plan") / "playbooks"
+    return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
+
+
+def find_playbook(name: str, *, home: Path) -> tuple[PlanFile, str]:
+    """Find a playbook by name: ``<home>/playbooks/NAME.yaml``, then the bundled ones.
+
+    Returns the validated playbook and where it was found.
+    """
+    if not _PLAYBOOK_NAME.match(name):
+        raise UsageError(f"invalid playbook name {name!r}: use letters, digits, '_', '.', '-'")
+    own = home / "playbooks" / f"{name}.yaml"
+    if own.is_file():
+        return load_plan_file(own), str(own)
+    bundled = resources.files("steerflow.plan") / "playbooks" / f"{name}.yaml"
+    if bundled.is_file():
+        source = f"<bundled playbook {name}>"
+        return parse_plan_text(bundled.read_text(encoding="utf-8"), source=source), source
+    available = ", ".join(bundled_playbooks()) or "none"
+    raise UsageError(
+        f"playbook {name!r} not found in {str(own.parent)!r} or bundled playbooks ({available})"
+    )
+
+
+def _describe(exc: ValidationError, *, source: str, text: str | None) -> str:
+    lines = []
+    for err in exc.errors():
+        loc = tuple(err["loc"])
+        field = _format_loc(loc)
+        line = _line_of(text, loc) if text is not None else None
+        where = f"{source}:{line}" if line else source
+        msg = err["msg"]
+        if err["type"] == "extra_forbidden":
+            msg = "unknown field"
+        lines.append(f"{where}: {field or '<root>'}: {msg}")
+    return "invalid plan:\n  " + "\n  ".join(lines)
+
+
+def _format_loc(loc: tuple[Any, ...]) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in {"str", "Dependency", "function-after[_graph_is_sound(), PlanFile]"}:
+            continue
+        else:
+            out += ("." if out else "") + str(part)
+    return out
+
+
+def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
+    """Best-effort 1-based line of the YAML/JSON node at ``loc``."""
+    try:
+        node: Any = yaml.compose(text)
+    except yaml.YAMLError:
+        return None
+    line = None
+    for part in loc:
+        if node is None:
+            break
+        line = node.start_mark.line + 1
+        if isinstance(node, yaml.MappingNode) and isinstance(part, str):
+            match = [(k, v) for k, v in node.value if getattr(k, "value", None) == part]
+            if not match:
+                break
+            key, node = match[0]
+            line = key.start_mark.line + 1
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int):
+            if part >= len(node.value):
+                break
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            continue
+    return line

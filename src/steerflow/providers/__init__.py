@@ -1,0 +1,33 @@
+"""Models and agent workers behind one interface (CONTRACT §4)."""
+
+from __future__ import annotations
+
+from steerflow.providers._base import (
+    Message,
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+)
+from steerflow.providers._registry import KNOWN_PREFIXES, ProviderCache, make_provider
+from steerflow.providers.echo import EchoProvider, echo_plan, echo_text
+from steerflow.providers.script import INVOCATION_LOG, ScriptProvider, load_script
+
+__all__ = [
+    "INVOCATION_LOG",
+    "KNOWN_PREFIXES",
+    "EchoProvider",
+    "Message",
+    "PlanRequest",
+    "Provider",
+    "ProviderCache",
+    "ProviderRequest",
+    "ProviderResponse",
+    "ScriptProvider",
+    "Usage",
+    "echo_plan",
+    "echo_text",
+    "load_script",
+    "make_provider",
+]

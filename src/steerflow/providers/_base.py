@@ -1,0 +1,102 @@
+"""The provider interface every model and agent worker implements.
+
+A provider turns one rendered operation into a response. The executor owns
+everything around the call (dependencies, pause gate, steer rendering, retries
+of whole nodes on resume); a provider only talks to its model.
+"""
+
+from __future__ import annotations
+
+import abc
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+__all__ = [
+    "Message",
+    "PlanRequest",
+    "Provider",
+    "ProviderRequest",
+    "ProviderResponse",
+    "Usage",
+]
+
+
+@dataclass(frozen=True)
+class Message:
+    """One turn of a node's conversation (its branch)."""
+
+    role: Literal["system", "user", "assistant"]
+    content: str
+
+
+@dataclass(frozen=True)
+class Usage:
+    """Token usage and cost of one call, where the provider reports them."""
+
+    input_tokens: int | None = None
+    output_tokens: int | None = None
+    cost_usd: float | None = None
+
+
+@dataclass(frozen=True)
+class ProviderRequest:
+    """Everything a provider needs to run one operation.
+
+    ``instruction`` is the complete rendered instruction: operator steer block,
+    the node's own instruction and its dependencies' results. ``history`` is
+    the branch before this turn (system prompt first, then any inherited turns).
+    """
+
+    run_id: str
+    node_key: str
+    node_id: str
+    kind: Literal["planned", "spawned"]
+    assignee: str | None
+    instruction: str
+    history: tuple[Message, ...]
+    artifact_dir: Path
+    home: Path
+    allow_spawn: bool = False
+    timeout_s: float | None = None
+
+
+@dataclass
+class ProviderResponse:
+    """What one call produced.
+
+    ``spawns`` holds raw spawn requests (mappings, or None for a null child);
+    the executor validates each and records a rejection reason for bad ones.
+    """
+
+    text: str
+    spawns: list[object] = field(default_factory=list)
+    usage: Usage | None = None
+    artifacts: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class PlanRequest:
+    """A planning call: turn a prompt into plan data matching ``schema``."""
+
+    prompt: str
+    schema: dict[str, object]
+    max_entries: int
+    feedback: str | None = None
+
+
+class Provider(abc.ABC):
+    """A model or agent worker behind a ``--model`` spec."""
+
+    spec: str
+
+    @abc.abstractmethod
+    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
+        """Run one operation; raise :class:`steerflow.errors.ProviderError` on failure."""
+
+    @abc.abstractmethod
+    async def plan(self, request: PlanRequest) -> object:
+        """Return raw plan data (validated by the caller against ``request.schema``)."""
+
+    async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
+        """Release clients or subprocesses."""

@@ -1,0 +1,219 @@
+"""The ``anthropic/MODEL`` provider: the Anthropic Messages API.
+
+Honours ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (or
+``ANTHROPIC_AUTH_TOKEN``). With a base URL and no credentials a placeholder key
+is sent. The SDK's own retries are off; :mod:`steerflow.providers._retry`
+decides. ``STEERFLOW_ANTHROPIC_MAX_TOKENS`` sets ``max_tokens`` (default 8192).
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import anthropic
+from anthropic.types import MessageParam
+
+from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._base import (
+    Message,
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+)
+from steerflow.providers._remote import (
+    extract_spawns,
+    parse_plan_reply,
+    plan_system_prompt,
+    plan_user_prompt,
+    split_history,
+    system_with_spawn,
+)
+from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error, env_float
+
+__all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider"]
+
+DEFAULT_MAX_TOKENS = 8192
+#: Sent as the API key when only ``ANTHROPIC_BASE_URL`` is set.
+PLACEHOLDER_KEY = "not-set"
+
+
+class AnthropicProvider(Provider):
+    """Messages through the official ``anthropic`` SDK.
+
+    Args:
+        model: Model name sent to the server.
+        spec: The ``--model`` spec (defaults to ``anthropic/MODEL``).
+        env: Environment to read settings from (``os.environ`` when None).
+        policy: Retry policy (from ``STEERFLOW_PROVIDER_*`` when None).
+
+    Raises:
+        UsageError: No credentials and no base URL, or a bad max-tokens value.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        spec: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.spec = spec or f"anthropic/{model}"
+        self.model = model
+        self.base_url = env.get("ANTHROPIC_BASE_URL") or None
+        self._api_key = env.get("ANTHROPIC_API_KEY") or None
+        self._auth_token = env.get("ANTHROPIC_AUTH_TOKEN") or None
+        if self._api_key is None and self._auth_token is None:
+            if self.base_url is None:
+                raise UsageError(
+                    f"model spec {self.spec!r}: set ANTHROPIC_API_KEY (or ANTHROPIC_BASE_URL "
+                    "for a compatible server that needs no key)"
+                )
+            self._api_key = PLACEHOLDER_KEY
+        max_tokens = env_float(env, "STEERFLOW_ANTHROPIC_MAX_TOKENS", DEFAULT_MAX_TOKENS, minimum=1)
+        if max_tokens != int(max_tokens):
+            raise UsageError("STEERFLOW_ANTHROPIC_MAX_TOKENS must be a whole number")
+        self.max_tokens = int(max_tokens)
+        self.policy = policy or RetryPolicy.from_env(env)
+        self._client: anthropic.AsyncAnthropic | None = None
+
+    @property
+    def client(self) -> anthropic.AsyncAnthropic:
+        """The SDK client, created on first use (inside the running loop)."""
+        if self._client is None:
+            self._client = anthropic.AsyncAnthropic(
+                api_key=self._api_key,
+                auth_token=self._auth_token,
+                base_url=self.base_url,
+                max_retries=0,
+            )
+        return self._client
+
+    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
+        """Send history + instruction as one Messages call.
+
+        Args:
+            request: The rendered operation.
+
+        Returns:
+            The reply text (without a spawn block), raw spawn items and usage.
+
+        Raises:
+            ProviderError: The call failed (see :func:`call_with_retry`).
+        """
+        system, turns = split_history(request.history)
+        system = system_with_spawn(system, request.allow_spawn)
+        messages = _messages([*turns, Message(role="user", content=request.instruction)])
+        text, usage = await self._create(system, messages, timeout_s=request.timeout_s)
+        spawns: list[object] = []
+        if request.allow_spawn:
+            text, spawns = extract_spawns(text)
+        return ProviderResponse(text=text, spawns=spawns, usage=usage)
+
+    async def plan(self, request: PlanRequest) -> object:
+        """Ask for a plan as one JSON object.
+
+        Args:
+            request: Prompt, schema, entry limit and the previous rejection.
+
+        Returns:
+            The decoded plan object.
+
+        Raises:
+            ProviderError: The call failed or the reply is not a JSON object.
+        """
+        messages = _messages([Message(role="user", content=plan_user_prompt(request))])
+        text, _ = await self._create(plan_system_prompt(request), messages, timeout_s=None)
+        return parse_plan_reply(text, self.spec)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def _create(
+        self, system: str | None, messages: list[MessageParam], *, timeout_s: float | None
+    ) -> tuple[str, Usage | None]:
+        per_call = timeout_s if timeout_s and timeout_s > 0 else self.policy.timeout_s
+        extra: dict[str, Any] = {"system": system} if system else {}
+
+        async def attempt() -> Any:
+            return await self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=messages,
+                timeout=per_call,
+                **extra,
+            )
+
+        reply = await call_with_retry(
+            attempt,
+            classify=functools.partial(classify_sdk_error, anthropic),
+            policy=self.policy,
+            label=self.spec,
+            timeout_s=per_call,
+        )
+        blocks = getattr(reply, "content", None)
+        if blocks is None:
+            raise ProviderError(f"{self.spec}: the server returned no content")
+        text = "".join(
+            str(getattr(block, "text", ""))
+            for block in blocks
+            if getattr(block, "type", "") == "text"
+        )
+        if not text and getattr(reply, "stop_reason", None) == "refusal":
+            raise ProviderError(f"{self.spec}: the model refused the request")
+        return text, _usage(getattr(reply, "usage", None))
+
+
+def _messages(turns: Sequence[Message]) -> list[MessageParam]:
+    """Alternate user/assistant turns, merging neighbours of the same role.
+
+    The Messages API wants alternating roles starting with a user turn.
+    """
+    merged: list[list[str]] = []
+    roles: list[str] = []
+    for turn in turns:
+        if roles and roles[-1] == turn.role:
+            merged[-1].append(turn.content)
+        else:
+            roles.append(turn.role)
+            merged.append([turn.content])
+    if roles and roles[0] != "user":
+        roles.insert(0, "user")
+        merged.insert(0, ["(The conversation so far follows.)"])
+    result: list[MessageParam] = []
+    for role, parts in zip(roles, merged, strict=True):
+        content = "\n\n".join(parts)
+        param: MessageParam = (
+            {"role": "assistant", "content": content}
+            if role == "assistant"
+            else {"role": "user", "content": content}
+        )
+        result.append(param)
+    return result
+
+
+def _usage(raw: object) -> Usage | None:
+    """Input tokens include cache writes and reads; the API reports no price."""
+    if raw is None:
+        return None
+    input_tokens = 0
+    seen = False
+    for name in ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens"):
+        value = getattr(raw, name, None)
+        if isinstance(value, int) and not isinstance(value, bool):
+            input_tokens += value
+            seen = True
+    output = getattr(raw, "output_tokens", None)
+    return Usage(
+        input_tokens=input_tokens if seen else None,
+        output_tokens=output if isinstance(output, int) and not isinstance(output, bool) else None,
+    )

@@ -1,0 +1,218 @@
+"""The ``openai/MODEL`` provider: any OpenAI-compatible chat-completions server.
+
+Honours ``OPENAI_BASE_URL`` and ``OPENAI_API_KEY``. With a base URL and no key
+(a local server that wants none) a placeholder key is sent. The SDK's own
+retries are off; :mod:`steerflow.providers._retry` decides.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import openai
+from openai.types.chat import (
+    ChatCompletionAssistantMessageParam,
+    ChatCompletionMessageParam,
+    ChatCompletionSystemMessageParam,
+    ChatCompletionUserMessageParam,
+)
+
+from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._base import (
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+)
+from steerflow.providers._remote import (
+    extract_spawns,
+    parse_plan_reply,
+    plan_system_prompt,
+    plan_user_prompt,
+    split_history,
+    system_with_spawn,
+)
+from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error
+
+__all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
+
+#: Sent as the API key when only ``OPENAI_BASE_URL`` is set.
+PLACEHOLDER_KEY = "not-set"
+
+
+class OpenAIProvider(Provider):
+    """Chat completions through the official ``openai`` SDK.
+
+    Args:
+        model: Model name sent to the server.
+        spec: The ``--model`` spec (defaults to ``openai/MODEL``).
+        env: Environment to read settings from (``os.environ`` when None).
+        policy: Retry policy (from ``STEERFLOW_PROVIDER_*`` when None).
+
+    Raises:
+        UsageError: Neither ``OPENAI_API_KEY`` nor ``OPENAI_BASE_URL`` is set.
+    """
+
+    def __init__(
+        self,
+        model: str,
+        spec: str | None = None,
+        *,
+        env: Mapping[str, str] | None = None,
+        policy: RetryPolicy | None = None,
+    ) -> None:
+        env = os.environ if env is None else env
+        self.spec = spec or f"openai/{model}"
+        self.model = model
+        self.base_url = env.get("OPENAI_BASE_URL") or None
+        key = env.get("OPENAI_API_KEY") or None
+        if key is None:
+            if self.base_url is None:
+                raise UsageError(
+                    f"model spec {self.spec!r}: set OPENAI_API_KEY (or OPENAI_BASE_URL for an "
+                    "OpenAI-compatible server that needs no key)"
+                )
+            key = PLACEHOLDER_KEY
+        self._api_key = key
+        self.policy = policy or RetryPolicy.from_env(env)
+        self._client: openai.AsyncOpenAI | None = None
+        self._json_mode = True
+
+    @property
+    def client(self) -> openai.AsyncOpenAI:
+        """The SDK client, created on first use (inside the running loop)."""
+        if self._client is None:
+            self._client = openai.AsyncOpenAI(
+                api_key=self._api_key, base_url=self.base_url, max_retries=0
+            )
+        return self._client
+
+    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
+        """Send history + instruction as one chat completion.
+
+        Args:
+            request: The rendered operation.
+
+        Returns:
+            The reply text (without a spawn block), raw spawn items and usage.
+
+        Raises:
+            ProviderError: The call failed (see :func:`call_with_retry`).
+        """
+        system, turns = split_history(request.history)
+        system = system_with_spawn(system, request.allow_spawn)
+        messages: list[ChatCompletionMessageParam] = []
+        if system:
+            messages.append(ChatCompletionSystemMessageParam(role="system", content=system))
+        for turn in turns:
+            if turn.role == "assistant":
+                messages.append(
+                    ChatCompletionAssistantMessageParam(role="assistant", content=turn.content)
+                )
+            else:
+                messages.append(ChatCompletionUserMessageParam(role="user", content=turn.content))
+        messages.append(ChatCompletionUserMessageParam(role="user", content=request.instruction))
+        text, usage = await self._complete(messages, timeout_s=request.timeout_s)
+        spawns: list[object] = []
+        if request.allow_spawn:
+            text, spawns = extract_spawns(text)
+        return ProviderResponse(text=text, spawns=spawns, usage=usage)
+
+    async def plan(self, request: PlanRequest) -> object:
+        """Ask for a plan as one JSON object (JSON mode where the server supports it).
+
+        Args:
+            request: Prompt, schema, entry limit and the previous rejection.
+
+        Returns:
+            The decoded plan object.
+
+        Raises:
+            ProviderError: The call failed or the reply is not a JSON object.
+        """
+        messages: list[ChatCompletionMessageParam] = [
+            ChatCompletionSystemMessageParam(role="system", content=plan_system_prompt(request)),
+            ChatCompletionUserMessageParam(role="user", content=plan_user_prompt(request)),
+        ]
+        if self._json_mode:
+            try:
+                text, _ = await self._complete(messages, timeout_s=None, json_mode=True)
+            except ProviderError as exc:
+                if exc.retryable or not _rejects_json_mode(exc):
+                    raise
+                # The server refused response_format: ask again without it, and remember.
+                self._json_mode = False
+                text, _ = await self._complete(messages, timeout_s=None)
+        else:
+            text, _ = await self._complete(messages, timeout_s=None)
+        return parse_plan_reply(text, self.spec)
+
+    async def aclose(self) -> None:
+        """Close the HTTP client, if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def _complete(
+        self,
+        messages: list[ChatCompletionMessageParam],
+        *,
+        timeout_s: float | None,
+        json_mode: bool = False,
+    ) -> tuple[str, Usage | None]:
+        per_call = timeout_s if timeout_s and timeout_s > 0 else self.policy.timeout_s
+        extra: dict[str, Any] = {}
+        if json_mode:
+            extra["response_format"] = {"type": "json_object"}
+
+        async def attempt() -> Any:
+            return await self.client.chat.completions.create(
+                model=self.model, messages=messages, timeout=per_call, **extra
+            )
+
+        completion = await call_with_retry(
+            attempt,
+            classify=functools.partial(classify_sdk_error, openai),
+            policy=self.policy,
+            label=self.spec,
+            timeout_s=per_call,
+        )
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ProviderError(f"{self.spec}: the server returned no choices")
+        message = getattr(choices[0], "message", None)
+        content = getattr(message, "content", None)
+        if content is None:
+            refusal = getattr(message, "refusal", None)
+            if refusal:
+                raise ProviderError(f"{self.spec}: the model refused: {refusal}")
+            content = ""
+        return str(content), _usage(getattr(completion, "usage", None))
+
+
+def _rejects_json_mode(exc: ProviderError) -> bool:
+    text = str(exc)
+    return ("HTTP 400" in text or "HTTP 422" in text) and "response_format" in text
+
+
+def _usage(raw: object) -> Usage | None:
+    """Token counts, and a cost only when the server itself reports one."""
+    if raw is None:
+        return None
+    extra = getattr(raw, "model_extra", None) or {}
+    cost = extra.get("cost")
+    if cost is None:
+        cost = extra.get("cost_usd")
+    return Usage(
+        input_tokens=_int_or_none(getattr(raw, "prompt_tokens", None)),
+        output_tokens=_int_or_none(getattr(raw, "completion_tokens", None)),
+        cost_usd=None if isinstance(cost, bool) or not isinstance(cost, int | float) else float(cost),
+    )
+
+
+def _int_or_none(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

@@ -1,0 +1,146 @@
+"""The ``script:PATH`` model: per-node behaviour scripted from a YAML/JSON file (CONTRACT §4)."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import os
+import time
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
+from steerflow.providers.echo import echo_plan, echo_text
+
+__all__ = ["INVOCATION_LOG", "NodeScript", "ScriptProvider", "load_script"]
+
+INVOCATION_LOG = "script-invocations.jsonl"
+
+
+class NodeScript(BaseModel):
+    """What a scripted node does; every field optional, unknown keys refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    delay: float | None = Field(default=None, ge=0)
+    response: Any = None
+    fail: str | None = None
+    fail_once: str | None = None
+    spawn: list[dict[str, Any] | None] | None = None
+    artifacts: dict[str, str] | None = None
+
+
+def load_script(path: Path) -> dict[str, NodeScript]:
+    """Read and validate a script file; unknown keys are a usage error."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot read script file {str(path)!r}: {exc.strerror}") from None
+    try:
+        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise UsageError(f"script file {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise UsageError(f"script file {str(path)!r}: top level must be a mapping of node ids")
+    scripts: dict[str, NodeScript] = {}
+    for key, value in data.items():
+        try:
+            scripts[str(key)] = NodeScript.model_validate(value or {})
+        except ValidationError as exc:
+            problems = "; ".join(
+                f"{'.'.join(str(p) for p in e['loc']) or '<entry>'}: "
+                + ("unknown key" if e["type"] == "extra_forbidden" else e["msg"])
+                for e in exc.errors()
+            )
+            raise UsageError(f"script file {str(path)!r}, entry {key!r}: {problems}") from None
+    return scripts
+
+
+class ScriptProvider(Provider):
+    """Responds, fails, spawns or writes artifacts as the script file says."""
+
+    def __init__(self, spec: str) -> None:
+        self.spec = spec
+        raw = spec.partition(":")[2]
+        if not raw:
+            raise UsageError("--model script:PATH needs a path")
+        self.path = Path(raw).expanduser().absolute()
+        self.scripts = load_script(self.path)
+
+    def _node(self, key: str) -> NodeScript:
+        defaults = self.scripts.get("*", NodeScript())
+        own = self.scripts.get(key, NodeScript())
+        merged = defaults.model_dump(exclude_unset=True) | own.model_dump(exclude_unset=True)
+        return NodeScript.model_validate(merged)
+
+    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
+        """Log the invocation, then behave as scripted."""
+        node = self._node(request.node_key)
+        await asyncio.to_thread(_append_invocation, request)
+        if node.delay:
+            await asyncio.sleep(node.delay)
+        if node.fail is not None:
+            raise ProviderError(node.fail)
+        if node.fail_once is not None and await asyncio.to_thread(
+            _first_time, request.home, self.path, request.node_key
+        ):
+            raise ProviderError(node.fail_once)
+        written = []
+        if node.artifacts:
+            written = await asyncio.to_thread(_write_artifacts, request.artifact_dir, node.artifacts)
+        text = echo_text(request) if node.response is None else node.response
+        if not isinstance(text, str):
+            text = json.dumps(text, sort_keys=True)
+        return ProviderResponse(text=text, spawns=list(node.spawn or []), artifacts=written)
+
+    async def plan(self, request: PlanRequest) -> object:
+        """Scripts do not plan: they reuse the deterministic echo plan."""
+        return echo_plan(request.prompt)
+
+
+def _append_invocation(request: ProviderRequest) -> None:
+    line = json.dumps({"node": request.node_key, "run_id": request.run_id, "ts": time.time()})
+    fd = os.open(
+        request.home / INVOCATION_LOG, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600
+    )
+    try:
+        os.write(fd, (line + "\n").encode())
+    finally:
+        os.close(fd)
+
+
+def _first_time(home: Path, script: Path, key: str) -> bool:
+    """True exactly once per (home, script file, node): the marker file is created exclusively."""
+    state = home / "script-state"
+    state.mkdir(mode=0o700, exist_ok=True)
+    digest = hashlib.sha256(f"{script}\0{key}".encode()).hexdigest()[:32]
+    try:
+        fd = os.open(state / f"fail-once-{digest}", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        return False
+    os.close(fd)
+    return True
+
+
+def _write_artifacts(root: Path, files: dict[str, str]) -> list[str]:
+    written = []
+    for rel, content in files.items():
+        pure = PurePosixPath(rel)
+        if pure.is_absolute() or ".." in pure.parts or not pure.parts:
+            raise ProviderError(f"artifact path {rel!r} must stay inside the artifact directory")
+        target = root.joinpath(*pure.parts)
+        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+        try:
+            os.write(fd, content.encode())
+        finally:
+            os.close(fd)
+        written.append(str(pure))
+    return written

@@ -1,0 +1,80 @@
+"""Resolve a ``resume``/``show`` target to a run directory (D5 resolution rules)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from steerflow.errors import AmbiguousIdError, FlowResumeError, UnknownIdError
+from steerflow.home import is_run_id, list_run_dirs
+from steerflow.state import StateDB
+
+__all__ = ["RunTarget", "resolve_run_target"]
+
+_RUN_PREFIX = re.compile(r"^\d{1,8}(T\d{0,6}(-[0-9a-f]{0,6})?)?$")
+
+
+@dataclass(frozen=True)
+class RunTarget:
+    """A resolved run: its directory, run id, and the session that wrote it (if known)."""
+
+    run_dir: Path
+    run_id: str
+    session_id: str | None
+
+
+def _session_for_run(home: Path, run_id: str) -> str | None:
+    if not (home / "state.db").is_file():
+        return None
+    with StateDB.open(home, create=False) as db:
+        for row in db.list_sessions(limit=None):
+            if row.run_id == run_id:
+                return row.id
+    return None
+
+
+def resolve_run_target(home: Path, target: str) -> RunTarget:
+    """An exact run directory; else a run id or unambiguous prefix; else a session,
+    invocation or play id (or prefix) through the state DB to ``node_metadata.run_id``.
+
+    Only directories under ``<home>/runs`` are accepted, so no target reaches outside the home.
+    """
+    runs_root = (home / "runs").resolve()
+    candidate = Path(target).expanduser()
+    if ("/" in target or target.startswith(".")) and candidate.is_dir():
+        resolved = candidate.resolve()
+        if resolved.parent != runs_root or not is_run_id(resolved.name):
+            raise FlowResumeError(
+                f"run directory {target!r} is not a run of this home ({str(runs_root)!r})"
+            )
+        return RunTarget(resolved, resolved.name, _session_for_run(home, resolved.name))
+    if _RUN_PREFIX.match(target):
+        # Run ids start with a UTC date, session ids are uuid hex: a digits-only prefix
+        # may be either, so try runs first and fall through to the state DB.
+        matches = [p for p in list_run_dirs(home) if p.name.startswith(target)]
+        if len(matches) > 1:
+            names = ", ".join(p.name for p in matches[:10])
+            raise AmbiguousIdError(f"run id prefix {target!r} matches {len(matches)} runs: {names}")
+        if matches:
+            run = matches[0]
+            return RunTarget(run, run.name, _session_for_run(home, run.name))
+    if not (home / "state.db").is_file():
+        raise FlowResumeError(f"no run directory or run id matches {target!r}, and no state DB")
+    with StateDB.open(home, create=False) as db:
+        try:
+            resolved_id = db.resolve_target(target)
+        except UnknownIdError:
+            raise FlowResumeError(
+                f"no run directory, run id, session, invocation or play matches {target!r}"
+            ) from None
+        session = db.get_session(resolved_id.session_id)
+    if session is None:
+        raise FlowResumeError(f"target {target!r}: its backing session is missing")
+    run_id = session.run_id or session.node_metadata.get("run_id")
+    if not run_id or not isinstance(run_id, str) or not is_run_id(run_id):
+        raise FlowResumeError(f"session {session.id} records no run id")
+    run_dir = home / "runs" / run_id
+    if not run_dir.is_dir():
+        raise FlowResumeError(f"session {session.id}: run directory {str(run_dir)!r} is missing")
+    return RunTarget(run_dir.resolve(), run_id, session.id)

@@ -1,0 +1,61 @@
+"""The state database: sessions, invocations, plays, session controls and node status.
+
+Open it with :meth:`StateDB.open`; see :mod:`steerflow.state._db` for the facade,
+:mod:`steerflow.state._schema` for the tables, and :mod:`steerflow.state._owner`
+for how a dead owner turns a ``running`` session into ``interrupted``.
+"""
+
+from __future__ import annotations
+
+from steerflow.state._db import DB_FILENAME, STATE_DB_URL_ENV, ResolvedTarget, StateDB
+from steerflow.state._owner import (
+    HEARTBEAT_STALE_S,
+    Owner,
+    effective_status,
+    owner_alive,
+    process_start_time,
+)
+from steerflow.state._schema import (
+    SCHEMA_VERSION,
+    ControlRow,
+    ControlVerb,
+    InvocationKind,
+    InvocationRow,
+    NodeKind,
+    NodeRow,
+    NodeStatus,
+    NodeUpdate,
+    Phase,
+    PlayRow,
+    SessionRow,
+    SessionStatus,
+    StateBackend,
+    StateTransaction,
+)
+
+__all__ = [
+    "DB_FILENAME",
+    "HEARTBEAT_STALE_S",
+    "SCHEMA_VERSION",
+    "STATE_DB_URL_ENV",
+    "ControlRow",
+    "ControlVerb",
+    "InvocationKind",
+    "InvocationRow",
+    "NodeKind",
+    "NodeRow",
+    "NodeStatus",
+    "NodeUpdate",
+    "Owner",
+    "Phase",
+    "PlayRow",
+    "ResolvedTarget",
+    "SessionRow",
+    "SessionStatus",
+    "StateBackend",
+    "StateDB",
+    "StateTransaction",
+    "effective_status",
+    "owner_alive",
+    "process_start_time",
+]

@@ -1,0 +1,496 @@
+"""The typed state-database facade, :class:`StateDB`, over a pluggable backend.
+
+:class:`StateDB` speaks portable SQL with ``?`` placeholders through the small
+:class:`StateBackend` protocol. The embedded backend is SQLite
+(:mod:`steerflow.state._sqlite`) at ``<home>/state.db``; the environment
+variable ``STEERFLOW_STATE_DB_URL`` selects another backend by URL scheme
+(today only ``sqlite:///<path>``; a PostgreSQL backend plugs in here).
+
+Every method is synchronous and bounded by the busy timeout; async callers
+wrap them in :func:`asyncio.to_thread`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any, Literal, get_args
+
+from steerflow.errors import AmbiguousIdError, ControlNotApplyingError, UnknownIdError, UsageError
+from steerflow.state._owner import Owner, owner_alive
+from steerflow.state._owner import effective_status as _effective_status
+from steerflow.state._schema import (
+    ControlRow,
+    ControlVerb,
+    InvocationKind,
+    InvocationRow,
+    NodeRow,
+    NodeUpdate,
+    Phase,
+    PlayRow,
+    ResolvedTarget,
+    SessionRow,
+    SessionStatus,
+    StateBackend,
+    StateTransaction,
+    TargetVia,
+    dump_json,
+    load_json,
+    migrate,
+)
+from steerflow.state._sqlite import SqliteBackend, sqlite_path_from_url
+
+__all__ = [
+    "DB_FILENAME",
+    "PENDING_CONTROLS_SQL",
+    "STATE_DB_URL_ENV",
+    "ResolvedTarget",
+    "StateDB",
+]
+
+DB_FILENAME = "state.db"
+"""File name of the embedded database inside the steerflow home."""
+
+STATE_DB_URL_ENV = "STEERFLOW_STATE_DB_URL"
+"""Environment variable naming another state database by URL."""
+
+_HEX_ID = re.compile(r"[0-9a-f]{1,32}")
+_ID_LEN = 32
+_MAX_CANDIDATES = 10
+_CONTROL_COLUMNS = "id, session_id, verb, payload, created_at, applied_at, result"
+
+_TARGET_SQL: dict[TargetVia, str] = {
+    "session": "SELECT id AS sid, kind FROM sessions WHERE id = ?",
+    "invocation": "SELECT session_id AS sid, kind FROM invocations WHERE id = ?",
+    "play": "SELECT p.session_id AS sid, s.kind AS kind FROM plays p"
+    " JOIN sessions s ON s.id = p.session_id WHERE p.id = ?",
+}
+_TABLES: tuple[tuple[str, TargetVia], ...] = (
+    ("sessions", "session"), ("invocations", "invocation"), ("plays", "play")
+)  # fmt: skip
+
+_CONTROL_BY_ID_SQL = f"SELECT {_CONTROL_COLUMNS} FROM session_controls WHERE id = ?"
+# Served by the partial index idx_session_controls_pending (ADR-0069 D1).
+PENDING_CONTROLS_SQL = (
+    f"SELECT {_CONTROL_COLUMNS} FROM session_controls"
+    " WHERE session_id = ? AND applied_at IS NULL AND result IS NULL"
+    " ORDER BY created_at, id"
+)
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+def _check_choice(value: object, alias: object, what: str) -> None:
+    allowed = get_args(alias)
+    if value not in allowed:
+        raise UsageError(f"invalid {what} {value!r}: expected one of {', '.join(allowed)}")
+
+
+class StateDB:
+    """Typed access to the sessions, invocations, plays, controls and node status.
+
+    Build one with :meth:`open`. One object holds one connection; its methods
+    are thread-safe and synchronous. It is a context manager that closes the
+    connection on exit.
+
+    Attributes:
+        path: The database file (for the SQLite backend), else ``None``.
+        backend: The backend in use.
+    """
+
+    def __init__(self, backend: StateBackend, *, path: Path | None = None) -> None:
+        """Wrap an open backend whose schema is current (see :meth:`open`)."""
+        self.backend = backend
+        self.path = path
+
+    @classmethod
+    def open(
+        cls,
+        home: Path,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        busy_timeout_s: float = 10.0,
+    ) -> StateDB:
+        """Open the state database of a steerflow home.
+
+        Args:
+            home: The steerflow home; ``<home>/state.db`` is the database unless
+                ``STEERFLOW_STATE_DB_URL`` names another.
+            create: Create the home (mode 0700), the file (mode 0600) and the
+                tables when missing. With ``False`` a missing file is refused.
+            read_only: Open without creating the home, the file or the tables, and
+                refuse every write (``RefusedError``).
+            busy_timeout_s: Bound on every lock wait, in seconds.
+
+        Raises:
+            RefusedError: ``no state database at <path>``, or the schema is newer
+                than this code, or a read-only open of an unmigrated database.
+            DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
+            UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
+        """
+        url = os.environ.get(STATE_DB_URL_ENV, "").strip()  # only sqlite:///PATH for now
+        path = sqlite_path_from_url(url) if url else Path(home) / DB_FILENAME
+        backend = SqliteBackend.open(
+            path, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+        )
+        try:
+            migrate(backend)
+        except BaseException:
+            backend.close()
+            raise
+        return cls(backend, path=path)
+
+    def close(self) -> None:
+        """Close the connection. Closing twice is harmless."""
+        self.backend.close()
+
+    def __enter__(self) -> StateDB:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def data_version(self) -> int:
+        """A cheap change check for pollers (``PRAGMA data_version`` on SQLite).
+
+        The number changes only when ANOTHER connection commits; this object's
+        own writes and reads leave it as it was. A poller compares it with the
+        last value it saw and runs the indexed pending query only on a change.
+        """
+        return self.backend.data_version()
+
+    def create_session(
+        self,
+        *,
+        kind: InvocationKind,
+        prompt: str | None = None,
+        run_id: str | None = None,
+        node_metadata: Mapping[str, Any] | None = None,
+        owner: Owner | None = None,
+        phase: Phase = "planning",
+    ) -> SessionRow:
+        """Insert a ``running`` session owned by ``owner`` (default: this process).
+
+        A ``run_id`` is also mirrored into ``node_metadata["run_id"]``.
+        """
+        _check_choice(kind, InvocationKind, "session kind")
+        _check_choice(phase, Phase, "phase")
+        who = owner if owner is not None else Owner.current()
+        meta = dict(node_metadata or {})
+        if run_id is not None:
+            meta["run_id"] = run_id
+        sid, now = _new_id(), time.time()
+        self._write(
+            "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
+            " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
+            " heartbeat_at) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
+             who.host, who.pid, who.started_at, now),
+        )  # fmt: skip
+        return SessionRow(sid, kind, "running", phase, now, now, meta, None, prompt, run_id,
+                          who.host, who.pid, who.started_at, now)  # fmt: skip
+
+    def get_session(self, session_id: str) -> SessionRow | None:
+        """The session with exactly this id, or ``None``."""
+        rows = self.backend.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+        return SessionRow.from_mapping(rows[0]) if rows else None
+
+    def list_sessions(self, *, limit: int | None = 20) -> list[SessionRow]:
+        """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all."""
+        sql = "SELECT * FROM sessions ORDER BY created_at DESC, id DESC"
+        params: tuple[object, ...] = ()
+        if limit is not None:
+            sql, params = sql + " LIMIT ?", (max(0, int(limit)),)
+        return [SessionRow.from_mapping(r) for r in self.backend.query(sql, params)]
+
+    def _write(self, sql: str, params: Sequence[object]) -> int:
+        """Run one statement in its own write transaction; return the row count."""
+        with self.backend.transaction(write=True) as tx:
+            return tx.execute(sql, params)
+
+    def _update_session(self, session_id: str, assignments: str, params: Sequence[object]) -> None:
+        sql = f"UPDATE sessions SET {assignments}, updated_at = ? WHERE id = ?"
+        if self._write(sql, (*params, time.time(), session_id)) != 1:
+            raise UnknownIdError(f"unknown session id {session_id!r}")
+
+    def set_session_status(
+        self, session_id: str, status: SessionStatus, *, expected: str | None = None
+    ) -> bool:
+        """Set the status (with ``expected``: only while stored); return whether it changed."""
+        _check_choice(status, SessionStatus, "session status")
+        sql = "UPDATE sessions SET status = ?, updated_at = ? WHERE id = ?"
+        params: tuple[object, ...] = (status, time.time(), session_id)
+        if expected is not None:
+            sql, params = sql + " AND status = ?", (*params, expected)
+        return self._write(sql, params) == 1
+
+    def set_session_phase(self, session_id: str, phase: Phase) -> None:
+        """Record the flow's phase (``planning``, ``executing`` or ``paused``)."""
+        _check_choice(phase, Phase, "phase")
+        self._update_session(session_id, "phase = ?", (phase,))
+
+    def heartbeat(self, session_id: str) -> None:
+        """Stamp ``heartbeat_at`` with the current time."""
+        self._update_session(session_id, "heartbeat_at = ?", (time.time(),))
+
+    def set_run_id(self, session_id: str, run_id: str) -> None:
+        """Set the ``run_id`` column and mirror it into ``node_metadata["run_id"]``."""
+        with self.backend.transaction(write=True) as tx:
+            meta = self._read_metadata(tx, session_id)
+            meta["run_id"] = run_id
+            tx.execute(
+                "UPDATE sessions SET run_id = ?, node_metadata = ?, updated_at = ? WHERE id = ?",
+                (run_id, dump_json(meta), time.time(), session_id),
+            )
+
+    @staticmethod
+    def _read_metadata(tx: StateTransaction, session_id: str) -> dict[str, Any]:
+        rows = tx.query("SELECT node_metadata FROM sessions WHERE id = ?", (session_id,))
+        if not rows:
+            raise UnknownIdError(f"unknown session id {session_id!r}")
+        meta = load_json(rows[0]["node_metadata"])
+        return dict(meta) if isinstance(meta, dict) else {}
+
+    def update_node_metadata(self, session_id: str, patch: Mapping[str, object]) -> dict[str, Any]:
+        """Merge ``patch`` into ``node_metadata`` in one write transaction.
+
+        Top-level keys of ``patch`` replace stored ones; a value of ``None``
+        deletes the key.
+
+        Returns:
+            The new ``node_metadata``.
+        """
+        with self.backend.transaction(write=True) as tx:
+            meta = self._read_metadata(tx, session_id)
+            for key, value in patch.items():
+                if value is None:
+                    meta.pop(key, None)
+                else:
+                    meta[key] = value
+            tx.execute(
+                "UPDATE sessions SET node_metadata = ?, updated_at = ? WHERE id = ?",
+                (dump_json(meta), time.time(), session_id),
+            )
+        return meta
+
+    def set_artifact_contract(self, session_id: str, contract: object | None) -> None:
+        """Store the artifact contract as JSON, or NULL for ``None``."""
+        encoded = None if contract is None else dump_json(contract)
+        self._update_session(session_id, "artifact_contract_json = ?", (encoded,))
+
+    def create_invocation(self, *, session_id: str, kind: InvocationKind) -> InvocationRow:
+        """Insert a ``running`` invocation of ``kind`` in a session."""
+        _check_choice(kind, InvocationKind, "invocation kind")
+        now = time.time()
+        row = InvocationRow(_new_id(), session_id, kind, "running", now, now)
+        self._write(
+            "INSERT INTO invocations (id, session_id, kind, status, created_at, updated_at)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (row.id, row.session_id, row.kind, row.status, row.created_at, row.updated_at),
+        )
+        return row
+
+    def set_invocation_status(self, invocation_id: str, status: SessionStatus) -> None:
+        """Set an invocation's status."""
+        _check_choice(status, SessionStatus, "invocation status")
+        sql = "UPDATE invocations SET status = ?, updated_at = ? WHERE id = ?"
+        if self._write(sql, (status, time.time(), invocation_id)) != 1:
+            raise UnknownIdError(f"unknown invocation id {invocation_id!r}")
+
+    def create_play(self, *, session_id: str, invocation_id: str | None, playbook: str) -> PlayRow:
+        """Insert a play (a playbook run) tied to its session and invocation."""
+        row = PlayRow(_new_id(), session_id, invocation_id, playbook, time.time())
+        self._write(
+            "INSERT INTO plays (id, session_id, invocation_id, playbook, created_at)"
+            " VALUES (?, ?, ?, ?, ?)",
+            (row.id, row.session_id, row.invocation_id, row.playbook, row.created_at),
+        )
+        return row
+
+    def resolve_target(self, target: str) -> ResolvedTarget:
+        """Resolve a session, invocation or play id, or a prefix, to its session.
+
+        Sessions are searched first, then invocations, then plays. In the first
+        table with any match, two or more matches are refused as ambiguous; a
+        full 32-character id that matches exactly is taken without that check.
+
+        Raises:
+            UnknownIdError: The target is not 1-32 lowercase hex characters, or
+                nothing matches it.
+            AmbiguousIdError: The prefix matches several rows of one table.
+        """
+        if not isinstance(target, str) or not _HEX_ID.fullmatch(target):
+            raise UnknownIdError(f"unknown id {target!r}: expected 1-32 lowercase hex characters")
+        with self.backend.transaction(write=False) as tx:
+            for table, via in _TABLES:
+                if len(target) == _ID_LEN:
+                    rows = tx.query(f"SELECT id FROM {table} WHERE id = ?", (target,))
+                else:  # the range keeps the primary-key index in use; substr is exact
+                    rows = tx.query(
+                        f"SELECT id FROM {table} WHERE id >= ? AND id < ?"
+                        " AND substr(id, 1, ?) = ? ORDER BY id LIMIT ?",
+                        (target, target + "~", len(target), target, _MAX_CANDIDATES + 1),
+                    )
+                if len(rows) > 1:
+                    shown = ", ".join(
+                        [str(r["id"]) for r in rows[:_MAX_CANDIDATES]]
+                        + (["..."] if len(rows) > _MAX_CANDIDATES else [])
+                    )
+                    raise AmbiguousIdError(f"ambiguous id {target!r}: matches {table} {shown}")
+                if rows:
+                    return self._target_for(tx, via, str(rows[0]["id"]))
+        raise UnknownIdError(f"unknown id {target!r}: no session, invocation or play matches")
+
+    @staticmethod
+    def _target_for(tx: StateTransaction, via: TargetVia, matched: str) -> ResolvedTarget:
+        row = tx.query(_TARGET_SQL[via], (matched,))[0]
+        return ResolvedTarget(row["sid"], via, row["kind"], matched)
+
+    def insert_control(
+        self, *, session_id: str, verb: ControlVerb, payload: Mapping[str, Any] | None
+    ) -> ControlRow:
+        """Queue a control: a uuid4-hex id, ``created_at`` now, not applied, no result."""
+        _check_choice(verb, ControlVerb, "control verb")
+        body = None if payload is None else dict(payload)
+        row = ControlRow(_new_id(), session_id, verb, body, time.time(), None, None)
+        self._write(
+            "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
+            " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+            (row.id, session_id, verb, None if body is None else dump_json(body), row.created_at),
+        )
+        return row
+
+    def list_pending_controls(self, session_id: str) -> list[ControlRow]:
+        """Unclaimed, unapplied controls of a session, oldest first by ``(created_at, id)``."""
+        rows = self.backend.query(PENDING_CONTROLS_SQL, (session_id,))
+        return [ControlRow.from_mapping(r) for r in rows]
+
+    def list_controls(self, session_id: str) -> list[ControlRow]:
+        """Every control of a session, oldest first by ``(created_at, id)``."""
+        rows = self.backend.query(
+            f"SELECT {_CONTROL_COLUMNS} FROM session_controls WHERE session_id = ?"
+            " ORDER BY created_at, id",
+            (session_id,),
+        )
+        return [ControlRow.from_mapping(r) for r in rows]
+
+    def get_control(self, control_id: str) -> ControlRow | None:
+        """The control with exactly this id, or ``None``."""
+        rows = self.backend.query(_CONTROL_BY_ID_SQL, (control_id,))
+        return ControlRow.from_mapping(rows[0]) if rows else None
+
+    def count_controls(self) -> int:
+        """Number of rows in ``session_controls``."""
+        return int(self.backend.query("SELECT COUNT(*) AS n FROM session_controls")[0]["n"])
+
+    def claim_control(self, control_id: str, claimant: str) -> bool:
+        """Claim a pending control (``result = 'applying:<claimant>'``).
+
+        Returns:
+            ``True`` when this call took the claim; ``False`` when the row was
+            already claimed, stamped, or does not exist.
+        """
+        sql = "UPDATE session_controls SET result = ? WHERE id = ?"
+        sql += " AND result IS NULL AND applied_at IS NULL"
+        return self._write(sql, (f"applying:{claimant}", control_id)) == 1
+
+    def finalize_control(self, control_id: str, result: str) -> bool:
+        """Stamp ``result`` and ``applied_at`` on a row not yet stamped; return whether it was."""
+        sql = "UPDATE session_controls SET applied_at = ?, result = ? WHERE id = ?"
+        sql += " AND applied_at IS NULL"
+        return self._write(sql, (time.time(), result, control_id)) == 1
+
+    def resolve_control(
+        self, control_id: str, *, outcome: Literal["applied", "abandoned"], by: str | None = None
+    ) -> ControlRow:
+        """Record a human's verdict on a control left in ``applying`` (``ctl resolve``).
+
+        Stores ``applied``, ``abandoned`` or ``abandoned:<by>`` and ``applied_at``.
+
+        Raises:
+            UnknownIdError: No control has this id.
+            ControlNotApplyingError: The row is pending or already terminal; it
+                is left unchanged.
+        """
+        _check_choice(outcome, Literal["applied", "abandoned"], "outcome")
+        result = f"abandoned:{by}" if outcome == "abandoned" and by else outcome
+        with self.backend.transaction(write=True) as tx:
+            rows = tx.query(_CONTROL_BY_ID_SQL, (control_id,))
+            if not rows:
+                raise UnknownIdError(f"unknown control id {control_id!r}")
+            current = ControlRow.from_mapping(rows[0])
+            if not current.is_applying:
+                state = "pending" if current.result is None else f"result {current.result!r}"
+                raise ControlNotApplyingError(
+                    f"control {control_id} is not applying ({state}); nothing changed"
+                )
+            now = time.time()
+            tx.execute(
+                "UPDATE session_controls SET applied_at = ?, result = ?"
+                " WHERE id = ? AND applied_at IS NULL AND substr(result, 1, 8) = 'applying'",
+                (now, result, control_id),
+            )
+        return ControlRow(current.id, current.session_id, current.verb, current.payload,
+                          current.created_at, now, result)  # fmt: skip
+
+    def upsert_nodes(self, session_id: str, rows: Sequence[NodeUpdate]) -> None:
+        """Publish node statuses in one transaction.
+
+        A ``None`` ``node_id`` or ``assignee`` keeps the stored value; ``detail``
+        always replaces it.
+        """
+        now = time.time()
+        with self.backend.transaction(write=True) as tx:
+            for node in rows:
+                tx.execute(
+                    "INSERT INTO session_nodes (session_id, node_key, kind, node_id, assignee,"
+                    " status, updated_at, detail) VALUES (?, ?, ?, ?, ?, ?, ?, ?)"
+                    " ON CONFLICT (session_id, node_key) DO UPDATE SET kind = excluded.kind,"
+                    " node_id = COALESCE(excluded.node_id, session_nodes.node_id),"
+                    " assignee = COALESCE(excluded.assignee, session_nodes.assignee),"
+                    " status = excluded.status, updated_at = excluded.updated_at,"
+                    " detail = excluded.detail",
+                    (session_id, node.node_key, node.kind, node.node_id, node.assignee,
+                     node.status, now, None if node.detail is None else dump_json(node.detail)),
+                )  # fmt: skip
+
+    def list_nodes(self, session_id: str) -> list[NodeRow]:
+        """Published node statuses of a session, by ``node_key``."""
+        rows = self.backend.query(
+            "SELECT * FROM session_nodes WHERE session_id = ? ORDER BY node_key", (session_id,)
+        )
+        return [NodeRow.from_mapping(r) for r in rows]
+
+    def effective_status(self, row: SessionRow, *, now: float | None = None) -> SessionStatus:
+        """``running`` with a dead owner reads ``interrupted`` (see ``state.effective_status``)."""
+        return _effective_status(row, now=now)
+
+    def mark_interrupted_if_dead(self, session_id: str) -> bool:
+        """Store ``interrupted`` for a ``running`` session whose owner is dead.
+
+        The update is conditional on the row still being ``running`` with the
+        same owner and heartbeat that were judged, so a racing heartbeat wins.
+
+        Returns:
+            Whether the row changed.
+        """
+        row = self.get_session(session_id)
+        if row is None or row.status != "running":
+            return False
+        if owner_alive(row.owner_host, row.owner_pid, row.owner_started, row.heartbeat_at):
+            return False
+        sql = (
+            "UPDATE sessions SET status = 'interrupted', updated_at = ? WHERE id = ?"
+            " AND status = 'running' AND COALESCE(owner_pid, -1) = ?"
+            " AND COALESCE(heartbeat_at, -1.0) = ?"
+        )
+        pid = -1 if row.owner_pid is None else row.owner_pid
+        beat = -1.0 if row.heartbeat_at is None else row.heartbeat_at
+        return self._write(sql, (time.time(), session_id, pid, beat)) == 1

@@ -1,0 +1,316 @@
+"""Loopback fakes for the provider tests: LLM HTTP servers and agent CLIs.
+
+``FakeLLMServer`` speaks just enough of the OpenAI chat-completions API
+(``POST /v1/chat/completions``) or the Anthropic Messages API
+(``POST /v1/messages``) for the real SDKs. Replies are scripted as a queue of
+:class:`Reply` (status, body, delay, headers) with an optional reply used
+"forever" once the queue is empty; every request is recorded.
+
+``write_fake_agent`` writes a Python script that stands in for ``claude`` or
+``codex``: it records its argv, cwd, stdin and pid, writes artifact files,
+and then answers, fails, or hangs as its JSON config says.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, Literal
+
+Flavour = Literal["openai", "anthropic"]
+
+
+@dataclass
+class Reply:
+    """One scripted HTTP reply.
+
+    ``body`` may be a dict (sent as JSON) or a str (sent as is); when None a
+    success body carrying ``text`` and the token counts is built.
+    """
+
+    status: int = 200
+    text: str = "ok"
+    body: object = None
+    delay: float = 0.0
+    headers: dict[str, str] = field(default_factory=dict)
+    input_tokens: int = 11
+    output_tokens: int = 7
+    usage_extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Recorded:
+    """One request the server received."""
+
+    path: str
+    headers: dict[str, str]
+    body: Any
+
+
+def openai_body(reply: Reply, model: str) -> dict[str, Any]:
+    """A chat-completion response body."""
+    return {
+        "id": "chatcmpl-fake",
+        "object": "chat.completion",
+        "created": 0,
+        "model": model,
+        "choices": [
+            {
+                "index": 0,
+                "message": {"role": "assistant", "content": reply.text},
+                "finish_reason": "stop",
+            }
+        ],
+        "usage": {
+            "prompt_tokens": reply.input_tokens,
+            "completion_tokens": reply.output_tokens,
+            "total_tokens": reply.input_tokens + reply.output_tokens,
+            **reply.usage_extra,
+        },
+    }
+
+
+def anthropic_body(reply: Reply, model: str) -> dict[str, Any]:
+    """A Messages API response body."""
+    return {
+        "id": "msg_fake",
+        "type": "message",
+        "role": "assistant",
+        "model": model,
+        "content": [{"type": "text", "text": reply.text}],
+        "stop_reason": "end_turn",
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": reply.input_tokens,
+            "output_tokens": reply.output_tokens,
+            **reply.usage_extra,
+        },
+    }
+
+
+def error_body(flavour: Flavour, status: int, message: str) -> dict[str, Any]:
+    """A vendor-shaped error body."""
+    if flavour == "anthropic":
+        return {"type": "error", "error": {"type": "api_error", "message": message}}
+    return {"error": {"message": message, "type": "server_error", "code": status}}
+
+
+class FakeLLMServer:
+    """A scriptable OpenAI- or Anthropic-compatible server on 127.0.0.1."""
+
+    def __init__(self, flavour: Flavour) -> None:
+        self.flavour = flavour
+        self.requests: list[Recorded] = []
+        self._queue: deque[Reply] = deque()
+        self._forever: Reply | None = None
+        self._cond = threading.Condition()
+        self._stop = threading.Event()
+        self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
+        self._httpd.daemon_threads = True
+        self._thread = threading.Thread(target=self._httpd.serve_forever, daemon=True)
+
+    @property
+    def port(self) -> int:
+        """The bound port."""
+        return int(self._httpd.server_address[1])
+
+    @property
+    def base_url(self) -> str:
+        """What to put in ``OPENAI_BASE_URL`` / ``ANTHROPIC_BASE_URL``."""
+        root = f"http://127.0.0.1:{self.port}"
+        return f"{root}/v1" if self.flavour == "openai" else root
+
+    def start(self) -> FakeLLMServer:
+        """Start serving in a background thread."""
+        self._thread.start()
+        return self
+
+    def close(self) -> None:
+        """Stop serving; delayed replies are abandoned at once."""
+        self._stop.set()
+        self._httpd.shutdown()
+        self._httpd.server_close()
+        self._thread.join(timeout=5)
+
+    def push(self, *replies: Reply) -> None:
+        """Queue replies, served in order."""
+        with self._cond:
+            self._queue.extend(replies)
+
+    def forever(self, reply: Reply | None) -> None:
+        """The reply served whenever the queue is empty (None: a default success)."""
+        with self._cond:
+            self._forever = reply
+
+    def bodies(self) -> list[Any]:
+        """The JSON bodies received so far."""
+        with self._cond:
+            return [r.body for r in self.requests]
+
+    def wait_for(self, count: int, timeout: float = 10.0) -> bool:
+        """Wait until at least ``count`` requests arrived (bounded)."""
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self.requests) >= count, timeout)
+
+    def _next(self, recorded: Recorded) -> Reply:
+        with self._cond:
+            self.requests.append(recorded)
+            self._cond.notify_all()
+            if self._queue:
+                return self._queue.popleft()
+            return self._forever or Reply()
+
+    def _handler_class(self) -> type[BaseHTTPRequestHandler]:
+        server = self
+        path_ok = "/v1/chat/completions" if self.flavour == "openai" else "/v1/messages"
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self) -> None:
+                length = int(self.headers.get("content-length") or 0)
+                raw = self.rfile.read(length)
+                try:
+                    body: Any = json.loads(raw)
+                except ValueError:
+                    body = raw.decode(errors="replace")
+                if self.path.split("?")[0] != path_ok:
+                    self._send(404, error_body(server.flavour, 404, f"no route {self.path}"), {})
+                    return
+                headers = {k.lower(): v for k, v in self.headers.items()}
+                reply = server._next(Recorded(self.path, headers, body))
+                if reply.delay and server._stop.wait(reply.delay):
+                    return
+                if reply.body is not None:
+                    payload: object = reply.body
+                elif reply.status >= 400:
+                    payload = error_body(server.flavour, reply.status, f"scripted {reply.status}")
+                else:
+                    model = body.get("model", "?") if isinstance(body, dict) else "?"
+                    build = openai_body if server.flavour == "openai" else anthropic_body
+                    payload = build(reply, model)
+                self._send(reply.status, payload, reply.headers)
+
+            def _send(self, status: int, payload: object, headers: dict[str, str]) -> None:
+                data = (
+                    payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
+                )
+                try:
+                    self.send_response(status)
+                    self.send_header("content-type", "application/json")
+                    self.send_header("content-length", str(len(data)))
+                    for key, value in headers.items():
+                        self.send_header(key, value)
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:
+                    pass  # the client gave up (timeout test): nothing to report
+
+            def log_message(self, format: str, *args: Any) -> None:
+                pass
+
+        return Handler
+
+
+# --------------------------------------------------------------------- agent CLIs
+
+_AGENT_SCRIPT = r'''#!{python}
+"""Fake agent CLI for steerflow tests (config: {config})."""
+import json, os, pathlib, signal, subprocess, sys, time
+
+cfg = json.loads(pathlib.Path({config!r}).read_text())
+stdin = sys.stdin.read()
+record = {{"argv": sys.argv, "cwd": os.getcwd(), "stdin": stdin, "pid": os.getpid()}}
+for rel, content in cfg.get("artifacts", {{}}).items():
+    target = pathlib.Path(rel)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text(content)
+if "--output-last-message" in sys.argv and "last_message" in cfg:
+    out = sys.argv[sys.argv.index("--output-last-message") + 1]
+    pathlib.Path(out).write_text(cfg["last_message"])
+if cfg.get("ignore_term"):
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+if cfg.get("grandchild"):
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    record["grandchild"] = child.pid
+with open({log!r}, "a") as fh:
+    fh.write(json.dumps(record) + "\n")
+if cfg.get("hang"):
+    while True:
+        time.sleep(0.05)
+sys.stdout.write(cfg.get("stdout", ""))
+sys.stderr.write(cfg.get("stderr", ""))
+sys.exit(cfg.get("exit", 0))
+'''
+
+
+@dataclass
+class FakeAgent:
+    """A fake agent executable and the files it uses."""
+
+    path: Path
+    config: Path
+    log: Path
+
+    def configure(self, **cfg: Any) -> None:
+        """Set what the next runs do (see the script for keys)."""
+        self.config.write_text(json.dumps(cfg))
+
+    def runs(self) -> list[dict[str, Any]]:
+        """One record per run so far."""
+        if not self.log.exists():
+            return []
+        return [json.loads(line) for line in self.log.read_text().splitlines() if line]
+
+    def wait_started(self, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
+        """Wait (bounded) until ``count`` runs have recorded themselves."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            runs = self.runs()
+            if len(runs) >= count:
+                return runs
+            time.sleep(0.01)
+        raise AssertionError(f"fake agent did not start {count} time(s) within {timeout} s")
+
+
+def write_fake_agent(directory: Path, name: str) -> FakeAgent:
+    """Write an executable fake agent named ``name`` into ``directory``."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory / name
+    agent = FakeAgent(path=path, config=directory / f"{name}.json", log=directory / f"{name}.log")
+    agent.configure()
+    path.write_text(
+        _AGENT_SCRIPT.format(python=sys.executable, config=str(agent.config), log=str(agent.log))
+    )
+    path.chmod(0o755)
+    return agent
+
+
+def pid_gone(pid: int) -> bool:
+    """True if ``pid`` no longer runs (absent, or a zombie awaiting its reaper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        except PermissionError:
+            return False
+        return False
+    return stat.rsplit(")", 1)[1].split()[0] == "Z"
+
+
+def wait_gone(pid: int, timeout: float = 5.0) -> bool:
+    """Wait (bounded) until ``pid`` is gone."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if pid_gone(pid):
+            return True
+        time.sleep(0.01)
+    return pid_gone(pid)
