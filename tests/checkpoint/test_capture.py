@@ -435,7 +435,7 @@ def _edit(data: st.DataObject, live: dict[str, Any]) -> None:
         target.clear()
 
 
-@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=3000, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(initial=_context, data=st.data())
 def test_capture_replays_exactly(initial: dict[str, Any], data: st.DataObject) -> None:
     live = copy.deepcopy(initial)

@@ -144,17 +144,23 @@ def _journal_refusal(tmp_path: Path, bad: bytes, reason: str) -> None:
 
 
 DUP_CASES = {
-    "outer": '{"version":3,"generation":"%s","seq":2,"seq":2,"kind":"op",'
-    '"entry":{"agent_id":"a","status":"completed","response":"r"}}' % GEN,
-    "outer-escaped": '{"version":3,"generation":"%s","seq":2,"s\\u0065q":2,"kind":"op",'
-    '"entry":{"agent_id":"a","status":"completed","response":"r"}}' % GEN,
-    "entry": '{"version":3,"generation":"%s","seq":2,"kind":"op",'
-    '"entry":{"agent_id":"a","agent_id":"b","status":"completed","response":"r"}}' % GEN,
-    "nested-value": '{"version":3,"generation":"%s","seq":2,"kind":"op",'
-    '"entry":{"agent_id":"a","status":"completed","response":{"x":1,"\\u0078":2}}}' % GEN,
-    "patch-value": '{"version":3,"generation":"%s","seq":2,"kind":"op",'
+    "outer": '{"version":3,"generation":"GENERATION","seq":2,"seq":2,"kind":"op",'
+    '"entry":{"agent_id":"a","status":"completed","response":"r"}}'.replace("GENERATION", GEN),
+    "outer-escaped": '{"version":3,"generation":"GENERATION","seq":2,"s\\u0065q":2,"kind":"op",'
+    '"entry":{"agent_id":"a","status":"completed","response":"r"}}'.replace("GENERATION", GEN),
+    "entry": '{"version":3,"generation":"GENERATION","seq":2,"kind":"op",'
+    '"entry":{"agent_id":"a","agent_id":"b","status":"completed","response":"r"}}'.replace(
+        "GENERATION", GEN
+    ),
+    "nested-value": '{"version":3,"generation":"GENERATION","seq":2,"kind":"op",'
+    '"entry":{"agent_id":"a","status":"completed","response":{"x":1,"\\u0078":2}}}'.replace(
+        "GENERATION", GEN
+    ),
+    "patch-value": '{"version":3,"generation":"GENERATION","seq":2,"kind":"op",'
     '"entry":{"agent_id":"a","status":"completed","response":"r"},'
-    '"flow_context":{"patch":[{"op":"add","path":"/k","value":{"y":1,"y":1}}]}}' % GEN,
+    '"flow_context":{"patch":[{"op":"add","path":"/k","value":{"y":1,"y":1}}]}}'.replace(
+        "GENERATION", GEN
+    ),
 }
 
 
@@ -187,17 +193,27 @@ def test_distinct_names_control(tmp_path: Path) -> None:
         (line(rec(2, seq=0))[:-1], "invalid-seq"),
         (line(rec(2, seq=2**63))[:-1], "invalid-seq"),
         (line(rec(2, kind="note"))[:-1], "unknown-kind"),
-        (line(rec(2, entry={"agent_id": "a", "status": "done", "response": 1}))[:-1],
-         "invalid-entry"),  # fmt: skip
+        (
+            line(rec(2, entry={"agent_id": "a", "status": "done", "response": 1}))[:-1],
+            "invalid-entry",
+        ),
         (line(rec(2, entry={"agent_id": "a", "status": "completed"}))[:-1], "invalid-entry"),
         (line(rec(2, entry={"status": "completed", "response": 1}))[:-1], "invalid-entry"),
         (line(rec(2, flow_context={"patch": [], "x": 1}))[:-1], "invalid-patch"),
-        (line(rec(2, flow_context={"patch": [{"op": "move", "from": "/a", "path": "/b"}]}))[:-1],
-         "invalid-patch"),  # fmt: skip
-        (line(rec(2, flow_context={"patch": [{"op": "remove", "path": "/missing"}]}))[:-1],
-         "invalid-transition"),  # fmt: skip
-        (line(rec(2, entry={"agent_id": "a", "status": "completed", "response": "NaN"}))[:-1]
-         .replace(b'"NaN"', b"NaN"), "non-finite-number"),  # fmt: skip
+        (
+            line(rec(2, flow_context={"patch": [{"op": "move", "from": "/a", "path": "/b"}]}))[:-1],
+            "invalid-patch",
+        ),
+        (
+            line(rec(2, flow_context={"patch": [{"op": "remove", "path": "/missing"}]}))[:-1],
+            "invalid-transition",
+        ),
+        (
+            line(rec(2, entry={"agent_id": "a", "status": "completed", "response": "NaN"}))[
+                :-1
+            ].replace(b'"NaN"', b"NaN"),
+            "non-finite-number",
+        ),
         (line(rec(1))[:-1], "duplicate-seq"),
         (line(rec(3))[:-1], "sequence-gap"),
     ],
@@ -211,7 +227,9 @@ def test_malformed_late_operation_leaves_record_unapplied(tmp_path: Path) -> Non
         {"op": "add", "path": "/nested/entries/-", "value": 2},
         {"op": "replace", "path": "/nowhere/x", "value": 3},
     ]
-    report = refused(unit(tmp_path, base(), line(rec(1)), line(rec(2, flow_context={"patch": patch}))))
+    report = refused(
+        unit(tmp_path, base(), line(rec(1)), line(rec(2, flow_context={"patch": patch})))
+    )
     assert report["refusal"]["reason"] == "invalid-transition"
     assert report["records_applied"] == 1 and report["valid_prefix_seq"] == 1
 
@@ -219,18 +237,35 @@ def test_malformed_late_operation_leaves_record_unapplied(tmp_path: Path) -> Non
 @pytest.mark.parametrize(
     ("text", "reason"),
     [
-        ('{"version":3,"generation":"%s","generation":"%s"}' % (GEN, GEN), "duplicate-member"),
-        (json.dumps(base(ops={"a": {"agent_id": "a", "status": "completed", "response": 1}}))
-         .replace('"response": 1', '"response": 1, "response": 2'), "duplicate-member"),  # fmt: skip
-        (json.dumps(base(flow_context={"k": {"z": 1}})).replace('"z": 1', '"z": 1, "\\u007a": 2'),
-         "duplicate-member"),  # fmt: skip
+        (
+            '{"version":3,"generation":"GENERATION","generation":"GENERATION"}'.replace(
+                "GENERATION", GEN
+            ),
+            "duplicate-member",
+        ),
+        (
+            json.dumps(
+                base(ops={"a": {"agent_id": "a", "status": "completed", "response": 1}})
+            ).replace('"response": 1', '"response": 1, "response": 2'),
+            "duplicate-member",
+        ),
+        (
+            json.dumps(base(flow_context={"k": {"z": 1}})).replace(
+                '"z": 1', '"z": 1, "\\u007a": 2'
+            ),
+            "duplicate-member",
+        ),
         (json.dumps(base(generation="xyz")), "invalid-generation"),
         (json.dumps(base(journal_seq=3)), "invalid-base"),
         (json.dumps(base(ops=[])), "invalid-base"),
-        (json.dumps(base(ops={"a": {"agent_id": "b", "status": "completed", "response": 1}})),
-         "invalid-base"),  # fmt: skip
-        (json.dumps(base(spawned=[{"node_id": "n", "status": "weird", "response": 1}])),
-         "invalid-entry"),  # fmt: skip
+        (
+            json.dumps(base(ops={"a": {"agent_id": "b", "status": "completed", "response": 1}})),
+            "invalid-base",
+        ),
+        (
+            json.dumps(base(spawned=[{"node_id": "n", "status": "weird", "response": 1}])),
+            "invalid-entry",
+        ),
         (json.dumps(base(flow_context={"x": float("inf")})), "non-finite-number"),
     ],
 )

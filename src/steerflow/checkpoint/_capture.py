@@ -56,6 +56,7 @@ Frozen: TypeAlias = Union["FrozenObject", tuple["Frozen", ...], str, int, float,
 """A normalized JSON value that is never mutated."""
 
 _MISSING = object()
+_PLAIN = frozenset({dict, list, tuple, str, int, float, bool, type(None)})
 _MAX_DEPTH = 900
 
 
@@ -221,7 +222,10 @@ def freeze(value: object) -> Frozen:
         ContextError: On a non-finite number, a key collision, a non-JSON key, a cycle, or a
             value whose ``str()`` fails.
     """
-    return _freeze(value, "", set())
+    try:
+        return _freeze(value, "", set())
+    except RecursionError:
+        raise ContextError("context nests too deeply") from None
 
 
 def thaw(f: Frozen) -> object:
@@ -267,8 +271,12 @@ def exact_equal(a: Frozen, b: Frozen) -> bool:
 # --------------------------------------------------------------------------- comparison
 
 
-def _same(old: Frozen, live: object, where: str) -> bool:
-    """Whether the live value normalizes to exactly ``old`` (no ops, no allocation)."""
+def _same(old: Frozen, live: object) -> bool:
+    """True only if ``live`` certainly normalizes to exactly ``old`` (no ops, no allocation).
+
+    ``False`` means "not proven equal": values needing normalization (non-string keys, non-JSON
+    objects, subclasses) are left to :func:`_diff`, which normalizes them once.
+    """
     if live is old:
         return True  # a frozen value is immutable, so identity implies equality
     tl = type(live)
@@ -276,22 +284,20 @@ def _same(old: Frozen, live: object, where: str) -> bool:
         return type(old) is tl and old == live
     if tl is float:
         return type(old) is float and _float_same(old, live)  # type: ignore[arg-type]
-    if isinstance(live, dict):
-        if type(old) is not FrozenObject or len(old) != len(live):
+    if tl is dict:
+        if type(old) is not FrozenObject or len(old) != len(live):  # type: ignore[arg-type]
             return False
         assert isinstance(old, dict) and isinstance(live, dict)
         for key, value in live.items():
-            if type(key) is not str:
-                return exact_equal(old, freeze(live))
-            if key not in old or not _same(old[key], value, where):
+            if type(key) is not str or key not in old or not _same(old[key], value):
                 return False
         return True
-    if isinstance(live, list | tuple):
-        if type(old) is not tuple or len(old) != len(live):
+    if tl is list or tl is tuple:
+        if type(old) is not tuple or len(old) != len(live):  # type: ignore[arg-type]
             return False
         assert isinstance(old, tuple) and isinstance(live, list | tuple)
-        return all(_same(o, v, where) for o, v in zip(old, live, strict=True))
-    return exact_equal(old, _freeze(live, where, set()))
+        return all(map(_same, old, live))
+    return False
 
 
 class _Ops:
@@ -322,9 +328,7 @@ def _diff(old: Frozen, live: object, where: str, out: _Ops) -> Frozen:
         return _diff_object(old, live, where, out)
     if isinstance(live, list | tuple) and type(old) is tuple:
         return _diff_array(old, live, where, out)
-    if _same(old, live, where):
-        return old
-    new = _freeze(live, where, set())
+    new = _freeze(live, where, set())  # O(1) for scalars; a mismatched container is new anyway
     if exact_equal(old, new):
         return old
     out.replace(where, new)
@@ -358,7 +362,7 @@ def _diff_object(old: FrozenObject, live: Mapping[object, object], where: str, o
             added.append((key, _freeze(value, _child(where, key), set())))
             continue
         matched += 1
-        if value is prev:
+        if value is prev or (type(value) in _PLAIN and _same(prev, value)):  # type: ignore[arg-type]
             continue
         path = _child(where, key)
         mark = len(out.ops)
@@ -375,10 +379,15 @@ def _diff_object(old: FrozenObject, live: Mapping[object, object], where: str, o
         out.remove(_child(where, key))
     for key, value in added:
         out.add(_child(where, key), value)
-    gone = set(removed)
-    result = FrozenObject._make(
-        [(k, changed.get(k, v)) for k, v in old.items() if k not in gone] + added
-    )
+    # C-level copy of the member references, then in-place edits on the private new object;
+    # the resulting order is exactly what applying the patch to ``old`` produces.
+    result = FrozenObject._make(old)
+    for key in removed:
+        dict.__delitem__(result, key)
+    for key, value in changed.items():
+        dict.__setitem__(result, key, value)
+    for key, value in added:
+        dict.__setitem__(result, key, value)
     _settle(
         out,
         start,
@@ -404,12 +413,12 @@ def _diff_array(old: tuple[Frozen, ...], live: Sequence[object], where: str, out
         except ValueError:
             head = common
             break
-        if not _same(old[head], live[head], where):
+        if not _same(old[head], live[head]):
             break
         head += 1
     # Trailing run of unchanged elements, not overlapping the leading run.
     tail = 0
-    while tail < common - head and _same(old[n - 1 - tail], live[m - 1 - tail], where):
+    while tail < common - head and _same(old[n - 1 - tail], live[m - 1 - tail]):
         tail += 1
     if head == n == m:
         return old

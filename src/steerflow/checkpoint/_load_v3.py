@@ -243,9 +243,24 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, bytes]:
 
 
 def load_v3(path: str, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
-    """Load a version 3 unit whose base is at ``path``."""
+    """Load a version 3 unit whose base is at ``path``.
+
+    Stale-generation records are what a reader sees between a compaction's base
+    publication and its journal reset, so a read that finds them is repeated a few
+    times before they are reported.
+    """
     report.checkpoint_version = 3
-    base_bytes, journal = _coherent_read(path, report)
+    for attempt in range(_ATTEMPTS):
+        if attempt:
+            time.sleep(0.002 * attempt)
+        base_bytes, journal = _coherent_read(path, report)
+        state = _fold_unit(base_bytes, journal, report)
+        if not report.stale_generation_records:
+            break
+    return state, report.as_dict()
+
+
+def _fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, Any]:
     try:
         base = _check_base(parse_json(base_bytes))
     except ValueError:
@@ -287,4 +302,4 @@ def load_v3(path: str, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
             ) from None
         offset = end + 1
     report.discarded_tail_bytes = len(journal) - offset
-    return fold.state(), report.as_dict()
+    return fold.state()

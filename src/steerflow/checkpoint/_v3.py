@@ -228,7 +228,7 @@ class V3Backend:
     def _publish(self, name: str, data: bytes, obj: str, *, previous: _Pin | None) -> _Pin:
         """Create, fill, fsync and install one object under ``name``; return its pin."""
         assert self._pfd is not None and self._sfd is not None
-        pfd, sfd = self._pfd, self._sfd
+        sfd = self._sfd
         append = obj == "journal"
         temp = _io.unique_name(obj)
         fd = _io.create_tmpfile(sfd, obj, append=append)

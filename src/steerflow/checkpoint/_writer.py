@@ -31,6 +31,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Protocol
 
+from steerflow import _faults
 from steerflow.errors import PersistenceError
 
 from . import _capture
@@ -249,10 +250,12 @@ class CheckpointWriter:
                             self._fail(str(other.error))
         if ticket.error is not None:
             raise ticket.error
+        _faults.seam("ack", "before")
         if kind != "flush":
             self.records_acknowledged += 1
         if self.on_saved is not None:
             self.on_saved(kind, key)
+        _faults.seam("ack", "after")
 
     async def _run(self, func: Callable[..., None], *args: Any) -> None:
         """Run ``func`` on a worker thread; never abandon it while it is running."""

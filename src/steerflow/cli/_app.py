@@ -14,7 +14,7 @@ import click
 from steerflow.errors import ExitCode, SteerflowError, UsageError
 from steerflow.executor import EventBus
 from steerflow.home import resolve_home
-from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun
+from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, prepare_resume
 from steerflow.cli._output import emit_json, emit_text, warn
 from steerflow.cli._progress import Progress
 from steerflow.cli._views import ctl_status_view, runs_view, show_view
@@ -188,7 +188,7 @@ def play(ctx: click.Context, name: str, **kw: Any) -> int:
 
 @app.command(epilog=EXIT_EPILOG)
 @click.argument("target")
-@click.option("--retry-failed", is_flag=True, help="Run failed nodes again (repeats their side effects). Spawned nodes below a re-run parent are rebuilt and run again after it, never dropped.")
+@click.option("--retry-failed", is_flag=True, help="Run failed nodes again (this repeats their side effects). Spawned nodes recorded below a re-run parent are rebuilt, never dropped: completed ones are replayed, failed ones run again after their parent.")
 @click.option("--allow-degraded-context", is_flag=True, help="Let nodes whose inherited conversation cannot be restored run with an empty branch (named in the result).")
 @click.option("--dry-run", is_flag=True, help="Check the checkpoint and show what would run; run nothing.")
 @click.option("--show-graph", is_flag=True, help="Print the DAG and write graph.mmd into the new run directory.")
@@ -203,8 +203,6 @@ def resume(ctx: click.Context, target: str, **kw: Any) -> int:
     concurrency and save dir come from the checkpoint; the new run gets its own session
     and run directory and records resumed_from.
     """
-    from steerflow.resume import prepare_resume
-
     home = _home(ctx)
     seed = prepare_resume(
         home,

@@ -103,8 +103,13 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
                     }
                     for n in db.list_nodes(run.session_id)
                 ]
-    if not view["nodes"] and state is not None:
-        view["nodes"] = checkpoint_nodes(state)
+    if state is not None:
+        from_checkpoint = checkpoint_nodes(state)
+        if not view["nodes"]:
+            view["nodes"] = from_checkpoint
+        else:  # live rows, in plan order (spawned nodes after, as recorded)
+            order = {n["id"]: i for i, n in enumerate(from_checkpoint)}
+            view["nodes"].sort(key=lambda n: order.get(n["id"], len(order)))
     return view
 
 

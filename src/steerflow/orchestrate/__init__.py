@@ -5,6 +5,7 @@ from __future__ import annotations
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import FlowOptions, FlowResult, ResumeSeed
 from steerflow.orchestrate._plan_codec import plan_from_checkpoint, plan_to_checkpoint
+from steerflow.orchestrate._resume import load_branch, prepare_resume
 from steerflow.orchestrate._run import FlowRun, node_summaries, run_flow
 
 __all__ = [
@@ -13,9 +14,11 @@ __all__ = [
     "FlowRun",
     "ResumeSeed",
     "graph_text",
+    "load_branch",
     "mermaid",
     "node_summaries",
     "plan_from_checkpoint",
     "plan_to_checkpoint",
+    "prepare_resume",
     "run_flow",
 ]

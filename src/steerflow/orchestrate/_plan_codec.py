@@ -9,8 +9,14 @@ from steerflow.plan import PlanFile, parse_plan
 __all__ = ["plan_from_checkpoint", "plan_to_checkpoint"]
 
 
-def plan_to_checkpoint(plan: PlanFile) -> list[dict[str, Any]]:
-    """The ``plan`` list stored in a checkpoint."""
+def plan_to_checkpoint(
+    plan: PlanFile, node_ids: dict[str, str] | None = None
+) -> list[dict[str, Any]]:
+    """The ``plan`` list stored in a checkpoint.
+
+    ``node_ids`` maps agent ids to this run's operation ids; stored as ``plan[].node_id`` so a
+    spawned entry's ``parent_id`` can be checked against the plan on resume.
+    """
     index = {entry.agent_id: i for i, entry in enumerate(plan.plan)}
     out = []
     for entry in plan.plan:
@@ -27,6 +33,8 @@ def plan_to_checkpoint(plan: PlanFile) -> list[dict[str, Any]]:
             ]
         if entry.inherit_context:
             item["inherit_context"] = True
+        if node_ids and entry.agent_id in node_ids:
+            item["node_id"] = node_ids[entry.agent_id]
         out.append(item)
     return out
 

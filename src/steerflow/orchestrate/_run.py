@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
+import os
 import signal
 import time
 from pathlib import Path
@@ -34,6 +36,7 @@ from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import FlowOptions, FlowResult
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher, heartbeat_loop
+from steerflow.orchestrate._resume import BRANCHES_DIR
 from steerflow.plan import (
     MAX_PLAN_ENTRIES,
     PlanFile,
@@ -352,7 +355,7 @@ class FlowRun:
             run_dir.checkpoint_path,
             session_id=session_id,
             prompt=prompt,
-            plan=plan_to_checkpoint(plan),
+            plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
             config=config,
             max_spawn=max_spawn,
             flow_context=self.context.content,
@@ -382,7 +385,8 @@ class FlowRun:
             context=self.context,
             events=self.events,
         )
-        executor.observers.append(lambda op: self._record(writer, op, checkpoint_info))
+        executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
+        executor.observers.append(lambda op: self._record(writer, op, run_dir, checkpoint_info))
         self.executor = executor
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
@@ -411,10 +415,14 @@ class FlowRun:
         await self._finish_session(db, session_id, status, extra)
         return self._result(session_id, run_dir, graph, status, checkpoint_info)
 
-    async def _record(self, writer: CheckpointWriter, op: Operation, info: dict[str, Any]) -> None:
+    async def _record(
+        self, writer: CheckpointWriter, op: Operation, run_dir: RunDir, info: dict[str, Any]
+    ) -> None:
         if op.status not in ("completed", "failed"):
             return
         try:
+            if op.branch:
+                await asyncio.to_thread(_save_branch, run_dir, op)
             if op.kind == "planned":
                 await writer.record(
                     op.key, status=op.status, response=_stored_response(op), flow_context=self.context.content
@@ -433,7 +441,7 @@ class FlowRun:
                     context=None,
                     depends_on=[self._key_of(e.source) for e in op.edges],
                 )
-        except PersistenceError as exc:
+        except (PersistenceError, OSError) as exc:
             info["error"] = info["error"] or str(exc)
             self.events.emit(
                 FlowEvent(type="checkpoint_failed", node_key=op.key, data={"error": str(exc)})
@@ -512,9 +520,17 @@ def _usage_total(graph: Graph) -> dict[str, Any]:
     return totals
 
 
-def _write_private(path: Path, text: str) -> None:
-    import os
+def _save_branch(run_dir: RunDir, op: Operation) -> None:
+    """Persist a node's conversation so a resume can restore what it inherits."""
+    branches = run_dir.path / BRANCHES_DIR
+    branches.mkdir(mode=0o700, exist_ok=True)
+    data = json.dumps([{"role": m.role, "content": m.content} for m in op.branch])
+    tmp = branches / f".{op.key}.{os.getpid()}.tmp"
+    _write_private(tmp, data)
+    os.replace(tmp, branches / f"{op.key}.json")
 
+
+def _write_private(path: Path, text: str) -> None:
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
     with os.fdopen(fd, "w", encoding="utf-8") as handle:
         handle.write(text)

@@ -210,6 +210,7 @@ async def call_with_retry(
     timeout_s: float | None = None,
     sleep: Callable[[float], Awaitable[object]] = asyncio.sleep,
     rng: random.Random | None = None,
+    clock: Callable[[], float] = time.monotonic,
 ) -> T:
     """Run ``call`` under the retry policy.
 
@@ -221,6 +222,7 @@ async def call_with_retry(
         timeout_s: Per-attempt timeout; ``policy.timeout_s`` when None.
         sleep: Awaitable sleep (injectable for tests).
         rng: Random source for the jitter.
+        clock: Monotonic clock (injectable for tests).
 
     Returns:
         The first successful result.
@@ -231,7 +233,7 @@ async def call_with_retry(
         asyncio.CancelledError: The caller was cancelled; propagated unchanged.
     """
     per_call = timeout_s if timeout_s is not None and timeout_s > 0 else policy.timeout_s
-    started = time.monotonic()
+    started = clock()
     attempt = 0
     while True:
         attempt += 1
@@ -250,7 +252,7 @@ async def call_with_retry(
             failure, cause = found, exc
         if not failure.transient:
             raise ProviderError(f"{label}: {failure.message}", retryable=False) from cause
-        elapsed = time.monotonic() - started
+        elapsed = clock() - started
         if attempt >= policy.max_attempts:
             raise ProviderError(
                 f"{label}: gave up after {attempt} attempt(s) in {elapsed:.1f} s: "
