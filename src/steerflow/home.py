@@ -26,7 +26,7 @@ RUN_ID_PATTERN = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
 
 def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
-    """Return the home directory (``--home``, ``STEERFLOW_HOME``, ``~/.steerflow``), created 0700."""
+    """The home: ``--home``, else ``STEERFLOW_HOME``, else ``~/.steerflow``; created 0700."""
     raw = explicit or os.environ.get("STEERFLOW_HOME") or "~/.steerflow"
     home = Path(raw).expanduser().absolute()
     ensure_private_dir(home)

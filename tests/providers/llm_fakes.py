@@ -269,16 +269,6 @@ class FakeAgent:
             return []
         return [json.loads(line) for line in self.log.read_text().splitlines() if line]
 
-    def wait_started(self, count: int = 1, timeout: float = 10.0) -> list[dict[str, Any]]:
-        """Wait (bounded) until ``count`` runs have recorded themselves."""
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            runs = self.runs()
-            if len(runs) >= count:
-                return runs
-            time.sleep(0.01)
-        raise AssertionError(f"fake agent did not start {count} time(s) within {timeout} s")
-
 
 def write_fake_agent(directory: Path, name: str) -> FakeAgent:
     """Write an executable fake agent named ``name`` into ``directory``."""

@@ -59,8 +59,8 @@ def test_split_history() -> None:
 
 def test_extract_spawns_takes_the_last_spawn_block() -> None:
     text = (
-        "Intro\n```json\n{\"other\": 1}\n```\nMiddle\n"
-        "```json\n{\"spawn\": [{\"agent_id\": \"a\", \"instruction\": \"b\"}]}\n```\nTail"
+        'Intro\n```json\n{"other": 1}\n```\nMiddle\n'
+        '```json\n{"spawn": [{"agent_id": "a", "instruction": "b"}]}\n```\nTail'
     )
     rest, spawns = extract_spawns(text)
     assert spawns == [{"agent_id": "a", "instruction": "b"}]
@@ -89,5 +89,5 @@ def test_parse_plan_reply_accepts_common_shapes(reply: str) -> None:
 
 @pytest.mark.parametrize("reply", ["", "no json here", '"just a string"', "{broken"])
 def test_parse_plan_reply_rejects_non_objects(reply: str) -> None:
-    with pytest.raises(ProviderError, match="^m: planner reply is not a JSON object"):
+    with pytest.raises(ProviderError, match=r"^m: planner reply is not a JSON object"):
         parse_plan_reply(reply, "m")

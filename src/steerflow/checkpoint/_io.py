@@ -21,6 +21,7 @@ import fcntl
 import os
 import stat
 import uuid
+from collections.abc import Iterable
 
 from steerflow import _faults
 
@@ -151,23 +152,30 @@ def link_fd(fd: int, dir_fd: int, name: str, obj: str) -> None:
     _seam(f"{obj}-link", "after")
 
 
-def write_all(fd: int, data: bytes, obj: str) -> int:
-    """Write every byte of ``data``, looping over short writes; return the count."""
-    view = memoryview(data)
+def write_all(fd: int, data: bytes | Iterable[bytes], obj: str) -> int:
+    """Write every byte of ``data`` (bytes, or chunks in order), looping over short writes.
+
+    Returns the number of bytes written.  Chunked input lets a large snapshot be encoded
+    and written piecewise, so the worker never holds the GIL for one long encode.
+    """
     cap = _faults.short_write_cap()
-    total = len(view)
-    off = 0
+    written = 0
     _seam(f"{obj}-write", "before")
-    while off < total:
-        end = total if cap is None else min(total, off + cap)
-        n = os.write(fd, view[off:end])
-        if n <= 0:
-            raise OSError(errno.EIO, "write made no progress")
-        off += n
-        if off < total:
-            _seam(f"{obj}-write-part", "after")
+    for chunk in (data,) if isinstance(data, bytes) else data:
+        view = memoryview(chunk)
+        total = len(view)
+        off = 0
+        while off < total:
+            end = total if cap is None else min(total, off + cap)
+            n = os.write(fd, view[off:end])
+            if n <= 0:
+                raise OSError(errno.EIO, "write made no progress")
+            off += n
+            if off < total:
+                _seam(f"{obj}-write-part", "after")
+        written += total
     _seam(f"{obj}-write", "after")
-    return total
+    return written
 
 
 def fsync(fd: int, obj: str) -> None:

@@ -10,33 +10,65 @@ persistence worker touches it, one batch at a time, under the writer lock.
 from __future__ import annotations
 
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from ._digest import JSON
 
-__all__ = ["ENTRY_FIELDS_SPAWNED", "Item", "Kind", "State", "Ticket", "dumps_compact"]
+__all__ = [
+    "Item",
+    "Kind",
+    "State",
+    "Ticket",
+    "dumps_compact",
+    "encode_chunks",
+    "group_lines",
+]
 
 Kind = Literal["op", "spawn"]
-
-ENTRY_FIELDS_SPAWNED = (
-    "node_id",
-    "status",
-    "response",
-    "operation",
-    "assignee",
-    "instruction",
-    "parent_id",
-    "spawn_id",
-    "context",
-)
 
 
 def dumps_compact(value: JSON) -> bytes:
     """Compact ASCII JSON, refusing NaN and infinities (the on-disk encoding)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return text.encode("ascii")
+
+
+_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+
+
+def encode_chunks(value: JSON, chunk: int = 1 << 20) -> Iterator[bytes]:
+    """The same bytes as :func:`dumps_compact`, produced in pieces of about ``chunk``.
+
+    ``JSONEncoder.iterencode`` walks containers in Python and encodes each string in C,
+    so a worker thread encoding a large snapshot gives the event loop the GIL at every
+    switch interval instead of holding it for one long ``json.dumps`` call.
+    """
+    parts: list[str] = []
+    size = 0
+    for piece in _ENCODER.iterencode(value):
+        parts.append(piece)
+        size += len(piece)
+        if size >= chunk:
+            yield "".join(parts).encode("ascii")
+            parts, size = [], 0
+    if parts:
+        yield "".join(parts).encode("ascii")
+
+
+def group_lines(lines: list[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
+    """Join consecutive lines into writes of about ``chunk`` bytes."""
+    group: list[bytes] = []
+    size = 0
+    for line in lines:
+        group.append(line)
+        size += len(line)
+        if size >= chunk:
+            yield b"".join(group)
+            group, size = [], 0
+    if group:
+        yield b"".join(group)
 
 
 @dataclass(frozen=True)

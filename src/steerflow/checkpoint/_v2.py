@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Iterable
 
 from steerflow.errors import PersistenceError
 
 from . import _io
-from ._state import State, Ticket, dumps_compact
+from ._state import State, Ticket, encode_chunks
 
 __all__ = ["V2Backend"]
 
@@ -42,7 +43,7 @@ class V2Backend:
             if ticket.item is not None:
                 self.state.apply(ticket.item)
         try:
-            self._publish(dumps_compact(self.state.document({"version": 2})))
+            self._publish(encode_chunks(self.state.document({"version": 2})))
         except OSError as exc:
             error = PersistenceError(f"checkpoint write failed: {exc}")
             for ticket in batch:
@@ -63,7 +64,7 @@ class V2Backend:
             self._dir_fd = _io.open_dir(self.dirname)
         return self._dir_fd
 
-    def _publish(self, data: bytes) -> None:
+    def _publish(self, data: Iterable[bytes]) -> None:
         dir_fd = self._dir()
         tmp = _io.unique_name(f".{self.name}")
         fd = _io.create_exclusive(dir_fd, tmp, "snapshot")

@@ -39,13 +39,14 @@ import errno
 import os
 import stat
 import uuid
+from collections.abc import Iterable, Iterator
 
 from steerflow import _faults
 from steerflow.errors import PersistenceError
 
 from . import _io
 from ._load_v3 import MAX_SEQ
-from ._state import Item, State, Ticket, dumps_compact
+from ._state import Item, State, Ticket, dumps_compact, encode_chunks, group_lines
 
 __all__ = ["V3Backend"]
 
@@ -83,7 +84,7 @@ class V3Backend:
             self._fail_all(batch, PersistenceError(self._stopped_message()))
             return
         pending: list[Ticket] = []
-        buf = bytearray()
+        buf: list[bytes] = []
         try:
             if self._journal is None:
                 self._initialize()
@@ -107,7 +108,7 @@ class V3Backend:
                     self._commit(buf, pending)
                     self._compact()
                     line = self._encode(item, 1)
-                buf += line
+                buf.append(line)
                 self.seq += 1
                 self.jbytes += len(line)
                 self.state.apply(item)
@@ -159,13 +160,13 @@ class V3Backend:
             record["flow_context"] = {"patch": item.patch}
         return dumps_compact(record) + b"\n"
 
-    def _commit(self, buf: bytearray, pending: list[Ticket]) -> None:
+    def _commit(self, buf: list[bytes], pending: list[Ticket]) -> None:
         """Write and fsync the buffered lines, check reachability, acknowledge them."""
         if buf:
             assert self._journal is not None
             fd = self._journal[0]
             self._check_reachable()
-            _io.write_all(fd, bytes(buf), "journal")
+            _io.write_all(fd, group_lines(buf), "journal")
             _faults.seam("journal-flush", "before")  # raw fd: nothing buffered in userspace
             _faults.seam("journal-flush", "after")
             _io.fsync(fd, "journal")
@@ -209,9 +210,9 @@ class V3Backend:
         self._base = self._publish(self.name, self._base_bytes(), "base", previous=None)
         self.seq = self.jbytes = 0
 
-    def _base_bytes(self) -> bytes:
+    def _base_bytes(self) -> Iterator[bytes]:
         head: dict[str, object] = {"version": 3, "generation": self.generation, "journal_seq": 0}
-        return dumps_compact(self.state.document(head))
+        return encode_chunks(self.state.document(head))
 
     def _compact(self) -> None:
         """Publish the folded state as a new generation's base, then an empty journal."""
@@ -225,7 +226,9 @@ class V3Backend:
             if pin is not None:
                 _io.close(pin[0], "pin")
 
-    def _publish(self, name: str, data: bytes, obj: str, *, previous: _Pin | None) -> _Pin:
+    def _publish(
+        self, name: str, data: Iterable[bytes], obj: str, *, previous: _Pin | None
+    ) -> _Pin:
         """Create, fill, fsync and install one object under ``name``; return its pin."""
         assert self._pfd is not None and self._sfd is not None
         sfd = self._sfd
@@ -237,8 +240,7 @@ class V3Backend:
             fd = _io.create_exclusive(sfd, temp, obj, append=append)
         created = _io.identity(fd)
         try:
-            if data:
-                _io.write_all(fd, data, obj)
+            _io.write_all(fd, data, obj)
             _io.fsync(fd, obj)
             if not named:
                 _io.link_fd(fd, sfd, temp, obj)

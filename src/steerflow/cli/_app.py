@@ -11,13 +11,13 @@ from typing import Any, TypeVar
 
 import click
 
+from steerflow.cli._output import emit_json, emit_text, warn
+from steerflow.cli._progress import Progress
+from steerflow.cli._views import ctl_status_view, runs_view, show_view
 from steerflow.errors import ExitCode, SteerflowError, UsageError
 from steerflow.executor import EventBus
 from steerflow.home import resolve_home
 from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, prepare_resume
-from steerflow.cli._output import emit_json, emit_text, warn
-from steerflow.cli._progress import Progress
-from steerflow.cli._views import ctl_status_view, runs_view, show_view
 
 __all__ = ["app", "cli_exit", "main"]
 
@@ -53,16 +53,52 @@ def _home(ctx: click.Context) -> Path:
 def run_options(func: F) -> F:
     """Options shared by ``flow`` and ``play`` (defined once)."""
     decorators = [
-        click.option("--model", "model", metavar="SPEC", help="Model: echo, echo:delay=S, script:PATH, openai/M, anthropic/M, claude-code/M, codex/M. Default: the plan's, else echo."),
+        click.option(
+            "--model",
+            "model",
+            metavar="SPEC",
+            help="Model: echo, echo:delay=S, script:PATH, openai/M, anthropic/M, claude-code/M, codex/M. Default: the plan's, else echo.",
+        ),
         click.option("--reactive", metavar="off|all|ROLE,...", help=REACTIVE_HELP),
         click.option("--max-ops", type=click.IntRange(min=0), metavar="N", help=MAX_OPS_HELP),
-        click.option("--concurrency", type=click.IntRange(1, 256), metavar="N", help="Operations running at once (default: the plan's, else 4)."),
-        click.option("--save", type=click.Path(file_okay=False, path_type=Path), metavar="DIR", help="Artifact root for this run (default: <run dir>/artifacts)."),
-        click.option("--timeout", "timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Deadline: admit nothing new after it, let running nodes finish, persist, exit 124."),
-        click.option("--checkpoint-version", type=click.Choice(["2", "3"]), default="3", show_default=True, help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome."),
+        click.option(
+            "--concurrency",
+            type=click.IntRange(1, 256),
+            metavar="N",
+            help="Operations running at once (default: the plan's, else 4).",
+        ),
+        click.option(
+            "--save",
+            type=click.Path(file_okay=False, path_type=Path),
+            metavar="DIR",
+            help="Artifact root for this run (default: <run dir>/artifacts).",
+        ),
+        click.option(
+            "--timeout",
+            "timeout",
+            type=click.FloatRange(min=0, min_open=True),
+            metavar="SECONDS",
+            help="Deadline: admit nothing new after it, let running nodes finish, persist, exit 124.",
+        ),
+        click.option(
+            "--checkpoint-version",
+            type=click.Choice(["2", "3"]),
+            default="3",
+            show_default=True,
+            help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
+        ),
         click.option("--dry-run", is_flag=True, help="Plan and show the graph; run nothing."),
-        click.option("--show-graph", is_flag=True, help="Print the DAG and write graph.mmd (Mermaid) into the run directory."),
-        click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout (progress stays on stderr)."),
+        click.option(
+            "--show-graph",
+            is_flag=True,
+            help="Print the DAG and write graph.mmd (Mermaid) into the run directory.",
+        ),
+        click.option(
+            "--json",
+            "as_json",
+            is_flag=True,
+            help="Print one JSON object on stdout (progress stays on stderr).",
+        ),
     ]
     for decorator in reversed(decorators):
         func = decorator(func)
@@ -70,7 +106,12 @@ def run_options(func: F) -> F:
 
 
 @click.group(epilog=EXIT_EPILOG, context_settings={"help_option_names": ["-h", "--help"]})
-@click.option("--home", type=click.Path(file_okay=False), envvar="STEERFLOW_HOME", help="Home directory (default: $STEERFLOW_HOME or ~/.steerflow).")
+@click.option(
+    "--home",
+    type=click.Path(file_okay=False),
+    envvar="STEERFLOW_HOME",
+    help="Home directory (default: $STEERFLOW_HOME or ~/.steerflow).",
+)
 @click.version_option(package_name="steerflow")
 @click.pass_context
 def app(ctx: click.Context, home: str | None) -> None:
@@ -163,11 +204,21 @@ def print_result(result: FlowResult, *, as_json: bool) -> None:
 
 @app.command(epilog=EXIT_EPILOG)
 @click.argument("prompt", required=False)
-@click.option("--plan", type=click.Path(dir_okay=False, path_type=Path), metavar="FILE", help="Run this plan file (YAML or JSON) instead of asking the planner.")
-@click.option("-p", "--playbook", metavar="NAME", help="Run a playbook: <home>/playbooks/NAME.yaml, then the bundled ones.")
+@click.option(
+    "--plan",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Run this plan file (YAML or JSON) instead of asking the planner.",
+)
+@click.option(
+    "-p",
+    "--playbook",
+    metavar="NAME",
+    help="Run a playbook: <home>/playbooks/NAME.yaml, then the bundled ones.",
+)
 @run_options
 @click.pass_context
-def flow(ctx: click.Context, **kw: Any) -> int:
+def flow(ctx: click.Context, /, **kw: Any) -> int:
     """Plan PROMPT with the model (or take --plan/--playbook), then run it."""
     if kw["plan"] is not None and kw["playbook"] is not None:
         raise UsageError("give either --plan or --playbook, not both")
@@ -180,7 +231,7 @@ def flow(ctx: click.Context, **kw: Any) -> int:
 @click.argument("prompt", required=False)
 @run_options
 @click.pass_context
-def play(ctx: click.Context, name: str, **kw: Any) -> int:
+def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     """Run playbook NAME (sugar for: flow -p NAME [PROMPT])."""
     kw.update(playbook=name, kind="play")
     return execute(_home(ctx), _flow_options(**kw), as_json=kw["as_json"])
@@ -188,14 +239,33 @@ def play(ctx: click.Context, name: str, **kw: Any) -> int:
 
 @app.command(epilog=EXIT_EPILOG)
 @click.argument("target")
-@click.option("--retry-failed", is_flag=True, help="Run failed nodes again (this repeats their side effects). Spawned nodes recorded below a re-run parent are rebuilt, never dropped: completed ones are replayed, failed ones run again after their parent.")
-@click.option("--allow-degraded-context", is_flag=True, help="Let nodes whose inherited conversation cannot be restored run with an empty branch (named in the result).")
-@click.option("--dry-run", is_flag=True, help="Check the checkpoint and show what would run; run nothing.")
-@click.option("--show-graph", is_flag=True, help="Print the DAG and write graph.mmd into the new run directory.")
-@click.option("--timeout", type=click.FloatRange(min=0, min_open=True), metavar="SECONDS", help="Deadline for the resumed run.")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Run failed nodes again (this repeats their side effects). Spawned nodes recorded below a re-run parent are rebuilt, never dropped: completed ones are replayed, failed ones run again after their parent.",
+)
+@click.option(
+    "--allow-degraded-context",
+    is_flag=True,
+    help="Let nodes whose inherited conversation cannot be restored run with an empty branch (named in the result).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Check the checkpoint and show what would run; run nothing."
+)
+@click.option(
+    "--show-graph",
+    is_flag=True,
+    help="Print the DAG and write graph.mmd into the new run directory.",
+)
+@click.option(
+    "--timeout",
+    type=click.FloatRange(min=0, min_open=True),
+    metavar="SECONDS",
+    help="Deadline for the resumed run.",
+)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
-def resume(ctx: click.Context, target: str, **kw: Any) -> int:
+def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     """Resume a run from its checkpoint: replay what finished, run the rest, or refuse.
 
     TARGET is a run directory, a run id or unambiguous prefix, or a session,
@@ -312,7 +382,13 @@ def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
 
 @ctl.command("resolve", epilog=EXIT_EPILOG)
 @click.argument("control_id")
-@click.option("--as", "outcome", type=click.Choice(["applied", "abandoned"]), required=True, help="The outcome you observed.")
+@click.option(
+    "--as",
+    "outcome",
+    type=click.Choice(["applied", "abandoned"]),
+    required=True,
+    help="The outcome you observed.",
+)
 @click.option("--by", metavar="WHO", help="Who resolved it (stored as abandoned:WHO).")
 @click.pass_context
 def ctl_resolve(ctx: click.Context, control_id: str, outcome: str, by: str | None) -> int:

@@ -3,14 +3,28 @@
 from __future__ import annotations
 
 from steerflow.executor._events import EventBus, EventType, FlowEvent
-from steerflow.executor._graph import TERMINAL, Edge, Graph, NodeKind, NodeStatus, Operation, build_graph
+from steerflow.executor._graph import (
+    TERMINAL,
+    Edge,
+    Graph,
+    NodeKind,
+    NodeStatus,
+    Operation,
+    build_graph,
+)
 from steerflow.executor._scheduler import (
     CLI_DEFAULT_MAX_SPAWN,
     LIBRARY_DEFAULT_MAX_SPAWN,
     FlowExecutor,
     SpawnRejection,
 )
-from steerflow.executor._steer import STEER_CLOSE, STEER_OPEN, PauseGate, SharedContext, render_steer
+from steerflow.executor._steer import (
+    STEER_CLOSE,
+    STEER_OPEN,
+    PauseGate,
+    SharedContext,
+    render_steer,
+)
 
 __all__ = [
     "CLI_DEFAULT_MAX_SPAWN",

@@ -34,10 +34,7 @@ class Edge:
 
     def satisfied_by(self, op: Operation) -> bool:
         """True if the dependent may run given the source's terminal state."""
-        if self.when == "always":
-            ok = op.status in TERMINAL
-        else:
-            ok = op.status == self.when
+        ok = op.status in TERMINAL if self.when == "always" else op.status == self.when
         if ok and self.if_contains is not None:
             ok = op.status == "completed" and self.if_contains in str(op.response)
         return ok

@@ -20,7 +20,7 @@ from pydantic import ValidationError
 
 from steerflow.errors import ProviderError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
-from steerflow.executor._graph import Edge, Graph, Operation
+from steerflow.executor._graph import Edge, Graph, NodeStatus, Operation
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import ReactivePolicy, SpawnSpec
 from steerflow.providers import Message, Provider, ProviderRequest
@@ -164,14 +164,14 @@ class FlowExecutor:
                 op.extra["steers"] = [m.get("control_id") for m in steers]
             op.status = "running"
             self._emit("node_started", op)
-            await self._invoke(op)
+            outcome = await self._invoke(op)
         finally:
             self.running -= 1
             self._limiter.release()
-        if op.status == "completed":
+        if outcome == "completed":
             self._spawn_children(op)
-        if op.terminal:
-            self._emit("node_completed" if op.status == "completed" else "node_failed", op)
+        if outcome != "pending":
+            self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
 
     def _edge_verdict(self, op: Operation) -> str:
@@ -203,9 +203,12 @@ class FlowExecutor:
             return True
 
     def _withhold(self, op: Operation) -> None:
-        self._emit("node_withheld", op, data={"reason": self.admission_reason or "admission closed"})
+        self._emit(
+            "node_withheld", op, data={"reason": self.admission_reason or "admission closed"}
+        )
 
-    async def _invoke(self, op: Operation) -> None:
+    async def _invoke(self, op: Operation) -> NodeStatus:
+        """Call the provider; returns the node's new status (completed, failed, or pending)."""
         history = self._history(op)
         request = ProviderRequest(
             run_id=self._run_id,
@@ -233,14 +236,14 @@ class FlowExecutor:
             if call_cancelled_by_us(op, self):
                 op.status = "pending"
                 self._withhold(op)
-                return
+                return op.status
             raise
         except ProviderError as exc:
             op.status, op.error = "failed", str(exc)
-            return
+            return op.status
         except Exception as exc:  # a provider bug fails its node, never the whole flow
             op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
-            return
+            return op.status
         op.response = response.text
         op.usage = response.usage
         op.artifacts = response.artifacts
@@ -251,6 +254,7 @@ class FlowExecutor:
         ]
         op.extra["spawn_requests"] = response.spawns
         op.status = "completed"
+        return op.status
 
     def _history(self, op: Operation) -> list[Message]:
         if op.branch:  # a spawned node starts from its emitter's cloned branch

@@ -105,7 +105,3 @@ class SharedContext:
                 message["rendered_into_op"] = op_key
                 taken.append(message)
         return taken
-
-    def for_operation(self) -> dict[str, Any]:
-        """A per-operation copy without raw operator messages (they reach the model only as steer)."""
-        return {k: v for k, v in self.content.items() if k != "operator_messages"}

@@ -28,9 +28,7 @@ def plan_to_checkpoint(
             "instruction": entry.instruction,
         }
         if any(d.when != "completed" or d.if_contains is not None for d in deps):
-            item["dep_conditions"] = [
-                {"when": d.when, "if_contains": d.if_contains} for d in deps
-            ]
+            item["dep_conditions"] = [{"when": d.when, "if_contains": d.if_contains} for d in deps]
         if entry.inherit_context:
             item["inherit_context"] = True
         if node_ids and entry.agent_id in node_ids:
@@ -48,7 +46,9 @@ def plan_from_checkpoint(items: object, *, source: str) -> PlanFile:
         if not isinstance(item, dict):
             entries.append(item)
             continue
-        raw = {k: v for k, v in item.items() if k not in ("dep_indices", "dep_conditions", "node_id")}
+        raw = {
+            k: v for k, v in item.items() if k not in ("dep_indices", "dep_conditions", "node_id")
+        }
         indices = item.get("dep_indices") or []
         conditions = item.get("dep_conditions") or [{} for _ in indices]
         deps: list[Any] = []

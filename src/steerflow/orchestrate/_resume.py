@@ -99,8 +99,7 @@ def _spawned_entries(
         if parent is not None:
             parent_key = plan_ids.get(parent)
             parent_ok = (
-                parent_key is not None
-                and (ops.get(parent_key) or {}).get("status") in _TERMINAL
+                parent_key is not None and (ops.get(parent_key) or {}).get("status") in _TERMINAL
             ) or parent in node_ids
             if not parent_ok:
                 raise FlowResumeError(
@@ -179,7 +178,9 @@ def prepare_resume(
         raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
     raw_plan = state.get("plan")
     if not raw_plan:
-        raise FlowResumeError(f"checkpoint of run {run.run_id} has an empty plan: nothing to replay")
+        raise FlowResumeError(
+            f"checkpoint of run {run.run_id} has an empty plan: nothing to replay"
+        )
     try:
         plan = plan_from_checkpoint(raw_plan, source=f"checkpoint {str(checkpoint)!r}")
     except PlanValidationError as exc:
@@ -291,6 +292,10 @@ def _degraded(
             continue
         emitter = s.depends_on[0]
         replayed = emitter in completed or emitter in spawned_done
-        if replayed and emitter not in branches and (emitter in planned_keys or emitter in spawned_done):
+        if (
+            replayed
+            and emitter not in branches
+            and (emitter in planned_keys or emitter in spawned_done)
+        ):
             out.append(s.spawn_id)
     return out

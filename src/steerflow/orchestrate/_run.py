@@ -46,7 +46,7 @@ from steerflow.plan import (
     parse_reactive,
     truncate_plan,
 )
-from steerflow.providers import PlanRequest, Provider, ProviderCache
+from steerflow.providers import PlanRequest, ProviderCache
 from steerflow.state import Owner, StateDB
 
 __all__ = ["FlowRun", "node_summaries", "run_flow"]
@@ -177,7 +177,9 @@ class FlowRun:
         return {
             "model": opts.model or (plan.model if plan else None) or "echo",
             "reactive": parse_reactive(reactive),
-            "max_ops": opts.max_ops if opts.max_ops is not None else (plan.max_ops or 0 if plan else 0),
+            "max_ops": opts.max_ops
+            if opts.max_ops is not None
+            else (plan.max_ops or 0 if plan else 0),
             "concurrency": opts.concurrency or (plan.concurrency if plan else None) or 4,
             "save": opts.save,
             "roles": roles,
@@ -186,7 +188,7 @@ class FlowRun:
         }
 
     def _dry_result(self, plan: PlanFile, settings: dict[str, Any]) -> FlowResult:
-        plan, dropped = self._truncate(plan)
+        plan, _ = self._truncate(plan)
         graph = build_graph(plan)
         if self.options.resume is not None:
             self.options.resume.apply(graph)
@@ -209,7 +211,8 @@ class FlowRun:
         plan, dropped = truncate_plan(plan)
         if dropped:
             self.warnings.append(
-                f"plan had {MAX_PLAN_ENTRIES + dropped} entries; cut to the first {MAX_PLAN_ENTRIES}"
+                f"plan had {MAX_PLAN_ENTRIES + dropped} entries; "
+                f"cut to the first {MAX_PLAN_ENTRIES}"
             )
         return plan, dropped
 
@@ -219,7 +222,9 @@ class FlowRun:
         feedback: str | None = None
         for _ in range(2):
             raw = await provider.plan(
-                PlanRequest(prompt=prompt, schema=schema, max_entries=MAX_PLAN_ENTRIES, feedback=feedback)
+                PlanRequest(
+                    prompt=prompt, schema=schema, max_entries=MAX_PLAN_ENTRIES, feedback=feedback
+                )
             )
             try:
                 return parse_plan(raw, source=f"plan from {model}")
@@ -260,7 +265,9 @@ class FlowRun:
         if settings["playbook"]:
             await asyncio.to_thread(
                 lambda: db.create_play(
-                    session_id=session.id, invocation_id=invocation.id, playbook=settings["playbook"]
+                    session_id=session.id,
+                    invocation_id=invocation.id,
+                    playbook=settings["playbook"],
                 )
             )
         loop = asyncio.get_running_loop()
@@ -315,7 +322,9 @@ class FlowRun:
             finally:
                 self._planning = None
         if plan is None or interrupted_planning:
-            status = "timed_out" if self.deadline_hit and self.stop_signal is None else "interrupted"
+            status = (
+                "timed_out" if self.deadline_hit and self.stop_signal is None else "interrupted"
+            )
             await self._finish_session(db, session_id, status, {})
             return self._result(session_id, run_dir, Graph(), status, checkpoint_info)
         plan, _ = self._truncate(plan)
@@ -392,7 +401,9 @@ class FlowRun:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
         elif self.deadline_hit:
             executor.close_admission("deadline")
-        await asyncio.to_thread(db.set_session_phase, session_id, "paused" if self.gate.paused else "executing")
+        await asyncio.to_thread(
+            db.set_session_phase, session_id, "paused" if self.gate.paused else "executing"
+        )
         poller.executing = True
         await executor.run()
         try:
@@ -425,7 +436,10 @@ class FlowRun:
                 await asyncio.to_thread(_save_branch, run_dir, op)
             if op.kind == "planned":
                 await writer.record(
-                    op.key, status=op.status, response=_stored_response(op), flow_context=self.context.content
+                    op.key,
+                    status=op.status,
+                    response=_stored_response(op),
+                    flow_context=self.context.content,
                 )
             else:
                 await writer.record_spawned(
@@ -472,7 +486,12 @@ class FlowRun:
         await asyncio.to_thread(finish)
 
     def _result(
-        self, session_id: str, run_dir: RunDir, graph: Graph, status: str, checkpoint: dict[str, Any]
+        self,
+        session_id: str,
+        run_dir: RunDir,
+        graph: Graph,
+        status: str,
+        checkpoint: dict[str, Any],
     ) -> FlowResult:
         exit_code = {
             "completed": ExitCode.OK,
@@ -480,7 +499,11 @@ class FlowRun:
             "timed_out": ExitCode.DEADLINE,
         }.get(status)
         if exit_code is None:
-            exit_code = _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED) if self.stop_signal else ExitCode.FAILED
+            exit_code = (
+                _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
+                if self.stop_signal
+                else ExitCode.FAILED
+            )
         seed = self.options.resume
         executor = self.executor
         return FlowResult(
@@ -494,7 +517,12 @@ class FlowRun:
             run_dir=str(run_dir.path),
             warnings=self.warnings,
             spawn_rejections=[
-                {"emitter": r.emitter, "agent_id": r.agent_id, "reason": r.reason, "detail": r.detail}
+                {
+                    "emitter": r.emitter,
+                    "agent_id": r.agent_id,
+                    "reason": r.reason,
+                    "detail": r.detail,
+                }
                 for r in (executor.spawn_rejections if executor else [])
             ],
             resumed_from=seed.resumed_from if seed else None,
@@ -536,6 +564,8 @@ def _write_private(path: Path, text: str) -> None:
         handle.write(text)
 
 
-async def run_flow(options: FlowOptions, *, home: Path, events: EventBus | None = None) -> FlowResult:
+async def run_flow(
+    options: FlowOptions, *, home: Path, events: EventBus | None = None
+) -> FlowResult:
     """Run one flow with the given options (library entry point)."""
     return await FlowRun(options, home=home, events=events).run()

@@ -207,10 +207,12 @@ def _usage(raw: object) -> Usage | None:
     cost = extra.get("cost")
     if cost is None:
         cost = extra.get("cost_usd")
+    if isinstance(cost, bool) or not isinstance(cost, int | float):
+        cost = None
     return Usage(
         input_tokens=_int_or_none(getattr(raw, "prompt_tokens", None)),
         output_tokens=_int_or_none(getattr(raw, "completion_tokens", None)),
-        cost_usd=None if isinstance(cost, bool) or not isinstance(cost, int | float) else float(cost),
+        cost_usd=None if cost is None else float(cost),
     )
 
 

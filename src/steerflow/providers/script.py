@@ -94,7 +94,9 @@ class ScriptProvider(Provider):
             raise ProviderError(node.fail_once)
         written = []
         if node.artifacts:
-            written = await asyncio.to_thread(_write_artifacts, request.artifact_dir, node.artifacts)
+            written = await asyncio.to_thread(
+                _write_artifacts, request.artifact_dir, node.artifacts
+            )
         text = echo_text(request) if node.response is None else node.response
         if not isinstance(text, str):
             text = json.dumps(text, sort_keys=True)
