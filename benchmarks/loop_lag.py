@@ -29,8 +29,8 @@ from steerflow.checkpoint import CheckpointWriter
 
 COMPLETIONS = 100
 SIZE = 65_536
-CADENCE = 0.002  # seconds between sampler wake-ups
-REPETITIONS = 5
+CADENCE = 0.001  # seconds between sampler wake-ups
+REPETITIONS = 10
 
 
 def text(kind: str, i: int) -> str:

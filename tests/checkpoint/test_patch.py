@@ -149,7 +149,8 @@ def test_add_object_member_and_nested_array_append() -> None:
 
 
 def test_add_never_replaces_existing_member() -> None:
-    for value in (None, 1, {}):
+    values: tuple[object, ...] = (None, 1, {})
+    for value in values:
         with pytest.raises(PatchError, match="add would replace existing member 'a'"):
             _apply({"a": value}, [{"op": "add", "path": "/a", "value": 2}])
 
@@ -212,7 +213,7 @@ def test_numeric_tokens_are_keys_in_objects() -> None:
 
 def test_keys_with_slash_tilde_and_empty() -> None:
     doc: dict[str, Any] = {"": {"": 1}, "a/b": 2, "m~n": 3, "~1": 4}
-    patch = [
+    patch: list[dict[str, Any]] = [
         {"op": "replace", "path": "//", "value": 10},
         {"op": "replace", "path": "/a~1b", "value": 20},
         {"op": "remove", "path": "/m~0n"},
@@ -223,7 +224,7 @@ def test_keys_with_slash_tilde_and_empty() -> None:
 
 
 def test_intermediate_paths_must_exist_with_the_right_type() -> None:
-    doc = {"s": "str", "n": None, "o": {}, "l": []}
+    doc: dict[str, Any] = {"s": "str", "n": None, "o": {}, "l": []}
     for path in ("/missing/x", "/s/x", "/n/x", "/o/missing/x", "/l/0/x"):
         with pytest.raises(PatchError):
             _apply(doc, [{"op": "add", "path": path, "value": 1}])
@@ -239,7 +240,8 @@ def test_root_rules() -> None:
     doc = {"a": 1}
     assert _apply(doc, [{"op": "replace", "path": "", "value": {}}]) == {}
     assert _apply(doc, [{"op": "replace", "path": "", "value": {"b": [1]}}]) == {"b": [1]}
-    for value in ([], "x", None, 1):
+    values: tuple[object, ...] = ([], "x", None, 1)
+    for value in values:
         with pytest.raises(PatchError, match="only be replaced by an object"):
             _apply(doc, [{"op": "replace", "path": "", "value": value}])
     with pytest.raises(PatchError, match="root add is not allowed"):
@@ -250,7 +252,7 @@ def test_root_rules() -> None:
 
 def test_sequential_ops_see_earlier_ones() -> None:
     doc: dict[str, Any] = {"l": [1, 2, 3]}
-    patch = [
+    patch: list[dict[str, Any]] = [
         {"op": "add", "path": "/o", "value": {}},
         {"op": "add", "path": "/o/k", "value": [1]},
         {"op": "add", "path": "/o/k/-", "value": 2},
@@ -263,7 +265,7 @@ def test_sequential_ops_see_earlier_ones() -> None:
 
 
 def test_replace_root_then_continue() -> None:
-    patch = [
+    patch: list[dict[str, Any]] = [
         {"op": "replace", "path": "", "value": {"a": []}},
         {"op": "add", "path": "/a/-", "value": 1},
     ]
@@ -273,7 +275,7 @@ def test_replace_root_then_continue() -> None:
 def test_malformed_late_operation_applies_nothing() -> None:
     doc = {"a": {"b": [1]}, "c": 1}
     snapshot = json.dumps(doc)
-    patch = [
+    patch: list[dict[str, Any]] = [
         {"op": "add", "path": "/a/b/-", "value": 2},
         {"op": "remove", "path": "/c"},
         {"op": "add", "path": "/a/b/9", "value": 3},

@@ -102,7 +102,7 @@ async def test_extra_fields_and_empty_context_and_no_max_spawn(tmp_path: Path) -
 
 async def test_normalizes_non_json_and_refuses_non_finite(tmp_path: Path) -> None:
     w = make_writer(tmp_path)
-    await w.record("research", status="completed", response=("a", Path("/x")), flow_context={1: 2})
+    await w.record("research", status="completed", response=("a", Path("/x")), flow_context={1: 2})  # type: ignore[dict-item]
     assert load_checkpoint(tmp_path)[0]["ops"]["research"]["response"] == ["a", "/x"]
     assert load_checkpoint(tmp_path)[0]["flow_context"] == {"1": 2}
     with pytest.raises(PersistenceError, match="non-finite"):

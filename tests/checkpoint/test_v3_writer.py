@@ -298,3 +298,61 @@ async def test_single_add_line_bound(tmp_path: Path) -> None:
     e = len(json.dumps(entry, separators=(",", ":")))
     u, p = len(json.dumps("new-item")), len(json.dumps("/nested/entries/-"))
     assert len(line_bytes) <= e + u + p + 256
+
+
+async def test_substituted_temporary_source_is_detected(tmp_path: Path) -> None:
+    """Replace our named temporary in staging just before the exchange publishes it."""
+    staging = tmp_path / ".checkpoint.json.staging"
+    swapped: list[str] = []
+
+    def hook(step: str, when: str) -> None:
+        if (step, when) == ("base-exchange", "before") and not swapped:
+            (temp,) = [p for p in staging.iterdir() if p.name.endswith(".tmp")]
+            os.rename(temp, tmp_path / "ours-moved")
+            temp.write_text("impostor")
+            swapped.append(temp.name)
+
+    w = make_writer(tmp_path, version=3, max_records=3)
+    await w.flush()
+    _faults.set_fault_hook(hook)
+    for i in range(3):
+        await w.record(f"op-{i}", status="completed", response="r")
+    with pytest.raises(PersistenceError, match="does not hold the file"):
+        await w.record("op-3", status="completed", response="SECRET")  # 4th: compaction
+    _faults.disarm()
+    assert swapped
+    assert "impostor" in (tmp_path / "checkpoint.json").read_text()  # published, but detected
+    assert b"SECRET" not in (tmp_path / "checkpoint.json.journal").read_bytes()
+    with pytest.raises(PersistenceError, match="stopped"):
+        await w.record("op-4", status="completed", response="r")
+    await w.close()
+
+
+async def test_substituted_base_blocks_acknowledgement(tmp_path: Path) -> None:
+    w = make_writer(tmp_path, version=3)
+    await w.record("a", status="completed", response=1)
+    (tmp_path / "sentinel").write_text("keep me")
+    os.replace(tmp_path / "sentinel", tmp_path / "checkpoint.json")
+    with pytest.raises(PersistenceError, match="no longer names the base"):
+        await w.record("b", status="completed", response="SECRET")
+    assert b"SECRET" not in (tmp_path / "checkpoint.json.journal").read_bytes()
+    assert (tmp_path / "checkpoint.json").read_text() == "keep me"
+    await w.close()
+
+
+async def test_nested_mutation_during_persistence(tmp_path: Path) -> None:
+    w = make_writer(tmp_path, version=3, max_records=2)
+    ctx: dict[str, Any] = {"a": {"b": [1]}}
+    first = asyncio.ensure_future(w.record("x", status="completed", response=1, flow_context=ctx))
+    await asyncio.sleep(0)
+    ctx["a"]["b"].append(2)  # after admission: belongs to the next record only
+    ctx["a"]["c"] = {"d": None}
+    await first
+    assert load_checkpoint(tmp_path)[0]["flow_context"] == {"a": {"b": [1]}}
+    await w.record("y", status="completed", response=2, flow_context=ctx)
+    del ctx["a"]["c"]
+    ctx["a"]["b"][0] = 1.0  # a scalar type change is a change
+    await w.record("z", status="completed", response=3, flow_context=ctx)
+    await w.close()
+    state, _ = load_checkpoint(tmp_path)
+    assert json.dumps(state["flow_context"]) == json.dumps({"a": {"b": [1.0, 2]}})

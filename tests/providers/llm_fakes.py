@@ -110,6 +110,7 @@ class FakeLLMServer:
         self.requests: list[Recorded] = []
         self._queue: deque[Reply] = deque()
         self._forever: Reply | None = None
+        self._routes: list[tuple[str, Reply]] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -151,6 +152,11 @@ class FakeLLMServer:
         with self._cond:
             self._forever = reply
 
+    def route(self, needle: str, reply: Reply) -> None:
+        """Answer every request whose body contains ``needle`` with ``reply`` (first match)."""
+        with self._cond:
+            self._routes.append((needle, reply))
+
     def bodies(self) -> list[Any]:
         """The JSON bodies received so far."""
         with self._cond:
@@ -165,6 +171,10 @@ class FakeLLMServer:
         with self._cond:
             self.requests.append(recorded)
             self._cond.notify_all()
+            text = json.dumps(recorded.body)
+            for needle, reply in self._routes:
+                if needle in text:
+                    return reply
             if self._queue:
                 return self._queue.popleft()
             return self._forever or Reply()

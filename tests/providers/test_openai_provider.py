@@ -162,6 +162,28 @@ async def test_slow_reply_times_out_and_is_retried(
     assert time.monotonic() - started < 10
 
 
+async def test_reply_without_choices_is_a_provider_error(
+    provider: OpenAIProvider,
+    openai_server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+) -> None:
+    openai_server.push(Reply(body={"id": "x", "object": "chat.completion"}))
+    with pytest.raises(ProviderError, match="no choices"):
+        await provider.invoke(make_request())
+
+
+async def test_reply_that_is_not_json_is_a_provider_error(
+    provider: OpenAIProvider,
+    openai_server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+) -> None:
+    openai_server.forever(Reply(body="<html>proxy error</html>"))
+    with pytest.raises(ProviderError, match="not JSON") as caught:
+        await provider.invoke(make_request())
+    assert caught.value.retryable is False
+    assert len(openai_server.requests) == 1
+
+
 async def test_connection_refused_is_transient(
     make_request: Callable[..., ProviderRequest], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._digest import JSON
+from ._digest import JSON, result_digest
 
 __all__ = [
     "Item",
@@ -24,6 +24,7 @@ __all__ = [
     "dumps_compact",
     "encode_chunks",
     "group_lines",
+    "seal",
 ]
 
 Kind = Literal["op", "spawn"]
@@ -35,26 +36,43 @@ def dumps_compact(value: JSON) -> bytes:
     return text.encode("ascii")
 
 
-_ENCODER = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
+def _pieces(value: JSON, depth: int) -> Iterator[bytes]:
+    if depth and isinstance(value, dict) and value:
+        sep = b"{"
+        for key, item in value.items():
+            yield sep + dumps_compact(key) + b":"
+            yield from _pieces(item, depth - 1)
+            sep = b","
+        yield b"}"
+    elif depth and isinstance(value, (list, tuple)) and value:
+        sep = b"["
+        for item in value:
+            yield sep
+            yield from _pieces(item, depth - 1)
+            sep = b","
+        yield b"]"
+    else:
+        yield dumps_compact(value)
 
 
-def encode_chunks(value: JSON, chunk: int = 1 << 20) -> Iterator[bytes]:
+def encode_chunks(value: JSON, chunk: int = 1 << 20, depth: int = 4) -> Iterator[bytes]:
     """The same bytes as :func:`dumps_compact`, produced in pieces of about ``chunk``.
 
-    ``JSONEncoder.iterencode`` walks containers in Python and encodes each string in C,
-    so a worker thread encoding a large snapshot gives the event loop the GIL at every
-    switch interval instead of holding it for one long ``json.dumps`` call.
+    The outer ``depth`` levels of containers are walked in Python and everything below
+    is encoded by one ``json.dumps`` call per subtree, so a worker thread encoding a
+    large snapshot never holds the GIL for one long call and the event loop keeps
+    running.
     """
-    parts: list[str] = []
+    group: list[bytes] = []
     size = 0
-    for piece in _ENCODER.iterencode(value):
-        parts.append(piece)
+    for piece in _pieces(value, depth):
+        group.append(piece)
         size += len(piece)
         if size >= chunk:
-            yield "".join(parts).encode("ascii")
-            parts, size = [], 0
-    if parts:
-        yield "".join(parts).encode("ascii")
+            yield b"".join(group)
+            group, size = [], 0
+    if group:
+        yield b"".join(group)
 
 
 def group_lines(lines: list[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -84,6 +102,13 @@ class Item:
     entry: dict[str, JSON]
     patch: list[dict[str, JSON]] | None
     context: Any
+
+
+def seal(batch: list[Ticket]) -> None:
+    """Add ``result_digest`` to each entry (on the worker: hashing can release the GIL)."""
+    for ticket in batch:
+        if ticket.item is not None and "result_digest" not in ticket.item.entry:
+            ticket.item.entry["result_digest"] = result_digest(ticket.item.entry["response"])
 
 
 @dataclass

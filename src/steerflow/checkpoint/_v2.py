@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from steerflow.errors import PersistenceError
 
 from . import _io
-from ._state import State, Ticket, encode_chunks
+from ._state import State, Ticket, encode_chunks, seal
 
 __all__ = ["V2Backend"]
 
@@ -39,6 +39,7 @@ class V2Backend:
 
     def persist(self, batch: list[Ticket]) -> None:
         """Fold the batch and publish one snapshot covering all of it."""
+        seal(batch)
         for ticket in batch:
             if ticket.item is not None:
                 self.state.apply(ticket.item)

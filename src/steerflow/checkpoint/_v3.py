@@ -42,11 +42,12 @@ import uuid
 from collections.abc import Iterable, Iterator
 
 from steerflow import _faults
-from steerflow.errors import PersistenceError
+from steerflow.errors import CheckpointRecoveryError, PersistenceError
 
-from . import _io
+from . import _capture, _io
+from ._load import load_checkpoint
 from ._load_v3 import MAX_SEQ
-from ._state import Item, State, Ticket, dumps_compact, encode_chunks, group_lines
+from ._state import Item, State, Ticket, dumps_compact, encode_chunks, group_lines, seal
 
 __all__ = ["V3Backend"]
 
@@ -70,6 +71,7 @@ class V3Backend:
         self.seq = 0  # last sequence number assigned in this generation
         self.jbytes = 0  # bytes in the current journal (written or buffered)
         self.broken: str | None = None
+        self.resync = False  # next record restates the whole context (after reconcile)
         self._pfd: int | None = None
         self._sfd: int | None = None
         self._base: _Pin | None = None
@@ -80,13 +82,14 @@ class V3Backend:
 
     def persist(self, batch: list[Ticket]) -> None:
         """Append (or compact) every item of ``batch`` in order and acknowledge it."""
+        seal(batch)
         if self.broken is not None:
             self._fail_all(batch, PersistenceError(self._stopped_message()))
             return
         pending: list[Ticket] = []
         buf: list[bytes] = []
         try:
-            if self._journal is None:
+            if self._journal is None or self._base is None:
                 self._initialize()
             for ticket in batch:
                 item = ticket.item
@@ -98,6 +101,7 @@ class V3Backend:
                     self._commit(buf, pending)
                     self.state.apply(item)
                     self._compact()  # the oversize transition lands in the new base
+                    self.resync = False
                     ticket.done = True
                     continue
                 if (
@@ -109,15 +113,51 @@ class V3Backend:
                     self._compact()
                     line = self._encode(item, 1)
                 buf.append(line)
+                self.resync = False
                 self.seq += 1
                 self.jbytes += len(line)
                 self.state.apply(item)
                 pending.append(ticket)
             self._commit(buf, pending)
-        except (OSError, PersistenceError) as exc:
+        except Exception as exc:  # anything after the first byte is an uncertain outcome
             self.broken = f"{type(exc).__name__}: {exc}"
             error = exc if isinstance(exc, PersistenceError) else None
             self._fail_all(batch, error or PersistenceError(f"checkpoint write failed: {exc}"))
+
+    def reconcile(self) -> None:
+        """Adopt what is durably on disk and continue in a fresh generation.
+
+        The durable prefix is reloaded through the journal-aware loader (a complete
+        line that was never acknowledged is kept), published as a new base with an
+        empty journal, and the next record restates the whole context, because the
+        admitted baseline may include transitions that never reached the disk.
+        """
+        if self.broken is None:
+            return
+        if self._base is None or self._journal is None:
+            self.broken = None  # initialization never finished: the next write redoes it
+            return
+        try:
+            state, _report = load_checkpoint(os.path.join(self.dirname, self.name))
+        except CheckpointRecoveryError as exc:
+            raise PersistenceError(f"reconciliation could not load the checkpoint: {exc}") from exc
+        try:
+            self.state.ops = dict(state["ops"])
+            self.state.spawned = list(state["spawned"])
+            self.state.spawn_index = {e["node_id"]: i for i, e in enumerate(self.state.spawned)}
+            self.state.context = _capture.freeze(state["flow_context"])
+            self._compact()
+        except (OSError, ValueError) as exc:
+            raise PersistenceError(f"reconciliation failed: {exc}") from exc
+        self.resync = True
+        self.broken = None
+
+    def _release_dirs(self) -> None:
+        for fd in (self._sfd, self._pfd):
+            if fd is not None:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+        self._sfd = self._pfd = None
 
     def close(self) -> None:
         """Close every descriptor and drop the writer lock (errors propagate)."""
@@ -129,11 +169,7 @@ class V3Backend:
                 except OSError as exc:
                     errors.append(exc)
         self._journal = self._base = None
-        for fd in (self._sfd, self._pfd):
-            if fd is not None:
-                with contextlib.suppress(OSError):
-                    os.close(fd)
-        self._sfd = self._pfd = None
+        self._release_dirs()
         if errors:
             raise PersistenceError(f"closing the checkpoint files failed: {errors[0]}")
 
@@ -156,7 +192,12 @@ class V3Backend:
             "kind": item.kind,
             "entry": item.entry,
         }
-        if item.patch:
+        if self.resync:
+            # Disk and the admitted baseline may differ after reconciliation: restate it.
+            record["flow_context"] = {
+                "patch": [{"op": "replace", "path": "", "value": item.context}]
+            }
+        elif item.patch:
             record["flow_context"] = {"patch": item.patch}
         return dumps_compact(record) + b"\n"
 
@@ -189,25 +230,43 @@ class V3Backend:
             raise PersistenceError(f"{self.name!r} no longer names the base this writer owns")
 
     def _open_dirs(self) -> None:
-        os.makedirs(self.dirname, mode=0o700, exist_ok=True)
-        self._pfd = _io.open_dir(self.dirname)
-        mode = os.fstat(self._pfd).st_mode
-        if mode & 0o022 and not mode & stat.S_ISVTX:
-            raise PersistenceError(f"{self.dirname!r} is writable by others and not sticky")
-        self._sfd = _io.open_staging(self._pfd, self.staging)
-        try:
-            _io.lock_exclusive(self._sfd)
-        except BlockingIOError:
-            raise PersistenceError(
-                f"another writer owns the checkpoint in {self.dirname!r}"
-            ) from None
+        """Open the run directory and the locked staging directory (idempotent)."""
+        if self._pfd is None:
+            os.makedirs(self.dirname, mode=0o700, exist_ok=True)
+            pfd = _io.open_dir(self.dirname)
+            mode = os.fstat(pfd).st_mode
+            if mode & 0o022 and not mode & stat.S_ISVTX:
+                os.close(pfd)
+                raise PersistenceError(f"{self.dirname!r} is writable by others and not sticky")
+            self._pfd = pfd
+        if self._sfd is None:
+            sfd = _io.open_staging(self._pfd, self.staging)
+            try:
+                _io.lock_exclusive(sfd)
+            except BaseException as exc:
+                os.close(sfd)
+                if isinstance(exc, BlockingIOError):
+                    raise PersistenceError(
+                        f"another writer owns the checkpoint in {self.dirname!r}"
+                    ) from None
+                raise
+            self._sfd = sfd
 
     def _initialize(self) -> None:
-        """Publish an empty journal, then the first base (a base never lacks its journal)."""
+        """Publish an empty journal, then the first base (a base never lacks its journal).
+
+        Safe to repeat after a failed attempt: objects this writer already published
+        are pinned and passed as the expected previous occupants.
+        """
         self._open_dirs()
         self.generation = uuid.uuid4().hex
-        self._journal = self._publish(self.jname, b"", "journal", previous=None)
-        self._base = self._publish(self.name, self._base_bytes(), "base", previous=None)
+        old_journal, old_base = self._journal, self._base
+        self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
+        if old_journal is not None:
+            _io.close(old_journal[0], "pin")
+        self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        if old_base is not None:
+            _io.close(old_base[0], "pin")
         self.seq = self.jbytes = 0
 
     def _base_bytes(self) -> Iterator[bytes]:
@@ -227,7 +286,7 @@ class V3Backend:
                 _io.close(pin[0], "pin")
 
     def _publish(
-        self, name: str, data: Iterable[bytes], obj: str, *, previous: _Pin | None
+        self, name: str, data: bytes | Iterable[bytes], obj: str, *, previous: _Pin | None
     ) -> _Pin:
         """Create, fill, fsync and install one object under ``name``; return its pin."""
         assert self._pfd is not None and self._sfd is not None

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -35,7 +35,7 @@ from steerflow import _faults
 from steerflow.errors import PersistenceError
 
 from . import _capture
-from ._digest import JSON, normalize, result_digest
+from ._digest import JSON, normalize
 from ._state import Item, Kind, State, Ticket
 from ._v2 import V2Backend
 from ._v3 import V3Backend
@@ -80,10 +80,10 @@ class CheckpointWriter:
         *,
         session_id: str,
         prompt: str,
-        plan: list[Any],
-        config: Mapping[str, Any],
+        plan: Sequence[object],
+        config: Mapping[str, object],
         max_spawn: int | None = None,
-        flow_context: Mapping[str, Any] | None = None,
+        flow_context: Mapping[str, object] | None = None,
         version: int = 2,
         max_records: int = 128,
         max_bytes: int = 8_388_608,
@@ -138,7 +138,7 @@ class CheckpointWriter:
         *,
         status: str,
         response: object,
-        flow_context: Mapping[str, Any] | None = None,
+        flow_context: Mapping[str, object] | None = None,
     ) -> None:
         """Record a planned node's outcome; returns once it is acknowledged."""
         if status not in _PLANNED_STATUSES:
@@ -153,7 +153,7 @@ class CheckpointWriter:
         *,
         status: str,
         response: object,
-        flow_context: Mapping[str, Any] | None = None,
+        flow_context: Mapping[str, object] | None = None,
         operation: str | None = None,
         assignee: str | None = None,
         instruction: str | None = None,
@@ -189,6 +189,23 @@ class CheckpointWriter:
         ticket = self._admit("spawn", node_id, raw, flow_context)
         await self._settle(ticket, "spawn", node_id)
 
+    async def reconcile(self) -> None:
+        """Resume writing after a failure (version 3): adopt the durable prefix on disk.
+
+        Reloads what is durably recorded, publishes it as a new generation and clears
+        the stop.  ``persisted`` and ``error`` keep describing the earlier failure.
+        Version 2 never stops, so this is a no-op there.
+
+        Raises:
+            PersistenceError: the checkpoint could not be reloaded or republished.
+        """
+        self._check_open()
+        reconcile = getattr(self._backend, "reconcile", None)
+        if reconcile is None:
+            return
+        async with self._lock:
+            await self._run(reconcile)
+
     async def close(self) -> None:
         """Persist anything still queued, then release files and the writer lock."""
         if self._closed:
@@ -210,15 +227,18 @@ class CheckpointWriter:
             raise PersistenceError(f"checkpoint writer for {os.fspath(self.path)!r} is closed")
 
     def _admit(
-        self, kind: Kind, key: str, raw: dict[str, object], flow_context: Mapping[str, Any] | None
+        self,
+        kind: Kind,
+        key: str,
+        raw: dict[str, object],
+        flow_context: Mapping[str, object] | None,
     ) -> Ticket:
         """Synchronous admission: no await between reading live values and queuing."""
         self._check_open()
         if flow_context is not None and not isinstance(flow_context, Mapping):
             raise TypeError(f"flow_context must be a mapping or None, got {type(flow_context)}")
         try:
-            entry = normalize(raw)
-            entry["result_digest"] = result_digest(entry["response"])
+            entry = normalize(raw)  # a private copy; its digest is added off the loop
             context, ops = _capture.capture(self._ctx, flow_context)
             patch = ops if ops and self.version == 3 else None
         except ValueError as exc:
@@ -248,6 +268,9 @@ class CheckpointWriter:
                     for other in batch:
                         if other.error is not None:
                             self._fail(str(other.error))
+                    stopped = getattr(self._backend, "broken", None)
+                    if stopped is not None:  # even when every ticket had been acknowledged
+                        self._fail(f"checkpoint writer stopped: {stopped}")
         if ticket.error is not None:
             raise ticket.error
         _faults.seam("ack", "before")

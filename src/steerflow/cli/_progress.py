@@ -47,6 +47,8 @@ class Progress:
                 f"[bold]plan ready[/bold]: {event.data.get('nodes')} nodes, "
                 f"spawn budget {event.data.get('max_spawn')}"
             )
+            if event.data.get("graph"):
+                self.console.print(escape(str(event.data["graph"])))
             return
         label, colour = _STYLE.get(event.type, ("", ""))
         if not label:

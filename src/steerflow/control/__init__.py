@@ -1,10 +1,19 @@
-"""Live control over ``session_controls``: writers, the poller and its target (D1–D3)."""
+"""Live control over ``session_controls``: writers, the poller and its target (D1-D3)."""
 
 from __future__ import annotations
 
-from steerflow.control._poller import DEFAULT_POLL_S, POLL_ENV, ControlPoller, SteeringTarget
+from steerflow.control._poller import (
+    CONTROL_LOG_MAX,
+    DEFAULT_POLL_S,
+    POLL_ENV,
+    ControlPoller,
+    PollerState,
+    SteeringTarget,
+    poll_interval,
+)
 from steerflow.control._queue import (
     ALLOWED_KINDS,
+    DB_BUSY_TIMEOUT_S,
     Queued,
     enqueue_control,
     open_existing_db,
@@ -13,12 +22,16 @@ from steerflow.control._queue import (
 
 __all__ = [
     "ALLOWED_KINDS",
+    "CONTROL_LOG_MAX",
+    "DB_BUSY_TIMEOUT_S",
     "DEFAULT_POLL_S",
     "POLL_ENV",
     "ControlPoller",
+    "PollerState",
     "Queued",
     "SteeringTarget",
     "enqueue_control",
     "open_existing_db",
+    "poll_interval",
     "resolve_control",
 ]

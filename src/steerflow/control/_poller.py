@@ -1,8 +1,28 @@
 """The control poller inside the flow process: the single consumer of its session's rows.
 
-It checks ``PRAGMA data_version`` every tick (microseconds, no table read) and runs
-the indexed pending-rows query only when another connection committed something,
-so a short interval gives low latency without measurable idle CPU.
+Every tick it reads ``PRAGMA data_version`` (microseconds, no table read) and runs
+the indexed pending-rows query only when another connection committed something
+(or at least every :data:`_FORCED_LIST_S`), so a short interval gives low latency
+without measurable idle CPU.
+
+Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
+
+* Pending rows are applied oldest first by ``(created_at, id)``.
+* A listing that fails is retried on the next tick; the run goes on.
+* An effect whose terminal stamp fails (first try plus two retries) stops the
+  tick, and the next tick retries that stamp before anything else, so no later
+  control overtakes it.
+* ``pause``/``resume`` are idempotent and applied without a claim.
+* ``message`` is at most once: claim ``applying:<claimant>``, check that an
+  operation is still pending, append, stamp ``applied``. A row already claimed is
+  never touched again, not even by a later poller of the same session.
+* Any other verb (``stop`` included) is ``rejected:unsupported-verb:<verb>``; an
+  exception while applying is ``rejected:error:<message cut to 500>``.
+* The poller state (``pending`` -> ``active`` -> ``stopped``) and a compact log of
+  the controls it stamped live in the session's ``node_metadata``; the session
+  ``phase`` is ``paused`` while the gate is closed.
+* When the run ends, one last pass stamps the rows that arrived too late to have
+  any effect, so no row the run accepted stays pending for ever.
 """
 
 from __future__ import annotations
@@ -10,174 +30,407 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import logging
 import os
 import socket
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from steerflow import _faults
 from steerflow.errors import SteerflowError
 from steerflow.state import ControlRow, StateDB
 
-__all__ = ["DEFAULT_POLL_S", "POLL_ENV", "ControlPoller", "SteeringTarget"]
+__all__ = [
+    "CONTROL_LOG_MAX",
+    "DEFAULT_POLL_S",
+    "POLL_ENV",
+    "ControlPoller",
+    "PollerState",
+    "SteeringTarget",
+    "poll_interval",
+]
+
+_log = logging.getLogger(__name__)
 
 POLL_ENV = "STEERFLOW_CONTROL_POLL_S"
 DEFAULT_POLL_S = 0.05
-# Re-list pending rows at least this often even when data_version says nothing changed,
-# so a row whose stamping failed is retried on a later tick.
+_MIN_POLL_S = 0.001
+# Re-list pending rows at least this often even when data_version says nothing changed.
 _FORCED_LIST_S = 2.0
 _STAMP_ATTEMPTS = 3  # the first try and two retries (D2)
-_CONTROL_LOG_MAX = 50
+_ERROR_MAX = 500  # characters of an exception message kept in ``rejected:error:<message>``
+CONTROL_LOG_MAX = 50
+"""How many of the most recent stamped controls ``node_metadata["control_log"]`` keeps."""
+
+PollerState = Literal["pending", "active", "stopped"]
+Phase = Literal["planning", "executing", "paused"]
 
 
 class SteeringTarget(abc.ABC):
-    """What the poller may do to the live flow."""
+    """What the poller may do to the live flow.
+
+    Every method is called on the event loop, synchronously, so a check and the
+    effect that follows it (``has_pending_operation`` then ``add_operator_message``)
+    cannot be separated by an operation starting.
+    """
 
     @abc.abstractmethod
     def pause(self) -> None:
-        """Close the pause gate."""
+        """Close the pause gate (idempotent)."""
 
     @abc.abstractmethod
     def resume(self) -> None:
-        """Open the pause gate."""
+        """Open the pause gate (idempotent)."""
 
     @abc.abstractmethod
     def has_pending_operation(self) -> bool:
-        """True if an operation has not started yet."""
+        """True if an operation has not started yet (or the plan is still being made)."""
 
     @abc.abstractmethod
     def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
         """Append one message to the shared context's operator messages."""
 
-    def is_paused(self) -> bool:
-        """True while the gate is closed (used for the phase column)."""
-        return False
+    def is_paused(self) -> bool | None:
+        """Whether the gate is closed, or ``None`` when the target cannot tell.
+
+        With ``None`` the poller derives the phase from the pause and resume
+        controls it applied itself.
+        """
+        return None
 
 
 def poll_interval() -> float:
-    """The poll interval from ``STEERFLOW_CONTROL_POLL_S`` (default 0.05 s)."""
-    raw = os.environ.get(POLL_ENV)
+    """The poll interval from ``STEERFLOW_CONTROL_POLL_S`` (default 0.05 s).
+
+    A value that is not a positive number falls back to the default.
+    """
+    raw = os.environ.get(POLL_ENV, "").strip()
     if not raw:
         return DEFAULT_POLL_S
     try:
         value = float(raw)
     except ValueError:
         return DEFAULT_POLL_S
-    return value if value > 0 else DEFAULT_POLL_S
+    if not value > 0 or value == float("inf"):
+        return DEFAULT_POLL_S
+    return max(value, _MIN_POLL_S)
+
+
+def _error_result(exc: BaseException) -> str:
+    message = str(exc) or type(exc).__name__
+    return f"rejected:error:{message[:_ERROR_MAX]}"
+
+
+@dataclass(frozen=True)
+class _Unstamped:
+    """An effect that happened (or a verdict that was reached) but is not stamped yet."""
+
+    row: ControlRow
+    result: str
 
 
 class ControlPoller:
-    """Applies pause, resume and message rows in (created_at, id) order."""
+    """Applies one session's pause, resume and message rows in ``(created_at, id)`` order.
 
-    def __init__(self, home: Path, session_id: str, target: SteeringTarget) -> None:
+    Args:
+        home: The steerflow home whose state DB holds the rows.
+        session_id: The only session whose rows this poller consumes.
+        target: The live flow.
+        interval: Seconds between ticks; default from :func:`poll_interval`.
+        db: Use this open database instead of opening one (tests); the poller
+            then leaves it open when it stops.
+
+    Attributes:
+        state: ``pending`` until the first tick, ``active`` while ticking,
+            ``stopped`` once :meth:`run` has returned (mirrored into
+            ``node_metadata["poller"]``).
+        executing: Set by the runner once the executor exists (the phase leaves
+            ``planning``).
+        claimant: What ``applying:<claimant>`` names: host, pid and executor.
+    """
+
+    def __init__(
+        self,
+        home: Path,
+        session_id: str,
+        target: SteeringTarget,
+        *,
+        interval: float | None = None,
+        db: StateDB | None = None,
+    ) -> None:
         self.home = home
         self.session_id = session_id
         self.target = target
-        self.interval = poll_interval()
+        self.interval = poll_interval() if interval is None else max(interval, _MIN_POLL_S)
         self.claimant = f"{socket.gethostname()}:{os.getpid()}:flow-executor:{session_id[:12]}"
-        self.executing = False
-        self.paused = False
-        self._db: StateDB | None = None
+        self.state: PollerState = "pending"
+        self._executing = False
+        self._paused_by_controls = False
+        self._db = db
+        self._owns_db = db is None
         self._stopping = asyncio.Event()
+        self._draining = False
+        self._unstamped: list[_Unstamped] = []
         self._log: list[dict[str, Any]] = []
+        self._log_dirty = False
+        self._state_written: PollerState | None = None
+        self._phase_written: Phase | None = "planning"  # a session starts out planning
         self._last_version: int | None = None
-        self._last_list = 0.0
-        self.state = "pending"
+        self._last_list = float("-inf")
+        self.ticks = 0
+        self.listings = 0
+
+    # -- what the runner sees -------------------------------------------------------------
+
+    @property
+    def executing(self) -> bool:
+        """True once the executor runs; the phase is then ``executing`` (or ``paused``)."""
+        return self._executing
+
+    @executing.setter
+    def executing(self, value: bool) -> None:
+        self._executing = value
+        # The runner writes the phase itself when execution starts; write ours again
+        # on the next tick so a pause applied meanwhile is not hidden by that write.
+        self._phase_written = None
+
+    @property
+    def paused(self) -> bool:
+        """Whether the gate is closed, as far as the poller can tell."""
+        told = self.target.is_paused()
+        return self._paused_by_controls if told is None else told
+
+    @property
+    def control_log(self) -> list[dict[str, Any]]:
+        """The compact log of stamped controls (newest last, at most :data:`CONTROL_LOG_MAX`)."""
+        return list(self._log)
+
+    # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Tick until :meth:`stop`."""
+        """Tick until :meth:`stop`, then make one last pass over rows that came too late."""
         try:
-            self._db = await asyncio.to_thread(StateDB.open, self.home)
-            await self._set_meta({"poller": "active"})
-            self.state = "active"
             while not self._stopping.is_set():
-                await self.tick()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), self.interval)
+                if await self._ensure_db():
+                    await self._guarded_tick()
+                await self._sleep()
+            if await self._ensure_db():
+                self._draining = True
+                await self._guarded_tick(force=True)
         finally:
-            if self._db is not None:
-                with contextlib.suppress(SteerflowError):
-                    await self._set_meta({"poller": "stopped"})
-                await asyncio.to_thread(self._db.close)
             self.state = "stopped"
+            await self._close()
 
     async def stop(self) -> None:
-        """Ask the loop to end after the current tick."""
+        """Ask the loop to end after the current tick (and its final pass)."""
         self._stopping.set()
 
-    async def tick(self) -> None:
-        """One pass: list pending rows if something changed, apply them in order."""
+    async def _sleep(self) -> None:
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(self.interval):
+                await self._stopping.wait()
+
+    async def _ensure_db(self) -> bool:
+        if self._db is None:
+            try:
+                self._db = await asyncio.to_thread(StateDB.open, self.home)
+            except SteerflowError as exc:
+                _log.warning("control poller cannot open the state DB (retrying): %s", exc)
+                return False
+        if self.state == "pending":
+            self.state = "active"
+        return True
+
+    async def _guarded_tick(self, *, force: bool = False) -> None:
+        try:
+            await self.tick(force=force)
+        except Exception:  # a bug in one tick must not end live control for the run
+            _log.exception("control poller tick failed; retrying next tick")
+            self._last_version = None
+
+    async def _close(self) -> None:
         db = self._db
-        assert db is not None
+        if db is None:
+            return
+        with contextlib.suppress(SteerflowError):
+            await self._write_meta()
+        if self._owns_db:
+            self._db = None
+            await asyncio.to_thread(db.close)
+
+    # -- one tick -------------------------------------------------------------------------
+
+    async def tick(self, *, force: bool = False) -> int:
+        """One pass: finish unstamped effects, then apply new pending rows in order.
+
+        Args:
+            force: List pending rows even if ``data_version`` did not change.
+
+        Returns:
+            How many rows were stamped in this tick.
+        """
+        db = self._db
+        if db is None:
+            raise RuntimeError("ControlPoller.tick() before the state DB is open")
+        if self.state == "pending":
+            self.state = "active"
+        self.ticks += 1
+        stamped = 0
+        try:
+            stamped = await self._tick(db, force=force)
+        finally:
+            with contextlib.suppress(SteerflowError):
+                await self._write_meta()
+        return stamped
+
+    async def _tick(self, db: StateDB, *, force: bool) -> int:
+        stamped = 0
+        while self._unstamped:
+            # An earlier effect still lacks its stamp: nothing may overtake it.
+            first = self._unstamped[0]
+            if not await self._finalize(db, first.row, first.result):
+                return stamped
+            self._unstamped.pop(0)
+            stamped += 1
         try:
             version = await asyncio.to_thread(db.data_version)
         except SteerflowError:
-            return
+            return stamped
         now = time.monotonic()
-        if version == self._last_version and now - self._last_list < _FORCED_LIST_S:
-            return
+        unchanged = version == self._last_version and now - self._last_list < _FORCED_LIST_S
+        if unchanged and not force:
+            return stamped
         try:
             rows = await asyncio.to_thread(db.list_pending_controls, self.session_id)
-        except SteerflowError:
-            return  # a failed listing is retried next tick; the run goes on
-        self._last_version = version
-        self._last_list = now
-        for row in rows:
-            if not await self._apply(db, row):
-                # An effect we could not stamp: stop here so no later row overtakes it.
-                self._last_version = None
-                return
-
-    async def _apply(self, db: StateDB, row: ControlRow) -> bool:
-        if row.verb in ("pause", "resume"):
-            if row.verb == "pause":
-                self.target.pause()
-            else:
-                self.target.resume()
-            self.paused = row.verb == "pause"
-            stamped = await self._finalize(db, row, "applied")
-            if stamped:
-                phase = "paused" if self.paused else ("executing" if self.executing else "planning")
-                with contextlib.suppress(SteerflowError):
-                    await asyncio.to_thread(db.set_session_phase, self.session_id, phase)
+        except SteerflowError as exc:
+            # Retried next tick (the version stays unrecorded); the run goes on.
+            _log.warning("control poller could not list pending controls: %s", exc)
             return stamped
+        self.listings += 1
+        self._last_version, self._last_list = version, now
+        for row in rows:
+            try:
+                outcome = await self._apply(db, row)
+            except _ClaimUncertain:
+                self._last_version = None  # list again next tick; nothing overtakes this row
+                return stamped
+            if outcome is None:
+                continue  # claimed or stamped by someone else: not ours to touch
+            if not await self._finalize(db, row, outcome):
+                # An effect we could not stamp: stop so no later row overtakes it.
+                self._unstamped.append(_Unstamped(row, outcome))
+                self._last_version = None
+                return stamped
+            stamped += 1
+        return stamped
+
+    async def _apply(self, db: StateDB, row: ControlRow) -> str | None:
+        """Apply one row; return the result to stamp, or ``None`` to leave the row alone."""
+        if row.verb in ("pause", "resume"):
+            if self._draining:
+                return "rejected:run-ended"
+            try:
+                if row.verb == "pause":
+                    self.target.pause()
+                else:
+                    self.target.resume()
+            except Exception as exc:  # the row records the failure; the run goes on
+                return _error_result(exc)
+            self._paused_by_controls = row.verb == "pause"
+            return "applied"
         if row.verb == "message":
             return await self._apply_message(db, row)
-        return await self._finalize(db, row, f"rejected:unsupported-verb:{row.verb}")
+        return f"rejected:unsupported-verb:{row.verb}"
 
-    async def _apply_message(self, db: StateDB, row: ControlRow) -> bool:
+    async def _apply_message(self, db: StateDB, row: ControlRow) -> str | None:
         try:
             claimed = await asyncio.to_thread(db.claim_control, row.id, self.claimant)
-        except SteerflowError:
-            return False
+        except SteerflowError as exc:
+            # Unknown whether the claim landed: look again rather than guess.
+            _log.warning("control poller could not claim %s: %s", row.id, exc)
+            return await self._after_uncertain_claim(db, row)
         if not claimed:
-            return True  # someone else holds it; never touch a claimed row
-        _faults.seam("control-claim", "after")
+            return None  # someone else holds it; never touch a claimed or stamped row
+        return self._deliver(row)
+
+    async def _after_uncertain_claim(self, db: StateDB, row: ControlRow) -> str | None:
         try:
+            current = await asyncio.to_thread(db.get_control, row.id)
+        except SteerflowError:
+            current = None
+        if current is not None and current.result == f"applying:{self.claimant}":
+            return self._deliver(row)  # our claim did land
+        # Not claimed (or not known to be): raise so the tick stops and the row is
+        # listed again next tick, before any later control.
+        raise _ClaimUncertain(row.id)
+
+    def _deliver(self, row: ControlRow) -> str:
+        _faults.seam("control-claim", "after")
+        if self._draining:
+            return "rejected:no-pending-ops"
+        try:
+            # No await between the check and the append: no operation can start between them.
             if not self.target.has_pending_operation():
-                return await self._finalize(db, row, "rejected:no-pending-ops")
-            payload = row.payload or {}
-            text = payload.get("text", "") if isinstance(payload, dict) else ""
-            self.target.add_operator_message(str(text), ts=time.time(), control_id=row.id)
+                return "rejected:no-pending-ops"
+            payload = row.payload if isinstance(row.payload, dict) else {}
+            text = payload.get("text", "")
+            self.target.add_operator_message(
+                text if isinstance(text, str) else str(text), ts=time.time(), control_id=row.id
+            )
         except Exception as exc:  # the row records any apply failure, the run goes on
-            return await self._finalize(db, row, f"rejected:error:{str(exc)[:500]}")
+            return _error_result(exc)
         _faults.seam("control-finalize", "before")
-        return await self._finalize(db, row, "applied")
+        return "applied"
 
     async def _finalize(self, db: StateDB, row: ControlRow, result: str) -> bool:
-        for _ in range(_STAMP_ATTEMPTS):
+        """Stamp ``result``; True once stamped (by us, or already by someone else)."""
+        for attempt in range(_STAMP_ATTEMPTS):
             try:
-                await asyncio.to_thread(db.finalize_control, row.id, result)
-            except SteerflowError:
+                changed = await asyncio.to_thread(db.finalize_control, row.id, result)
+            except SteerflowError as exc:
+                _log.warning(
+                    "control poller could not stamp %s (attempt %d): %s", row.id, attempt + 1, exc
+                )
                 continue
-            self._log.append({"id": row.id, "verb": row.verb, "result": result, "at": time.time()})
-            del self._log[:-_CONTROL_LOG_MAX]
-            with contextlib.suppress(SteerflowError):
-                await self._set_meta({"control_log": list(self._log)})
+            now = time.time()
+            entry: dict[str, Any] = {"id": row.id, "verb": row.verb, "result": result, "at": now}
+            if not changed:
+                entry["result"] = "stamped-elsewhere"
+            self._log.append(entry)
+            del self._log[:-CONTROL_LOG_MAX]
+            self._log_dirty = True
             return True
         return False
 
-    async def _set_meta(self, patch: dict[str, Any]) -> None:
-        assert self._db is not None
-        await asyncio.to_thread(self._db.update_node_metadata, self.session_id, patch)
+    # -- node_metadata and phase ----------------------------------------------------------
+
+    def _desired_phase(self) -> Phase:
+        if self.paused:
+            return "paused"
+        return "executing" if self._executing else "planning"
+
+    async def _write_meta(self) -> None:
+        db = self._db
+        if db is None:
+            return
+        patch: dict[str, Any] = {}
+        if self._state_written != self.state:
+            patch["poller"] = self.state
+        if self._log_dirty:
+            patch["control_log"] = list(self._log)
+        if patch:
+            await asyncio.to_thread(db.update_node_metadata, self.session_id, patch)
+            self._state_written = patch.get("poller", self._state_written)
+            self._log_dirty = False
+        if self._draining or self.state == "stopped":
+            return  # the runner owns the phase once the run is over
+        phase = self._desired_phase()
+        if phase != self._phase_written:
+            await asyncio.to_thread(db.set_session_phase, self.session_id, phase)
+            self._phase_written = phase
+
+
+class _ClaimUncertain(SteerflowError):
+    """A claim whose outcome is unknown; the tick stops and the row is looked at again."""

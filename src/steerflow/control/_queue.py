@@ -1,4 +1,11 @@
-"""The writers: ``ctl pause|resume|msg`` insert rows, ``ctl resolve`` closes one (D1)."""
+"""The writers: ``ctl pause|resume|msg`` insert rows, ``ctl resolve`` closes one (D1).
+
+A writer only queues. Every refusal (missing state DB, unknown or ambiguous id,
+session not running, invocation kind without a consumer for the verb) happens
+before the insert, so a refused call leaves ``session_controls`` unchanged. Every
+lock wait is bounded by :data:`DB_BUSY_TIMEOUT_S`; running past it raises
+:class:`~steerflow.errors.DatabaseBusyError` ("database busy", exit 3).
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,20 @@ from typing import Literal
 from steerflow.errors import KindNotAllowedError, NotRunningError, RefusedError, UsageError
 from steerflow.state import ControlRow, StateDB
 
-__all__ = ["ALLOWED_KINDS", "Queued", "enqueue_control", "open_existing_db", "resolve_control"]
+__all__ = [
+    "ALLOWED_KINDS",
+    "DB_BUSY_TIMEOUT_S",
+    "CliVerb",
+    "Queued",
+    "enqueue_control",
+    "open_existing_db",
+    "resolve_control",
+]
 
 CliVerb = Literal["pause", "resume", "message"]
+
+DB_BUSY_TIMEOUT_S = 10.0
+"""Bound on every lock wait of a writer (ADR-0069 D1)."""
 
 # Which invocation kinds have a consumer for each verb (D1, widened for message by ADR-0108).
 ALLOWED_KINDS: dict[str, frozenset[str]] = {
@@ -30,22 +48,43 @@ class Queued:
     verb: str
 
 
-def open_existing_db(home: Path) -> StateDB:
-    """Open the state DB without creating one; a missing DB is a refusal."""
-    if not (home / "state.db").is_file():
-        raise RefusedError(f"no state database at {str(home / 'state.db')!r}: nothing to control")
-    return StateDB.open(home, create=False)
+def open_existing_db(home: Path, *, busy_timeout_s: float = DB_BUSY_TIMEOUT_S) -> StateDB:
+    """Open the state DB without creating the home, the file or anything in it.
+
+    Raises:
+        RefusedError: There is no state database (nothing to control).
+        DatabaseBusyError: Opening waited on a lock past ``busy_timeout_s``.
+    """
+    return StateDB.open(home, create=False, busy_timeout_s=busy_timeout_s)
 
 
-def enqueue_control(home: Path, target: str, verb: CliVerb, text: str | None = None) -> Queued:
+def enqueue_control(
+    home: Path,
+    target: str,
+    verb: CliVerb,
+    text: str | None = None,
+    *,
+    busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
+) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
 
-    Every refusal (unknown or ambiguous id, session not running, kind without a
-    consumer) happens before the insert, so a refused call leaves no row.
+    ``target`` is a session, invocation or play id, or a prefix of one: sessions
+    are searched first, then invocations, then plays; several matches in the first
+    table that has any are refused, and a full 32-character id is taken as is.
+
+    Raises:
+        UsageError: A message without text, or a verb the CLI does not send.
+        RefusedError: No state DB, or the target points at a missing session.
+        UnknownIdError, AmbiguousIdError: The target does not resolve to one row.
+        KindNotAllowedError: The invocation kind has no consumer for ``verb``.
+        NotRunningError: The session is not running (a dead owner reads as interrupted).
+        DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
     """
+    if verb not in ALLOWED_KINDS:
+        raise UsageError(f"unknown control verb {verb!r}: expected pause, resume or message")
     if verb == "message" and text is None:
         raise UsageError("ctl msg needs a TEXT argument")
-    with open_existing_db(home) as db:
+    with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
         if session is None:
@@ -67,8 +106,21 @@ def enqueue_control(home: Path, target: str, verb: CliVerb, text: str | None = N
 
 
 def resolve_control(
-    home: Path, control_id: str, outcome: Literal["applied", "abandoned"], by: str | None
+    home: Path,
+    control_id: str,
+    outcome: Literal["applied", "abandoned"],
+    by: str | None,
+    *,
+    busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
 ) -> ControlRow:
-    """Close a row left in ``applying`` by a claimant that never came back."""
-    with open_existing_db(home) as db:
+    """Close a row left in ``applying`` by a claimant that never came back.
+
+    Stores ``applied``, ``abandoned`` or ``abandoned:<by>``.
+
+    Raises:
+        UnknownIdError: No control has exactly this id.
+        ControlNotApplyingError: The row is pending or terminal; it is left unchanged.
+        DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
+    """
+    with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
         return db.resolve_control(control_id, outcome=outcome, by=by)

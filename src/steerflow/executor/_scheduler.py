@@ -135,6 +135,10 @@ class FlowExecutor:
     async def _run_node(self, op: Operation) -> None:
         try:
             await self._drive(op)
+        except Exception as exc:  # a bug around one node fails that node, not the whole flow
+            if not op.terminal:
+                op.status, op.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
+                self._emit("node_failed", op)
         finally:
             self._done[op.node_id].set()
 

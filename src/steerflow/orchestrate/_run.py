@@ -221,11 +221,20 @@ class FlowRun:
         schema = PlanFile.model_json_schema()
         feedback: str | None = None
         for _ in range(2):
-            raw = await provider.plan(
-                PlanRequest(
-                    prompt=prompt, schema=schema, max_entries=MAX_PLAN_ENTRIES, feedback=feedback
+            try:
+                raw = await provider.plan(
+                    PlanRequest(
+                        prompt=prompt,
+                        schema=schema,
+                        max_entries=MAX_PLAN_ENTRIES,
+                        feedback=feedback,
+                    )
                 )
-            )
+            except ProviderError as exc:
+                if exc.retryable:
+                    raise  # transport failures were already retried by the provider
+                feedback = f"your reply could not be read as a plan: {exc}"
+                continue
             try:
                 return parse_plan(raw, source=f"plan from {model}")
             except PlanValidationError as exc:
@@ -341,7 +350,14 @@ class FlowRun:
         for warning in self.warnings:
             self.events.emit(FlowEvent(type="plan_truncated", data={"message": warning}))
         self.events.emit(
-            FlowEvent(type="plan_ready", data={"nodes": len(graph), "max_spawn": max_spawn})
+            FlowEvent(
+                type="plan_ready",
+                data={
+                    "nodes": len(graph),
+                    "max_spawn": max_spawn,
+                    **({"graph": graph_text(graph)} if opts.show_graph else {}),
+                },
+            )
         )
         if opts.show_graph:
             await asyncio.to_thread(_write_private, run_dir.path / "graph.mmd", mermaid(graph))
@@ -527,7 +543,6 @@ class FlowRun:
             ],
             resumed_from=seed.resumed_from if seed else None,
             degraded_context=seed.degraded if seed else [],
-            graph_text=graph_text(graph) if self.options.show_graph else None,
             usage=_usage_total(graph),
         )
 

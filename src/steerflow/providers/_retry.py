@@ -20,6 +20,7 @@ Environment knobs (read when a provider is built):
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import os
 import random
@@ -182,7 +183,8 @@ def classify_sdk_error(sdk: ModuleType, exc: BaseException) -> Failure | None:
         exc: The exception an attempt raised.
 
     Returns:
-        The failure classification, or None if ``exc`` is not an SDK API error.
+        The failure classification (other API errors are permanent), or None
+        if ``exc`` is not an SDK API error.
     """
     if isinstance(exc, sdk.APIStatusError):
         status = int(exc.status_code)
@@ -198,6 +200,10 @@ def classify_sdk_error(sdk: ModuleType, exc: BaseException) -> Failure | None:
         cause = exc.__cause__ or exc.__context__
         detail = f" ({_short(str(cause))})" if cause is not None and str(cause) else ""
         return Failure(transient=True, message=f"connection error{detail}")
+    if isinstance(exc, sdk.APIError):  # e.g. a reply that does not validate
+        return Failure(transient=False, message=f"{type(exc).__name__}: {_short(str(exc))}")
+    if isinstance(exc, json.JSONDecodeError):  # the SDK decodes bodies with json.loads
+        return Failure(transient=False, message=f"the server's reply is not JSON ({exc})")
     return None
 
 

@@ -54,7 +54,13 @@ from steerflow.providers._remote import (
 )
 from steerflow.providers._retry import env_float
 
-__all__ = ["AgentCLIProvider", "ClaudeCodeProvider", "CodexProvider", "list_artifacts"]
+__all__ = [
+    "AgentCLIProvider",
+    "ClaudeCodeProvider",
+    "CodexProvider",
+    "list_artifacts",
+    "run_process",
+]
 
 DEFAULT_TIMEOUT_S = 1800.0
 DEFAULT_KILL_GRACE_S = 5.0

@@ -55,7 +55,10 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
         matches = [p for p in list_run_dirs(home) if p.name.startswith(target)]
         if len(matches) > 1:
             names = ", ".join(p.name for p in matches[:10])
-            raise AmbiguousIdError(f"run id prefix {target!r} matches {len(matches)} runs: {names}")
+            raise AmbiguousIdError(
+                f"ambiguous run id prefix {target!r}: matches {len(matches)} runs: {names}"
+                + (", ..." if len(matches) > 10 else "")
+            )
         if matches:
             run = matches[0]
             return RunTarget(run, run.name, _session_for_run(home, run.name))

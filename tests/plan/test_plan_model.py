@@ -1,0 +1,351 @@
+"""The plan model and loader: validation, conditional edges, errors naming file:line and field."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from steerflow.errors import ExitCode, PlanValidationError, UsageError
+from steerflow.plan import (
+    AGENT_ID_PATTERN,
+    MAX_PLAN_ENTRIES,
+    Dependency,
+    PlanFile,
+    SpawnSpec,
+    is_agent_id,
+    load_plan_file,
+    parse_plan,
+    parse_plan_text,
+    parse_reactive,
+    truncate_plan,
+)
+
+GOOD = """\
+name: review-pr
+description: one line
+model: echo
+reactive: off
+max_ops: 0
+concurrency: 4
+roles:
+  coder: {model: echo, artifacts: ["patch.diff"], escalation: ["echo", "echo"]}
+plan:
+  - agent_id: research
+    assignee: researcher
+    instruction: "Read the issue and list the files involved."
+  - agent_id: draft
+    assignee: coder
+    instruction: "Write the patch."
+    depends_on: [research]
+"""
+
+
+def _write(tmp_path: Path, text: str, name: str = "plan.yaml") -> Path:
+    path = tmp_path / name
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def _error(tmp_path: Path, text: str, name: str = "plan.yaml") -> tuple[Path, str]:
+    path = _write(tmp_path, text, name)
+    with pytest.raises(PlanValidationError) as info:
+        load_plan_file(path)
+    assert info.value.exit_code == ExitCode.USAGE
+    return path, str(info.value)
+
+
+# -- valid plans -------------------------------------------------------------------------------
+
+
+def test_contract_example_parses(tmp_path: Path) -> None:
+    plan = load_plan_file(_write(tmp_path, GOOD))
+    assert plan.name == "review-pr"
+    assert plan.reactive == "off"  # YAML's bare `off` keeps its spelling
+    assert plan.max_ops == 0 and plan.concurrency == 4
+    assert plan.roles["coder"].artifacts == ["patch.diff"]
+    assert plan.roles["coder"].escalation == ["echo", "echo"]
+    assert [e.agent_id for e in plan.plan] == ["research", "draft"]
+    assert plan.plan[1].dependencies == [Dependency(id="research")]
+
+
+def test_json_plan_file(tmp_path: Path) -> None:
+    data = {"plan": [{"agent_id": "a", "instruction": "x"}, {"agent_id": "b", "instruction": "y",
+                                                             "depends_on": ["a"]}]}
+    plan = load_plan_file(_write(tmp_path, json.dumps(data), "plan.json"))
+    assert [e.agent_id for e in plan.plan] == ["a", "b"]
+
+
+def test_conditional_dependencies() -> None:
+    plan = parse_plan(
+        {
+            "plan": [
+                {"agent_id": "a", "instruction": "x"},
+                {"agent_id": "ok", "instruction": "y", "depends_on": [{"id": "a"}]},
+                {"agent_id": "fb", "instruction": "y", "depends_on": [{"id": "a", "when": "failed"}]},
+                {"agent_id": "al", "instruction": "y", "depends_on": [{"id": "a", "when": "always"}]},
+                {
+                    "agent_id": "ic",
+                    "instruction": "y",
+                    "depends_on": ["ok", {"id": "a", "if_contains": "LGTM"}],
+                },
+            ]
+        },
+        source="t",
+    )
+    deps = {e.agent_id: e.dependencies for e in plan.plan}
+    assert deps["ok"] == [Dependency(id="a", when="completed")]
+    assert deps["fb"] == [Dependency(id="a", when="failed")]
+    assert deps["al"] == [Dependency(id="a", when="always")]
+    assert deps["ic"] == [Dependency(id="ok"), Dependency(id="a", if_contains="LGTM")]
+
+
+@pytest.mark.parametrize("when", ["sometimes", "COMPLETED", ""])
+def test_bad_edge_condition(when: str) -> None:
+    with pytest.raises(PlanValidationError, match="when"):
+        parse_plan(
+            {
+                "plan": [
+                    {"agent_id": "a", "instruction": "x"},
+                    {"agent_id": "b", "instruction": "y", "depends_on": [{"id": "a", "when": when}]},
+                ]
+            },
+            source="t",
+        )
+
+
+def test_reactive_spellings_are_kept() -> None:
+    base = {"plan": [{"agent_id": "a", "instruction": "x"}]}
+    assert parse_plan_text("reactive: on\nplan: [{agent_id: a, instruction: x}]", source="t").reactive == "all"
+    assert parse_plan({**base, "reactive": "coder,reviewer"}, source="t").reactive == "coder,reviewer"
+    assert parse_plan(base, source="t").reactive is None
+
+
+def test_models_are_frozen() -> None:
+    plan = parse_plan({"plan": [{"agent_id": "a", "instruction": "x"}]}, source="t")
+    with pytest.raises(Exception):  # noqa: B017 - pydantic raises its own ValidationError
+        plan.plan[0].agent_id = "b"  # type: ignore[misc]
+
+
+# -- errors that name the file, line and field -------------------------------------------------
+
+
+def test_unknown_field_names_file_line_and_field(tmp_path: Path) -> None:
+    path, msg = _error(
+        tmp_path,
+        "plan:\n"
+        "  - agent_id: a\n"
+        "    instruction: x\n"
+        "  - agent_id: b\n"
+        "    instruction: y\n"
+        "    priority: high\n",
+    )
+    assert f"{path}:6" in msg
+    assert "plan[1].priority" in msg
+    assert "unknown field" in msg
+
+
+def test_unknown_top_level_field(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "name: x\nowner: me\nplan: [{agent_id: a, instruction: x}]\n")
+    assert f"{path}:2" in msg and "owner" in msg and "unknown field" in msg
+
+
+def test_missing_instruction_names_the_entry(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "plan:\n  - agent_id: a\n    instruction: x\n  - agent_id: b\n")
+    assert f"{path}:4" in msg
+    assert "plan[1].instruction" in msg
+
+
+def test_wrong_type_names_line(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "concurrency: lots\nplan: [{agent_id: a, instruction: x}]\n")
+    assert f"{path}:1" in msg and "concurrency" in msg
+
+
+@pytest.mark.parametrize("bad", ["has space", "semi;colon", "x" * 65, "", "slash/id", "ünï"])
+def test_bad_agent_id_pattern(tmp_path: Path, bad: str) -> None:
+    path, msg = _error(
+        tmp_path,
+        "plan:\n"
+        "  - agent_id: ok\n"
+        "    instruction: x\n"
+        f"  - agent_id: {json.dumps(bad)}\n"
+        "    instruction: y\n",
+    )
+    assert f"{path}:4" in msg
+    assert "plan[1].agent_id" in msg
+
+
+@pytest.mark.parametrize("good", ["a", "A-b_c.d", "x" * 64, "0", "op-1.v2"])
+def test_agent_id_pattern_accepts(good: str) -> None:
+    assert is_agent_id(good)
+    assert re.match(AGENT_ID_PATTERN, good)
+    parse_plan({"plan": [{"agent_id": good, "instruction": "x"}]}, source="t")
+
+
+def test_duplicate_agent_id(tmp_path: Path) -> None:
+    path, msg = _error(
+        tmp_path,
+        "plan:\n  - {agent_id: a, instruction: x}\n  - {agent_id: b, instruction: y}\n"
+        "  - {agent_id: a, instruction: z}\n",
+    )
+    assert str(path) in msg
+    assert "plan[2]" in msg and "'a'" in msg and "plan[0]" in msg
+
+
+def test_unknown_dependency(tmp_path: Path) -> None:
+    path, msg = _error(
+        tmp_path,
+        "plan:\n  - {agent_id: a, instruction: x}\n"
+        "  - {agent_id: b, instruction: y, depends_on: [a, ghost]}\n",
+    )
+    assert str(path) in msg
+    assert "plan[1]" in msg and "ghost" in msg and "unknown" in msg
+
+
+def test_unknown_conditional_dependency() -> None:
+    with pytest.raises(PlanValidationError, match="ghost"):
+        parse_plan(
+            {"plan": [{"agent_id": "a", "instruction": "x",
+                       "depends_on": [{"id": "ghost", "when": "failed"}]}]},
+            source="t",
+        )
+
+
+def test_self_dependency(tmp_path: Path) -> None:
+    _, msg = _error(tmp_path, "plan:\n  - {agent_id: a, instruction: x, depends_on: [a]}\n")
+    assert "itself" in msg or "cycle" in msg
+
+
+def test_cycle(tmp_path: Path) -> None:
+    path, msg = _error(
+        tmp_path,
+        "plan:\n"
+        "  - {agent_id: a, instruction: x, depends_on: [c]}\n"
+        "  - {agent_id: b, instruction: y, depends_on: [a]}\n"
+        "  - {agent_id: c, instruction: z, depends_on: [b]}\n"
+        "  - {agent_id: d, instruction: w}\n",
+    )
+    assert str(path) in msg and "cycle" in msg
+    named = re.search(r"cycle: (.*)", msg)
+    assert named is not None
+    assert set(named.group(1).replace(" ", "").split("->")) == {"a", "b", "c"}
+
+
+def test_empty_plan_refused(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "name: x\nplan: []\n")
+    assert "plan" in msg and str(path) in msg
+
+
+@pytest.mark.parametrize("text", ["- just\n- a list\n", "42\n", ""])
+def test_plan_must_be_a_mapping(tmp_path: Path, text: str) -> None:
+    path, msg = _error(tmp_path, text)
+    assert str(path) in msg
+
+
+def test_invalid_yaml_names_line(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "plan:\n  - agent_id: a\n    instruction: [unclosed\n")
+    assert re.search(rf"{re.escape(str(path))}:\d+", msg)
+    assert "YAML" in msg
+
+
+def test_invalid_json_names_line(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, '{"plan": [\n  {"agent_id": "a",,}\n]}', "plan.json")
+    assert f"{path}:2" in msg and "JSON" in msg
+
+
+def test_missing_file_is_usage_error(tmp_path: Path) -> None:
+    with pytest.raises(UsageError, match="not found"):
+        load_plan_file(tmp_path / "nope.yaml")
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("concurrency", 0), ("concurrency", 257), ("max_ops", -1)]
+)
+def test_numeric_bounds(field: str, value: int) -> None:
+    with pytest.raises(PlanValidationError, match=field):
+        parse_plan({field: value, "plan": [{"agent_id": "a", "instruction": "x"}]}, source="t")
+
+
+# -- truncation, reactive policy, spawn specs --------------------------------------------------
+
+
+def _big(n: int) -> PlanFile:
+    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(n)]
+    return PlanFile.model_validate({"plan": entries})
+
+
+def test_truncate_plan_cuts_to_200_and_drops_dangling_deps() -> None:
+    assert MAX_PLAN_ENTRIES == 200
+    big_with_tail_dep = PlanFile.model_validate(
+        {
+            "plan": [
+                *[{"agent_id": f"n{i}", "instruction": "x"} for i in range(200)],
+                *[{"agent_id": f"m{i}", "instruction": "x"} for i in range(5)],
+            ]
+        }
+    )
+    cut, dropped = truncate_plan(big_with_tail_dep)
+    assert dropped == 5 and len(cut.plan) == 200
+    assert cut.plan[-1].agent_id == "n199"
+    same, none = truncate_plan(_big(200))
+    assert none == 0 and len(same.plan) == 200
+
+
+def test_truncation_keeps_dependencies_inside_the_kept_part() -> None:
+    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(202)]
+    entries[10]["depends_on"] = ["n0"]
+    entries[199]["depends_on"] = ["n5"]
+    cut, dropped = truncate_plan(PlanFile.model_validate({"plan": entries}))
+    assert dropped == 2
+    assert [d.id for d in cut.plan[10].dependencies] == ["n0"]
+    assert [d.id for d in cut.plan[199].dependencies] == ["n5"]
+
+
+def test_parse_plan_cuts_a_runaway_plan_instead_of_refusing_it() -> None:
+    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(205)]
+    entries[3]["depends_on"] = ["n204"]  # a dependency on a dropped entry goes with it
+    entries[204]["agent_id"] = "bad id"  # invalid only beyond the cut
+    plan = parse_plan({"plan": entries}, source="planner")
+    assert len(plan.plan) == 200
+    assert plan.plan[3].dependencies == []
+
+
+@pytest.mark.parametrize(
+    ("spec", "enabled", "roles"),
+    [
+        ("off", False, None),
+        (None, False, None),
+        (False, False, None),
+        ("all", True, None),
+        (True, True, None),
+        ("coder", True, frozenset({"coder"})),
+        ("coder, reviewer", True, frozenset({"coder", "reviewer"})),
+    ],
+)
+def test_parse_reactive(spec: object, enabled: bool, roles: frozenset[str] | None) -> None:
+    policy = parse_reactive(spec)  # type: ignore[arg-type]
+    assert policy.enabled is enabled
+    assert policy.roles == roles
+
+
+def test_reactive_policy_allows() -> None:
+    assert not parse_reactive("off").allows("coder")
+    assert parse_reactive("all").allows(None)
+    coder = parse_reactive("coder")
+    assert coder.allows("coder") and not coder.allows("writer") and not coder.allows(None)
+    with pytest.raises(UsageError):
+        parse_reactive("coder,,x")
+
+
+def test_spawn_spec_validation() -> None:
+    spec = SpawnSpec.model_validate({"agent_id": "fix-1", "instruction": "fix it"})
+    assert spec.link_to_emitter is True and spec.depends_on == []
+    for bad in (
+        {"agent_id": "bad id", "instruction": "x"},
+        {"agent_id": "ok"},
+        {"agent_id": "ok", "instruction": "x", "surprise": 1},
+    ):
+        with pytest.raises(ValueError):
+            SpawnSpec.model_validate(bad)
