@@ -356,3 +356,23 @@ async def test_nested_mutation_during_persistence(tmp_path: Path) -> None:
     await w.close()
     state, _ = load_checkpoint(tmp_path)
     assert json.dumps(state["flow_context"]) == json.dumps({"a": {"b": [1.0, 2]}})
+
+
+@pytest.mark.parametrize("missing", ["o_tmpfile", "renameat2", "both"])
+async def test_platform_fallbacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, missing: str
+) -> None:
+    from steerflow.checkpoint import _io
+
+    if missing in ("o_tmpfile", "both"):
+        monkeypatch.setattr(_io, "create_tmpfile", lambda *a, **k: None)
+    if missing in ("renameat2", "both"):
+        monkeypatch.setattr(_io, "_renameat2_func", lambda: None)
+    w = make_writer(tmp_path, version=3, max_records=2)
+    for i in range(5):
+        await w.record(f"op-{i}", status="completed", response=i, flow_context={"i": i})
+    await w.close()
+    state, report = load_checkpoint(tmp_path)
+    assert len(state["ops"]) == 5 and state["flow_context"] == {"i": 4}
+    assert report["status"] == "clean"
+    assert os.listdir(tmp_path / ".checkpoint.json.staging") == []

@@ -88,7 +88,9 @@ def run_cli(
     return CliResult([str(a) for a in args], proc.returncode, proc.stdout, proc.stderr)
 
 
-def start_cli(home: Path, *args: object, env: dict[str, str] | None = None) -> subprocess.Popen[str]:
+def start_cli(
+    home: Path, *args: object, env: dict[str, str] | None = None
+) -> subprocess.Popen[str]:
     """Start the CLI in the background (stdout/stderr piped, text mode)."""
     return subprocess.Popen(
         cli_args(home, [str(a) for a in args]),

@@ -174,8 +174,14 @@ def test_bad_plan_file_exits_2_naming_file_line_and_field(home: Path, tmp_path: 
         ["play", "demo", "--model", "no-such-model"],
         ["play", "no-such-playbook"],
     ],
-    ids=["unknown-flag", "missing-plan", "bad-concurrency", "bad-ckpt-version", "bad-model",
-         "unknown-playbook"],
+    ids=[
+        "unknown-flag",
+        "missing-plan",
+        "bad-concurrency",
+        "bad-ckpt-version",
+        "bad-model",
+        "unknown-playbook",
+    ],
 )
 def test_usage_errors_exit_2(home: Path, args: list[str]) -> None:
     result = run_cli(home, *args)
@@ -243,15 +249,33 @@ def test_checkpoint_v2_has_the_d4_shape(home: Path, tmp_path: Path) -> None:
         },
     )
     result = run_cli(
-        home, "flow", "--plan", plan, "--model", f"script:{script}", "--reactive", "all",
-        "--max-ops", "5", "--checkpoint-version", "2", "--json",
+        home,
+        "flow",
+        "--plan",
+        plan,
+        "--model",
+        f"script:{script}",
+        "--reactive",
+        "all",
+        "--max-ops",
+        "5",
+        "--checkpoint-version",
+        "2",
+        "--json",
     )
     assert result.returncode == 0, result.explain()
     out = result.json
     assert out["checkpoint"]["version"] == 2
     raw = json.loads(Path(out["checkpoint"]["path"]).read_text())
     assert set(raw) >= {
-        "version", "session_id", "prompt", "plan", "flow_context", "ops", "spawned", "config",
+        "version",
+        "session_id",
+        "prompt",
+        "plan",
+        "flow_context",
+        "ops",
+        "spawned",
+        "config",
         "max_spawn",
     }
     assert raw["version"] == 2
@@ -272,8 +296,15 @@ def test_checkpoint_v2_has_the_d4_shape(home: Path, tmp_path: Path) -> None:
     assert len(raw["spawned"]) == 1
     spawned = raw["spawned"][0]
     assert set(spawned) >= {
-        "node_id", "status", "response", "operation", "assignee", "instruction", "parent_id",
-        "spawn_id", "context",
+        "node_id",
+        "status",
+        "response",
+        "operation",
+        "assignee",
+        "instruction",
+        "parent_id",
+        "spawn_id",
+        "context",
     }
     assert spawned["spawn_id"] == "extra"
     assert spawned["assignee"] == "helper"
@@ -295,8 +326,16 @@ def test_default_v3_checkpoint_loads_to_the_same_shape(home: Path, tmp_path: Pat
     assert result.returncode == 0, result.explain()
     state, report = load_checkpoint(Path(result.json["checkpoint"]["path"]))
     assert report["checkpoint_version"] == 3
-    assert set(state) >= {"session_id", "prompt", "plan", "flow_context", "ops", "spawned",
-                          "config", "max_spawn"}
+    assert set(state) >= {
+        "session_id",
+        "prompt",
+        "plan",
+        "flow_context",
+        "ops",
+        "spawned",
+        "config",
+        "max_spawn",
+    }
     assert state["max_spawn"] == 20
     assert [p["dep_indices"] for p in state["plan"]] == [[], [0], [1]]
 
@@ -329,8 +368,17 @@ def test_unset_max_ops_allows_20_spawns(home: Path, tmp_path: Path) -> None:
 def test_max_ops_5_with_3_planned_allows_2_spawns(home: Path, tmp_path: Path) -> None:
     plan, script = _spawner(tmp_path, 4)
     result = run_cli(
-        home, "flow", "--plan", plan, "--model", f"script:{script}", "--reactive", "all",
-        "--max-ops", "5", "--json",
+        home,
+        "flow",
+        "--plan",
+        plan,
+        "--model",
+        f"script:{script}",
+        "--reactive",
+        "all",
+        "--max-ops",
+        "5",
+        "--json",
     )
     assert result.returncode == 0, result.explain()
     out = result.json
@@ -354,9 +402,7 @@ def test_plan_over_200_entries_is_cut_with_a_warning(home: Path, tmp_path: Path)
 # -- a running flow, seen from other processes ------------------------------------------------
 
 
-def test_running_flow_is_listed_within_1s_and_shows_live_status(
-    home: Path, tmp_path: Path
-) -> None:
+def test_running_flow_is_listed_within_1s_and_shows_live_status(home: Path, tmp_path: Path) -> None:
     plan = chain_plan(tmp_path / "chain.yaml")
     started = time.monotonic()
     proc = start_cli(home, "flow", "--plan", plan, "--model", "echo:delay=1", "--json")
@@ -400,8 +446,15 @@ def test_running_flow_is_listed_within_1s_and_shows_live_status(
     assert node_status(final) == {"a": "completed", "b": "completed", "c": "completed"}
     shown = run_cli(home, "show", row["run_id"][:12], "--json")
     assert shown.returncode == 0, shown.explain()
-    assert set(shown.json) >= {"session_id", "run_id", "status", "phase", "nodes", "checkpoint",
-                               "checkpoint_recovery"}
+    assert set(shown.json) >= {
+        "session_id",
+        "run_id",
+        "status",
+        "phase",
+        "nodes",
+        "checkpoint",
+        "checkpoint_recovery",
+    }
     for node in shown.json["nodes"]:
         assert set(node) >= {"id", "kind", "status", "assignee"}
 
@@ -415,6 +468,7 @@ def test_signal_persists_completed_work(
     plan = chain_plan(tmp_path / "chain.yaml")
     proc = start_cli(home, "flow", "--plan", plan, "--model", "echo:delay=2", "--json")
     try:
+
         def first_done() -> dict[str, Any] | None:
             runs = runs_in_process(home)
             if not runs:

@@ -18,7 +18,13 @@ from steerflow.executor import (
     build_graph,
 )
 from steerflow.plan import parse_plan
-from steerflow.providers import EchoProvider, PlanRequest, Provider, ProviderRequest, ProviderResponse
+from steerflow.providers import (
+    EchoProvider,
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -43,11 +49,13 @@ class Scripted(Provider):
         self.requests: list[ProviderRequest] = []
         self.running = 0
         self.peak = 0
+        self.started = asyncio.Event()
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         self.requests.append(request)
         self.running += 1
         self.peak = max(self.peak, self.running)
+        self.started.set()
         try:
             await asyncio.sleep(self.delays.get(request.node_key, 0.0))
         finally:
@@ -66,9 +74,7 @@ def graph_of(entries: list[dict[str, Any]], **extra: Any) -> Graph:
     return build_graph(parse_plan({"plan": entries, **extra}, source="test"))
 
 
-def executor(
-    graph: Graph, provider: Provider, tmp_path: Path, **kw: Any
-) -> FlowExecutor:
+def executor(graph: Graph, provider: Provider, tmp_path: Path, **kw: Any) -> FlowExecutor:
     return FlowExecutor(
         graph,
         provider_for=lambda op: provider,
@@ -292,10 +298,16 @@ async def test_always_runs_after_a_skipped_source(tmp_path: Path) -> None:
 async def test_if_contains(tmp_path: Path, answer: str, ran: bool) -> None:
     entries = [
         {"agent_id": "review", "instruction": "x"},
-        {"agent_id": "ship", "instruction": "x",
-         "depends_on": [{"id": "review", "if_contains": "LGTM"}]},
-        {"agent_id": "fix", "instruction": "x",
-         "depends_on": [{"id": "review", "when": "always", "if_contains": "needs"}]},
+        {
+            "agent_id": "ship",
+            "instruction": "x",
+            "depends_on": [{"id": "review", "if_contains": "LGTM"}],
+        },
+        {
+            "agent_id": "fix",
+            "instruction": "x",
+            "depends_on": [{"id": "review", "when": "always", "if_contains": "needs"}],
+        },
     ]
     ex = executor(graph_of(entries), Scripted(answers={"review": answer}), tmp_path)
     await ex.run()
@@ -306,8 +318,11 @@ async def test_if_contains(tmp_path: Path, answer: str, ran: bool) -> None:
 async def test_if_contains_never_matches_a_failed_source(tmp_path: Path) -> None:
     entries = [
         {"agent_id": "review", "instruction": "x"},
-        {"agent_id": "any", "instruction": "x",
-         "depends_on": [{"id": "review", "when": "always", "if_contains": "purpose"}]},
+        {
+            "agent_id": "any",
+            "instruction": "x",
+            "depends_on": [{"id": "review", "when": "always", "if_contains": "purpose"}],
+        },
     ]
     ex = executor(graph_of(entries), Scripted(fails={"review"}), tmp_path)
     await ex.run()
@@ -348,11 +363,7 @@ async def test_close_admission_can_cancel_inflight_calls(tmp_path: Path) -> None
     ex = executor(graph_of(entries), provider, tmp_path)
     task = asyncio.ensure_future(ex.run())
 
-    async def provider_running() -> None:
-        while not provider.running:
-            await asyncio.sleep(0.005)
-
-    await asyncio.wait_for(provider_running(), 5)
+    await asyncio.wait_for(provider.started.wait(), 5)
     ex.close_admission("SIGINT", cancel_inflight=True)
     await asyncio.wait_for(task, 5)
     assert statuses(ex.graph) == {"slow": "pending", "next": "pending"}

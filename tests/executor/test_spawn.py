@@ -96,9 +96,7 @@ def child(agent_id: str, **extra: object) -> dict[str, object]:
 
 
 async def test_accepted_spawn_becomes_a_node(tmp_path: Path) -> None:
-    ex, provider = await run_spawns(
-        tmp_path, {"lead": [child("fix-1", assignee="coder")]}
-    )
+    ex, provider = await run_spawns(tmp_path, {"lead": [child("fix-1", assignee="coder")]})
     assert ex.spawn_rejections == []
     lead = ex.graph.by_key["lead"]
     fix = ex.graph.by_key["fix-1"]
@@ -309,10 +307,15 @@ def _files(tmp_path: Path, kids: int) -> tuple[Path, Path]:
         )
     )
     script = tmp_path / "script.json"
-    script.write_text(
-        json.dumps({"root": {"spawn": [child(f"kid-{i:02d}") for i in range(kids)]}})
-    )
+    script.write_text(json.dumps({"root": {"spawn": [child(f"kid-{i:02d}") for i in range(kids)]}}))
     return plan, script
+
+
+def stored_checkpoint(result: Any) -> dict[str, Any]:
+    """The run's checkpoint file as written (version 2: one JSON document)."""
+    data = json.loads(Path(result.checkpoint["path"]).read_text())
+    assert isinstance(data, dict)
+    return data
 
 
 async def _run(tmp_path: Path, kids: int, **options: Any) -> Any:
@@ -332,7 +335,7 @@ async def test_max_ops_5_with_3_planned_allows_exactly_2_spawns(tmp_path: Path) 
         ("kid-02", "max_spawn_exceeded"),
         ("kid-03", "max_spawn_exceeded"),
     ]
-    stored = json.loads(Path(result.checkpoint["path"]).read_text())
+    stored = stored_checkpoint(result)
     assert stored["max_spawn"] == 2
     assert stored["config"]["max_ops"] == 5
     assert sorted(e["spawn_id"] for e in stored["spawned"]) == ["kid-00", "kid-01"]
@@ -342,7 +345,7 @@ async def test_max_ops_5_with_3_planned_allows_exactly_2_spawns(tmp_path: Path) 
 async def test_budget_never_negative(tmp_path: Path, max_ops: int, budget: int) -> None:
     result = await _run(tmp_path, 2, max_ops=max_ops)
     assert len([n for n in result.nodes if n["kind"] == "spawned"]) == budget
-    assert json.loads(Path(result.checkpoint["path"]).read_text())["max_spawn"] == budget
+    assert stored_checkpoint(result)["max_spawn"] == budget
 
 
 async def test_uncapped_run_uses_the_cli_default_of_20(tmp_path: Path) -> None:
@@ -350,4 +353,4 @@ async def test_uncapped_run_uses_the_cli_default_of_20(tmp_path: Path) -> None:
     result = await _run(tmp_path, 21, concurrency=8)
     assert len([n for n in result.nodes if n["kind"] == "spawned"]) == 20
     assert [r["reason"] for r in result.spawn_rejections] == ["max_spawn_exceeded"]
-    assert json.loads(Path(result.checkpoint["path"]).read_text())["max_spawn"] == 20
+    assert stored_checkpoint(result)["max_spawn"] == 20

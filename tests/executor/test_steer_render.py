@@ -95,8 +95,6 @@ def test_shared_context_renders_each_message_once() -> None:
     ctx.add_operator_message("three", ts=TS2 + 1, control_id="c3")
     assert [m["text"] for m in ctx.take_unrendered("op-b")] == ["three"]
     assert "operator_messages" in ctx.content  # persisted as part of flow_context
-    ctx.content["notes"] = 1
-    assert ctx.for_operation() == {"notes": 1}
 
 
 # -- through the executor ----------------------------------------------------------------------

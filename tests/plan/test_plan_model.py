@@ -72,8 +72,12 @@ def test_contract_example_parses(tmp_path: Path) -> None:
 
 
 def test_json_plan_file(tmp_path: Path) -> None:
-    data = {"plan": [{"agent_id": "a", "instruction": "x"}, {"agent_id": "b", "instruction": "y",
-                                                             "depends_on": ["a"]}]}
+    data = {
+        "plan": [
+            {"agent_id": "a", "instruction": "x"},
+            {"agent_id": "b", "instruction": "y", "depends_on": ["a"]},
+        ]
+    }
     plan = load_plan_file(_write(tmp_path, json.dumps(data), "plan.json"))
     assert [e.agent_id for e in plan.plan] == ["a", "b"]
 
@@ -84,8 +88,16 @@ def test_conditional_dependencies() -> None:
             "plan": [
                 {"agent_id": "a", "instruction": "x"},
                 {"agent_id": "ok", "instruction": "y", "depends_on": [{"id": "a"}]},
-                {"agent_id": "fb", "instruction": "y", "depends_on": [{"id": "a", "when": "failed"}]},
-                {"agent_id": "al", "instruction": "y", "depends_on": [{"id": "a", "when": "always"}]},
+                {
+                    "agent_id": "fb",
+                    "instruction": "y",
+                    "depends_on": [{"id": "a", "when": "failed"}],
+                },
+                {
+                    "agent_id": "al",
+                    "instruction": "y",
+                    "depends_on": [{"id": "a", "when": "always"}],
+                },
                 {
                     "agent_id": "ic",
                     "instruction": "y",
@@ -109,7 +121,11 @@ def test_bad_edge_condition(when: str) -> None:
             {
                 "plan": [
                     {"agent_id": "a", "instruction": "x"},
-                    {"agent_id": "b", "instruction": "y", "depends_on": [{"id": "a", "when": when}]},
+                    {
+                        "agent_id": "b",
+                        "instruction": "y",
+                        "depends_on": [{"id": "a", "when": when}],
+                    },
                 ]
             },
             source="t",
@@ -118,8 +134,13 @@ def test_bad_edge_condition(when: str) -> None:
 
 def test_reactive_spellings_are_kept() -> None:
     base = {"plan": [{"agent_id": "a", "instruction": "x"}]}
-    assert parse_plan_text("reactive: on\nplan: [{agent_id: a, instruction: x}]", source="t").reactive == "all"
-    assert parse_plan({**base, "reactive": "coder,reviewer"}, source="t").reactive == "coder,reviewer"
+    assert (
+        parse_plan_text("reactive: on\nplan: [{agent_id: a, instruction: x}]", source="t").reactive
+        == "all"
+    )
+    assert (
+        parse_plan({**base, "reactive": "coder,reviewer"}, source="t").reactive == "coder,reviewer"
+    )
     assert parse_plan(base, source="t").reactive is None
 
 
@@ -207,8 +228,15 @@ def test_unknown_dependency(tmp_path: Path) -> None:
 def test_unknown_conditional_dependency() -> None:
     with pytest.raises(PlanValidationError, match="ghost"):
         parse_plan(
-            {"plan": [{"agent_id": "a", "instruction": "x",
-                       "depends_on": [{"id": "ghost", "when": "failed"}]}]},
+            {
+                "plan": [
+                    {
+                        "agent_id": "a",
+                        "instruction": "x",
+                        "depends_on": [{"id": "ghost", "when": "failed"}],
+                    }
+                ]
+            },
             source="t",
         )
 

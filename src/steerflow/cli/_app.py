@@ -173,6 +173,14 @@ def print_result(result: FlowResult, *, as_json: bool) -> None:
         warn("graph:\n" + result.graph_text)
     for warning in result.warnings:
         warn(f"warning: {warning}")
+    report = result.checkpoint_recovery or {}
+    if report and report.get("status") != "clean":
+        warn(
+            f"checkpoint recovery: {report.get('status')}: {report.get('records_applied')} "
+            f"journal records applied up to seq {report.get('last_seq')}, "
+            f"{report.get('discarded_tail_bytes')} torn tail bytes discarded, "
+            f"{report.get('stale_generation_records')} stale records ignored"
+        )
     for rejection in result.spawn_rejections:
         warn(
             f"spawn rejected: {rejection['agent_id'] or '<none>'} from {rejection['emitter']}: "

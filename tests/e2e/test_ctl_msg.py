@@ -1,0 +1,129 @@
+"""``ctl msg`` against a live flow process: at-most-once steering (ADR-0069 D3, CONTRACT §6-§7).
+
+The trial flow is many independent nodes run one at a time (``--concurrency 1``)
+on the ``script:`` model (echo text: the complete rendered instruction), so each
+stored response holds exactly the steer block its own operation received and
+never another node's text through a dependency block.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from pathlib import Path
+
+from ctl_support import (
+    ctl_ok,
+    independent_plan,
+    invocations,
+    live_flow,
+    node_statuses,
+    occurrences,
+    state_db,
+    steer_lines,
+    wait_for,
+    wait_stamped,
+    write_yaml,
+)
+
+from steerflow.executor import STEER_CLOSE, STEER_OPEN
+
+TRIALS = 50
+NODES = 150  # far more than the trials need: the flow is stopped once they are checked
+NODE_S = 0.4
+
+_STEER_LINE = re.compile(r"^- \d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?Z: (?P<text>.*)$")
+
+
+def _args(tmp_path: Path, keys_count: int, delay: float) -> list[str]:
+    independent_plan(tmp_path / "plan.yaml", keys_count)
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": delay}})
+    return [
+        "--plan", str(tmp_path / "plan.yaml"),
+        "--model", f"script:{tmp_path / 'script.yaml'}",
+        "--concurrency", "1",
+    ]  # fmt: skip
+
+
+def _started(home: Path, session_id: str) -> int:
+    return sum(s in ("running", "completed") for s in node_statuses(home, session_id).values())
+
+
+def _completed(home: Path, session_id: str) -> int:
+    return sum(s == "completed" for s in node_statuses(home, session_id).values())
+
+
+def test_message_reaches_exactly_the_next_operation_in_50_trials(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    with live_flow(home, _args(tmp_path, NODES, NODE_S)) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: "running" in s.values(), what="the first node running")
+        sent: list[tuple[str, str]] = []
+        for i in range(TRIALS):
+            text = f"steer-{i:02d}-{uuid.uuid4().hex[:8]}"
+            control_id = ctl_ok(home, "msg", sid, text)
+            row = wait_stamped(home, control_id, alive=flow.proc)
+            assert row.result == "applied", (i, row)
+            sent.append((control_id, text))
+        # Let the operation that took the last message finish, then stop the run
+        # (completed work is persisted; nothing is left in flight with a message).
+        base = _completed(home, sid)
+        wait_for(lambda: _completed(home, sid) >= base + 2, what="the last steer rendered",
+                 alive=flow.proc)  # fmt: skip
+        assert _started(home, sid) < NODES, "the flow ran out of operations during the trials"
+        assert flow.terminate() == 143, flow.stderr()
+
+    responses = flow.responses()
+    found = occurrences([text for _, text in sent], responses)
+    misses = {t: keys for t, keys in found.items() if len(keys) != 1}
+    assert not misses, f"messages not rendered exactly once: {misses}"
+
+    # Each message sits in its operation's own steer block, in stored order, with a
+    # UTC timestamp; no other operation's block repeats it.
+    lines_by_key = {k: steer_lines(r) for k, r in responses.items()}
+    for key, lines in lines_by_key.items():
+        texts = [m.group("text") for m in map(_STEER_LINE.match, lines) if m]
+        assert len(texts) == len(lines), lines
+        if texts:
+            response = responses[key]
+            assert response.index(STEER_OPEN) < response.index(STEER_CLOSE)
+            assert response.rstrip().endswith(f"Do task {key}."), response
+            assert texts == [t for _, t in sent if t in texts], "steer lines out of stored order"
+
+    # "Next": the operation that rendered a message started after the message was sent,
+    # and later messages never land in earlier operations.
+    started_at = {line["node"]: line["ts"] for line in invocations(home)}
+    with state_db(home) as db:
+        rows = {c.id: c for c in db.list_controls(sid)}
+    order = []
+    for control_id, text in sent:
+        (key,) = found[text]
+        assert started_at[key] > rows[control_id].created_at, (text, key)
+        order.append(started_at[key])
+    assert order == sorted(order)
+
+    # The canonical queue in the checkpoint records where each message went.
+    queue = flow.checkpoint()["flow_context"]["operator_messages"]
+    assert [m["control_id"] for m in queue] == [c for c, _ in sent]
+    assert all(m["rendered_into_op"] == found[m["text"]][0] for m in queue)
+
+
+def test_message_without_pending_operation_and_unsupported_verb(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    independent_plan(tmp_path / "plan.yaml", 1)
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 3.0}})
+    args = ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{tmp_path / 'script.yaml'}"]
+    with live_flow(home, args) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: s.get("n000") == "running", what="the only node running")
+        late = ctl_ok(home, "msg", sid, "too-late-for-anyone")
+        assert wait_stamped(home, late, alive=flow.proc).result == "rejected:no-pending-ops"
+        # `stop` is schema-reserved and has no CLI producer: insert it like another caller would.
+        with state_db(home) as db:
+            stop = db.insert_control(session_id=sid, verb="stop", payload=None)
+        assert wait_stamped(home, stop.id, alive=flow.proc).result == (
+            "rejected:unsupported-verb:stop"
+        )
+        assert flow.finish(timeout=60) == 0, flow.stderr()
+    assert "too-late-for-anyone" not in "".join(flow.responses().values())
+    assert flow.result()["status"] == "completed"
