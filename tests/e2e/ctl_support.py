@@ -138,7 +138,7 @@ def wait_stamped(
 ) -> ControlRow:
     """Wait until a control row has its terminal stamp (``applied_at`` set)."""
     return wait_for(
-        lambda: (row if (row := control(home, control_id)).applied_at is not None else None),
+        lambda: row if (row := control(home, control_id)).applied_at is not None else None,
         timeout=timeout,
         what=f"control {control_id} to be stamped",
         **kw,
@@ -198,8 +198,7 @@ def independent_plan(path: Path, count: int, *, prefix: str = "n") -> list[str]:
         {
             "name": "ctl-independent",
             "plan": [
-                {"agent_id": k, "assignee": "worker", "instruction": f"Do task {k}."}
-                for k in keys
+                {"agent_id": k, "assignee": "worker", "instruction": f"Do task {k}."} for k in keys
             ],
         },
     )

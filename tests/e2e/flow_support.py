@@ -17,6 +17,10 @@ from typing import Any, TypeVar
 
 import yaml
 
+# Imported up front: a first, cold import inside a timed polling loop would compete for the
+# CPU with the very process whose latency is being measured.
+from steerflow.cli import main as cli_main
+
 PYTHON = sys.executable
 T = TypeVar("T")
 
@@ -146,11 +150,9 @@ def cli_in_process(home: Path, *args: str) -> tuple[int, str]:
     Used where a test measures latency of another process and a child
     interpreter's own start-up would dominate the measurement.
     """
-    from steerflow.cli import main
-
     out, err = io.StringIO(), io.StringIO()
     with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-        code = main(["--home", str(home), *args])
+        code = cli_main(["--home", str(home), *args])
     return code, out.getvalue()
 
 

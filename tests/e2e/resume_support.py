@@ -38,12 +38,16 @@ __all__ = [
     "invocation_counts",
     "new_runs",
     "ops_of",
+    "response_of",
     "resume",
     "run_dirs",
     "run_plan",
     "session_metadata",
     "single_run",
+    "spawned_of",
+    "wait_checkpoint",
     "wait_for",
+    "write_script",
 ]
 
 CHECKPOINT = "checkpoint.json"
@@ -130,7 +134,9 @@ def new_runs(home: Path, known: Iterable[Path]) -> list[Path]:
 def invocation_counts(home: Path, *, run_id: str | None = None) -> Counter[str]:
     """Invocations per node key from ``<home>/script-invocations.jsonl``."""
     return Counter(
-        line["node"] for line in read_invocations(home) if run_id is None or line["run_id"] == run_id
+        line["node"]
+        for line in read_invocations(home)
+        if run_id is None or line["run_id"] == run_id
     )
 
 
@@ -159,7 +165,15 @@ def run_plan(
 ) -> CliResult:
     """``steerflow flow --plan PLAN --model script:SCRIPT EXTRA... --json``."""
     return run_cli(
-        home, "flow", "--plan", plan, "--model", f"script:{script}", *extra, "--json", timeout=timeout
+        home,
+        "flow",
+        "--plan",
+        plan,
+        "--model",
+        f"script:{script}",
+        *extra,
+        "--json",
+        timeout=timeout,
     )
 
 
@@ -354,7 +368,7 @@ def spawned_of(run_dir: Path) -> dict[str, dict[str, Any]]:
 def wait_checkpoint(
     run_parent: Path, predicate: Any, *, timeout: float = 20.0, what: str = "checkpoint"
 ) -> dict[str, Any]:
-    """Poll the only run under ``run_parent``'s home until its checkpoint satisfies ``predicate``."""
+    """Poll the home's only run until its checkpoint satisfies ``predicate``."""
 
     def probe() -> dict[str, Any] | None:
         dirs = run_dirs(run_parent)

@@ -165,6 +165,29 @@ def test_bad_plan_file_exits_2_naming_file_line_and_field(home: Path, tmp_path: 
 
 
 @pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("plan:\n  - {agent_id: a, instruction: x}\n  - {agent_id: a, instruction: y}\n", "'a'"),
+        ("plan:\n  - {agent_id: a, instruction: x, depends_on: [ghost]}\n", "ghost"),
+        (
+            "plan:\n  - {agent_id: a, instruction: x, depends_on: [b]}\n"
+            "  - {agent_id: b, instruction: y, depends_on: [a]}\n",
+            "cycle",
+        ),
+        ("plan:\n  - {agent_id: a, instruction: x}\n  - {agent_id: 'b c', instruction: y}\n", ":3"),
+    ],
+    ids=["duplicate", "unknown-dep", "cycle", "bad-agent-id"],
+)
+def test_invalid_plans_exit_2(home: Path, tmp_path: Path, text: str, needle: str) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(text)
+    result = run_cli(home, "flow", "--plan", plan)
+    assert result.returncode == 2, result.explain()
+    assert str(plan) in result.stderr and needle in result.stderr
+    assert _run_dirs(home) == []
+
+
+@pytest.mark.parametrize(
     "args",
     [
         ["flow", "--no-such-flag"],
@@ -398,6 +421,11 @@ def test_plan_over_200_entries_is_cut_with_a_warning(home: Path, tmp_path: Path)
     assert any("200" in w for w in out["warnings"]), out["warnings"]
     assert "warning" in result.stderr.lower() and "200" in result.stderr
 
+    dry = run_cli(home, "flow", "--plan", plan, "--dry-run", "--json")
+    assert dry.returncode == 0, dry.explain()
+    assert len(dry.json["nodes"]) == 200
+    assert any("200" in w for w in dry.json["warnings"]), dry.json["warnings"]
+
 
 # -- a running flow, seen from other processes ------------------------------------------------
 
@@ -412,7 +440,9 @@ def test_running_flow_is_listed_within_1s_and_shows_live_status(home: Path, tmp_
         def listed() -> list[dict[str, Any]] | None:
             return [r for r in runs_in_process(home) if r["status"] == "running"] or None
 
-        rows = wait_for(listed, timeout=1.0 - (time.monotonic() - started), what="running run")
+        rows = wait_for(
+            listed, timeout=1.0 - (time.monotonic() - started), interval=0.05, what="running run"
+        )
         assert time.monotonic() - started <= 1.0
         row = rows[0]
         assert RUN_ID.match(row["run_id"]) and HEX32.match(row["session_id"])

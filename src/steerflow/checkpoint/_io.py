@@ -2,9 +2,11 @@
 
 Seam names are ``<object>-<step>``: the object is ``snapshot`` (v2 file), ``base``,
 ``journal``, ``staging`` or ``dir``; the step is ``create``, ``write``, ``write-part``
-(after a short write, before the rest), ``fsync``, ``close``, ``link``, ``exchange``,
-``replace``, ``unlink``, ``quarantine`` or ``lock``.  Raw file descriptors only: there
-is no userspace buffer, so "flush" has nothing to do beyond the write loop.
+(after a short write, before the rest), ``lf`` (around the write that completes a
+line's LF; in short-write mode the LF is written alone), ``fsync``, ``close``,
+``link``, ``exchange``, ``replace``, ``unlink``, ``quarantine`` or ``lock``.  Raw file
+descriptors only: there is no userspace buffer, so the ``flush`` seams the writer
+places after each write have nothing to do beyond the write loop.
 
 Only Linux is qualified.  ``renameat2`` comes through ctypes; where the kernel or the
 filesystem lacks it (NFS, some FUSE), :func:`exchange` reports ``None`` and the caller
@@ -165,12 +167,20 @@ def write_all(fd: int, data: bytes | Iterable[bytes], obj: str) -> int:
         view = memoryview(chunk)
         total = len(view)
         off = 0
+        ends_line = total > 0 and view[total - 1] == 0x0A
         while off < total:
             end = total if cap is None else min(total, off + cap)
+            if cap is not None and ends_line and end == total and total - off > 1:
+                end = total - 1  # short-write mode: the closing LF travels in its own write
+            completes_line = ends_line and end == total
+            if completes_line:
+                _seam(f"{obj}-lf", "before")  # the write that completes the record's LF
             n = os.write(fd, view[off:end])
             if n <= 0:
                 raise OSError(errno.EIO, "write made no progress")
             off += n
+            if completes_line and off == total:
+                _seam(f"{obj}-lf", "after")
             if off < total:
                 _seam(f"{obj}-write-part", "after")
         written += total

@@ -29,7 +29,7 @@ from ._patch import PatchError, apply_patch, validate_patch
 from ._read import JOURNAL_FILENAME, Parsed, parse_json, read_pinned
 from ._report import Report
 
-__all__ = ["MAX_SEQ", "load_v3", "valid_generation"]
+__all__ = ["MAX_SEQ", "fold_unit", "load_v3", "valid_generation"]
 
 MAX_SEQ = 2**63 - 1
 _GENERATION = re.compile(r"[0-9a-f]{32}")
@@ -254,13 +254,14 @@ def load_v3(path: str, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
         if attempt:
             time.sleep(0.002 * attempt)
         base_bytes, journal = _coherent_read(path, report)
-        state = _fold_unit(base_bytes, journal, report)
+        state = fold_unit(base_bytes, journal, report)
         if not report.stale_generation_records:
             break
     return state, report.as_dict()
 
 
-def _fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, Any]:
+def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, Any]:
+    """Fold one base with its journal bytes (raise ``CheckpointRecoveryError`` on refusal)."""
     try:
         base = _check_base(parse_json(base_bytes))
     except ValueError:

@@ -45,8 +45,8 @@ from steerflow import _faults
 from steerflow.errors import CheckpointRecoveryError, PersistenceError
 
 from . import _capture, _io
-from ._load import load_checkpoint
-from ._load_v3 import MAX_SEQ
+from ._load_v3 import MAX_SEQ, fold_unit
+from ._report import Report
 from ._state import Item, State, Ticket, dumps_compact, encode_chunks, group_lines, seal
 
 __all__ = ["V3Backend"]
@@ -102,7 +102,7 @@ class V3Backend:
                     self.state.apply(item)
                     self._compact()  # the oversize transition lands in the new base
                     self.resync = False
-                    ticket.done = True
+                    pending.append(ticket)  # acknowledged by the next commit's checks
                     continue
                 if (
                     self.seq >= self.max_records
@@ -138,9 +138,15 @@ class V3Backend:
             self.broken = None  # initialization never finished: the next write redoes it
             return
         try:
-            state, _report = load_checkpoint(os.path.join(self.dirname, self.name))
+            # Read the objects this writer created and pinned, never whatever occupies
+            # the published names now: a substitute must not be adopted, and its
+            # quarantine by the compaction below restores the names' reachability.
+            base, journal = self._read_pin(self._base), self._read_pin(self._journal)
+            state = fold_unit(base, journal, Report())
         except CheckpointRecoveryError as exc:
             raise PersistenceError(f"reconciliation could not load the checkpoint: {exc}") from exc
+        except OSError as exc:
+            raise PersistenceError(f"reconciliation could not read its own files: {exc}") from exc
         try:
             self.state.ops = dict(state["ops"])
             self.state.spawned = list(state["spawned"])
@@ -151,6 +157,22 @@ class V3Backend:
             raise PersistenceError(f"reconciliation failed: {exc}") from exc
         self.resync = True
         self.broken = None
+
+    @staticmethod
+    def _read_pin(pin: _Pin) -> bytes:
+        """The bytes of a pinned object, through its descriptor (write-only: reopen it)."""
+        fd = os.open(f"/proc/self/fd/{pin[0]}", os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            if _io.identity(fd) != pin[1]:
+                raise PersistenceError("a pinned checkpoint descriptor changed identity")
+            chunks: list[bytes] = []
+            offset = 0
+            while chunk := os.pread(fd, 1 << 20, offset):
+                chunks.append(chunk)
+                offset += len(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
 
     def _release_dirs(self) -> None:
         for fd in (self._sfd, self._pfd):
@@ -211,8 +233,11 @@ class V3Backend:
             _faults.seam("journal-flush", "before")  # raw fd: nothing buffered in userspace
             _faults.seam("journal-flush", "after")
             _io.fsync(fd, "journal")
-            self._check_reachable()
             buf.clear()
+        if pending:
+            # Every acknowledgement (a flush or a compacted oversize record included)
+            # requires the published names to hold the objects this writer owns.
+            self._check_reachable()
         _faults.seam("advance", "before")
         for ticket in pending:
             ticket.done = True
@@ -300,6 +325,8 @@ class V3Backend:
         created = _io.identity(fd)
         try:
             _io.write_all(fd, data, obj)
+            _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
+            _faults.seam(f"{obj}-flush", "after")
             _io.fsync(fd, obj)
             if not named:
                 _io.link_fd(fd, sfd, temp, obj)

@@ -33,7 +33,9 @@ import contextlib
 import logging
 import os
 import socket
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -171,6 +173,8 @@ class ControlPoller:
         self._db = db
         self._owns_db = db is None
         self._stopping = asyncio.Event()
+        self._wake = asyncio.Event()
+        self._retry_soon = False
         self._draining = False
         self._unstamped: list[_Unstamped] = []
         self._log: list[dict[str, Any]] = []
@@ -193,8 +197,9 @@ class ControlPoller:
     def executing(self, value: bool) -> None:
         self._executing = value
         # The runner writes the phase itself when execution starts; write ours again
-        # on the next tick so a pause applied meanwhile is not hidden by that write.
+        # right away so a pause applied meanwhile is not hidden by that write.
         self._phase_written = None
+        self._wake.set()
 
     @property
     def paused(self) -> bool:
@@ -210,33 +215,59 @@ class ControlPoller:
     # -- the loop -------------------------------------------------------------------------
 
     async def run(self) -> None:
-        """Tick until :meth:`stop`, then make one last pass over rows that came too late."""
+        """Tick until :meth:`stop`, then make one last pass over rows that came too late.
+
+        While idle the event loop is not woken at all: a watcher thread reads
+        ``data_version`` every interval and wakes the loop only on a change (or
+        every :data:`_FORCED_LIST_S`, or every interval while a retry is due).
+        """
+        loop = asyncio.get_running_loop()
+        watcher: _Watcher | None = None
         try:
             while not self._stopping.is_set():
                 if await self._ensure_db():
+                    if watcher is None and self._db is not None:
+                        watcher = _Watcher(self._db, self.interval, self._waker(loop))
+                        watcher.start()
                     await self._guarded_tick()
-                await self._sleep()
+                else:
+                    self._retry_soon = True
+                await self._wait()
             if await self._ensure_db():
                 self._draining = True
                 await self._guarded_tick(force=True)
         finally:
             self.state = "stopped"
+            if watcher is not None:
+                watcher.stop()
+                await asyncio.to_thread(watcher.join, 5.0)
             await self._close()
 
     async def stop(self) -> None:
         """Ask the loop to end after the current tick (and its final pass)."""
         self._stopping.set()
+        self._wake.set()
 
-    async def _sleep(self) -> None:
+    def _waker(self, loop: asyncio.AbstractEventLoop) -> Callable[[], None]:
+        def wake() -> None:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                loop.call_soon_threadsafe(self._wake.set)
+
+        return wake
+
+    async def _wait(self) -> None:
+        timeout = self.interval if self._retry_soon else _FORCED_LIST_S
         with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(self.interval):
-                await self._stopping.wait()
+            async with asyncio.timeout(timeout):
+                await self._wake.wait()
+        self._wake.clear()
 
     async def _ensure_db(self) -> bool:
         if self._db is None:
             try:
-                self._db = await asyncio.to_thread(StateDB.open, self.home)
-            except SteerflowError as exc:
+                # The runner created the DB before starting us: never create one here.
+                self._db = await asyncio.to_thread(StateDB.open, self.home, create=False)
+            except (SteerflowError, OSError) as exc:
                 _log.warning("control poller cannot open the state DB (retrying): %s", exc)
                 return False
         if self.state == "pending":
@@ -249,6 +280,7 @@ class ControlPoller:
         except Exception:  # a bug in one tick must not end live control for the run
             _log.exception("control poller tick failed; retrying next tick")
             self._last_version = None
+            self._retry_soon = True
 
     async def _close(self) -> None:
         db = self._db
@@ -277,12 +309,16 @@ class ControlPoller:
         if self.state == "pending":
             self.state = "active"
         self.ticks += 1
+        self._retry_soon = False
         stamped = 0
         try:
             stamped = await self._tick(db, force=force)
         finally:
-            with contextlib.suppress(SteerflowError):
+            try:
                 await self._write_meta()
+            except SteerflowError as exc:
+                _log.warning("control poller could not update node_metadata: %s", exc)
+                self._retry_soon = True
         return stamped
 
     async def _tick(self, db: StateDB, *, force: bool) -> int:
@@ -291,12 +327,14 @@ class ControlPoller:
             # An earlier effect still lacks its stamp: nothing may overtake it.
             first = self._unstamped[0]
             if not await self._finalize(db, first.row, first.result):
+                self._retry_soon = True
                 return stamped
             self._unstamped.pop(0)
             stamped += 1
         try:
             version = await asyncio.to_thread(db.data_version)
         except SteerflowError:
+            self._retry_soon = True
             return stamped
         now = time.monotonic()
         unchanged = version == self._last_version and now - self._last_list < _FORCED_LIST_S
@@ -307,6 +345,7 @@ class ControlPoller:
         except SteerflowError as exc:
             # Retried next tick (the version stays unrecorded); the run goes on.
             _log.warning("control poller could not list pending controls: %s", exc)
+            self._retry_soon = True
             return stamped
         self.listings += 1
         self._last_version, self._last_list = version, now
@@ -315,6 +354,7 @@ class ControlPoller:
                 outcome = await self._apply(db, row)
             except _ClaimUncertain:
                 self._last_version = None  # list again next tick; nothing overtakes this row
+                self._retry_soon = True
                 return stamped
             if outcome is None:
                 continue  # claimed or stamped by someone else: not ours to touch
@@ -322,6 +362,7 @@ class ControlPoller:
                 # An effect we could not stamp: stop so no later row overtakes it.
                 self._unstamped.append(_Unstamped(row, outcome))
                 self._last_version = None
+                self._retry_soon = True
                 return stamped
             stamped += 1
         return stamped
@@ -430,6 +471,43 @@ class ControlPoller:
         if phase != self._phase_written:
             await asyncio.to_thread(db.set_session_phase, self.session_id, phase)
             self._phase_written = phase
+
+
+class _Watcher:
+    """A daemon thread that reads ``data_version`` every interval and wakes the loop on a change.
+
+    Keeping the cheap check off the event loop means an idle flow's loop is not
+    woken 20 times a second, and a check that has to wait on a lock never blocks it.
+    """
+
+    def __init__(self, db: StateDB, interval: float, wake: Callable[[], None]) -> None:
+        self._db = db
+        self._interval = interval
+        self._wake = wake
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, name="steerflow-control-watch", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    def _watch(self) -> None:
+        last: int | None = None
+        while not self._stop.wait(self._interval):
+            try:
+                version: int | None = self._db.data_version()
+            except Exception:  # the loop's tick reports and retries; keep watching
+                version = None
+            if version is None or version != last:
+                last = version
+                self._wake()
 
 
 class _ClaimUncertain(SteerflowError):

@@ -80,6 +80,7 @@ class FlowExecutor:
         self.context = context or SharedContext()
         self.events = events or EventBus()
         self.observers: list[Observer] = list(observers or [])
+        self.spawn_observers: list[Callable[[list[Operation]], Awaitable[None]]] = []
         self._call_timeout_s = call_timeout_s
         self._done: dict[str, asyncio.Event] = {}
         self._tg: asyncio.TaskGroup | None = None
@@ -173,7 +174,14 @@ class FlowExecutor:
             self.running -= 1
             self._limiter.release()
         if outcome == "completed":
-            self._spawn_children(op)
+            children = self._spawn_children(op)
+            # Children are recorded (as pending) before they can run and before their
+            # emitter's outcome, so no kill point loses an accepted spawn.
+            if children:
+                for spawn_observer in self.spawn_observers:
+                    await spawn_observer(children)
+            for child in children:
+                self._launch(child)
         if outcome != "pending":
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
@@ -284,15 +292,15 @@ class FlowExecutor:
 
     # -- reactive expansion ----------------------------------------------------------------
 
-    def _spawn_children(self, emitter: Operation) -> None:
+    def _spawn_children(self, emitter: Operation) -> list[Operation]:
         requests = emitter.extra.pop("spawn_requests", [])
         if not isinstance(requests, list) or not requests:
-            return
+            return []
         if not self.reactive.allows(emitter.assignee):
             self._emit("spawn_rejected", emitter, data={"reason": "reactive_disabled"})
-            return
-        for raw in requests:
-            self._try_spawn(emitter, raw)
+            return []
+        accepted = [self._try_spawn(emitter, raw) for raw in requests]
+        return [child for child in accepted if child is not None]
 
     def _reject(self, emitter: Operation, agent_id: str | None, reason: str, detail: str) -> None:
         self.spawn_rejections.append(SpawnRejection(emitter.key, agent_id, reason, detail))
@@ -302,27 +310,27 @@ class FlowExecutor:
             data={"agent_id": agent_id, "reason": reason, "detail": detail},
         )
 
-    def _try_spawn(self, emitter: Operation, raw: object) -> None:
+    def _try_spawn(self, emitter: Operation, raw: object) -> Operation | None:
         if raw is None or raw == {}:
             self._reject(emitter, None, "null_child", "the spawn request was empty")
-            return
+            return None
         try:
             spec = SpawnSpec.model_validate(raw)
         except ValidationError as exc:
             agent = raw.get("agent_id") if isinstance(raw, dict) else None
             detail = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors())
             self._reject(emitter, str(agent) if agent else None, "builder_error", detail)
-            return
+            return None
         if spec.agent_id in spec.depends_on:
             self._reject(emitter, spec.agent_id, "cycle", "the spawned node depends on itself")
-            return
+            return None
         if spec.agent_id in self.graph.by_key:
             self._reject(emitter, spec.agent_id, "duplicate", "a node with this id exists")
-            return
+            return None
         unknown = [d for d in spec.depends_on if d not in self.graph.by_key]
         if unknown:
             self._reject(emitter, spec.agent_id, "builder_error", f"unknown depends_on {unknown}")
-            return
+            return None
         if self.spawned_count >= self.max_spawn:
             self._reject(
                 emitter,
@@ -330,10 +338,10 @@ class FlowExecutor:
                 "max_spawn_exceeded",
                 f"spawn budget of {self.max_spawn} used up",
             )
-            return
+            return None
         if not self.admission_open:
             self._reject(emitter, spec.agent_id, "admission_closed", "the flow is stopping")
-            return
+            return None
         edges = [Edge(source=emitter.node_id)] if spec.link_to_emitter else []
         edges += [Edge(source=self.graph.by_key[d].node_id) for d in spec.depends_on]
         child = Operation(
@@ -348,7 +356,7 @@ class FlowExecutor:
         self.graph.add(child)
         self.spawned_count += 1
         self._emit("node_spawned", child, data={"emitter": emitter.key})
-        self._launch(child)
+        return child
 
     # -- plumbing --------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ class ResumeSeed:
     max_spawn: int | None = None
     degraded: list[str] = field(default_factory=list)
     checkpoint_recovery: dict[str, Any] | None = None
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass

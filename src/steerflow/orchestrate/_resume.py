@@ -59,7 +59,14 @@ def _check_digest(where: str, entry: dict[str, Any]) -> None:
     digest = entry.get("result_digest")
     if digest is None:
         return  # older checkpoints carry no digest: nothing independent to check
-    if digest != result_digest(entry.get("response")):
+    try:
+        actual = result_digest(entry.get("response"))
+    except ValueError as exc:  # e.g. NaN read from a hand-edited v2 file
+        raise FlowResumeError(
+            f"{where}: the stored response cannot be encoded canonically ({exc}), so it cannot "
+            "be checked against its result_digest"
+        ) from None
+    if digest != actual:
         raise FlowResumeError(
             f"{where}: the stored response does not match its result_digest; the checkpoint "
             "was changed after the node completed, so replaying it would not be faithful"
@@ -67,7 +74,12 @@ def _check_digest(where: str, entry: dict[str, Any]) -> None:
 
 
 def _spawned_entries(
-    raw: object, plan_ids: dict[str, str], ops: dict[str, Any], *, retry_failed: bool
+    raw: object,
+    plan_ids: dict[str, str],
+    ops: dict[str, Any],
+    *,
+    retry_failed: bool,
+    planned_keys: set[str] | frozenset[str] = frozenset(),
 ) -> list[_Spawned]:
     """Check every spawned entry before rebuilding any; one bad entry refuses the resume."""
     if raw in (None, []):
@@ -77,10 +89,15 @@ def _spawned_entries(
     entries: list[_Spawned] = []
     node_ids = {e.get("node_id") for e in raw if isinstance(e, dict)}
     spawn_ids = {e.get("spawn_id") for e in raw if isinstance(e, dict)}
+    seen_nodes: set[str] = set()
+    seen_keys: set[str] = set()
     for index, entry in enumerate(raw):
         if not isinstance(entry, dict) or not isinstance(entry.get("node_id"), str):
             raise FlowResumeError(f"spawned[{index}] has no node_id: cannot rebuild it")
         name = f"spawned node {entry.get('spawn_id') or entry['node_id']!r}"
+        if entry["node_id"] in seen_nodes:
+            raise FlowResumeError(f"{name}: node id {entry['node_id']!r} is recorded twice")
+        seen_nodes.add(entry["node_id"])
         operation = entry.get("operation")
         if not isinstance(operation, str) or not operation:
             raise FlowResumeError(f"{name}: no 'operation' recorded, nothing to rebuild it from")
@@ -95,6 +112,12 @@ def _spawned_entries(
             raise FlowResumeError(f"{name}: has an assignee but no spawn_id")
         if not isinstance(spawn_id, str) or not is_agent_id(spawn_id):
             raise FlowResumeError(f"{name}: spawn_id {spawn_id!r} is not a valid leg key")
+        if spawn_id in planned_keys or spawn_id in seen_keys:
+            raise FlowResumeError(
+                f"{name}: spawn_id {spawn_id!r} is already used by another node, so the "
+                "recorded topology cannot be rebuilt"
+            )
+        seen_keys.add(spawn_id)
         parent = entry.get("parent_id")
         if parent is not None:
             parent_key = plan_ids.get(parent)
@@ -134,6 +157,40 @@ def _spawned_entries(
             )
         )
     return _topological(entries)
+
+
+def _drop_unanchored_intent(
+    raw: object, plan_ids: dict[str, str], ops: dict[str, Any]
+) -> tuple[object, list[str]]:
+    """Drop ``pending`` spawned entries whose emitter's own outcome was never recorded.
+
+    Spawn intent is recorded before the emitter's outcome, so a kill in between leaves
+    pending children under an emitter that will run again and emit them again. They were
+    never invoked, so dropping them loses no work; keeping them would duplicate the spawn.
+    """
+    if not isinstance(raw, list):
+        return raw, []
+    dropped: set[str] = set()
+    notes: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for entry in raw:
+            if not isinstance(entry, dict) or entry.get("status") != "pending":
+                continue
+            node_id, parent = entry.get("node_id"), entry.get("parent_id")
+            if node_id in dropped or not isinstance(node_id, str):
+                continue
+            parent_key = plan_ids.get(parent) if isinstance(parent, str) else None
+            if (parent_key is not None and parent_key not in ops) or parent in dropped:
+                dropped.add(node_id)
+                changed = True
+                notes.append(
+                    f"spawn intent {entry.get('spawn_id')!r} dropped: its emitter's outcome was "
+                    "not recorded, so the emitter runs again and will request it again"
+                )
+    kept = [e for e in raw if not (isinstance(e, dict) and e.get("node_id") in dropped)]
+    return kept, notes
 
 
 def _spawn_of(raw: list[Any], node_id: str | None) -> str:
@@ -212,7 +269,10 @@ def prepare_resume(
             rerun.append(key)
         else:
             raise FlowResumeError(f"node {key!r} has status {status!r}, not completed or failed")
-    spawned = _spawned_entries(state.get("spawned"), plan_ids, ops, retry_failed=retry_failed)
+    raw_spawned, notes = _drop_unanchored_intent(state.get("spawned"), plan_ids, ops)
+    spawned = _spawned_entries(
+        raw_spawned, plan_ids, ops, retry_failed=retry_failed, planned_keys=planned_keys
+    )
     branches = {
         key: branch
         for key in [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
@@ -268,6 +328,7 @@ def prepare_resume(
         max_spawn=max_spawn if isinstance(max_spawn, int) else None,
         degraded=degraded,
         checkpoint_recovery=report,
+        notes=notes,
     )
 
 

@@ -103,7 +103,7 @@ class FlowRun:
         self.finished = False
         self.stop_signal: int | None = None
         self.deadline_hit = False
-        self.warnings: list[str] = []
+        self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: asyncio.Task[PlanFile] | None = None
 
@@ -394,6 +394,11 @@ class FlowRun:
         except PersistenceError as exc:
             checkpoint_info["error"] = str(exc)
             self.events.emit(FlowEvent(type="checkpoint_failed", data={"error": str(exc)}))
+        # A resume re-records rebuilt spawns that have yet to run, so this run's own
+        # checkpoint keeps their intent too.
+        rebuilt = [op for op in graph if op.kind == "spawned" and op.status == "pending"]
+        if rebuilt:
+            await self._record_spawn_intent(writer, graph, rebuilt, checkpoint_info)
         executor = FlowExecutor(
             graph,
             provider_for=lambda op: self._providers.get(
@@ -411,7 +416,12 @@ class FlowRun:
             events=self.events,
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
-        executor.observers.append(lambda op: self._record(writer, op, run_dir, checkpoint_info))
+        executor.observers.append(
+            lambda op: self._record(writer, graph, op, run_dir, checkpoint_info)
+        )
+        executor.spawn_observers.append(
+            lambda children: self._record_spawn_intent(writer, graph, children, checkpoint_info)
+        )
         self.executor = executor
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
@@ -443,7 +453,12 @@ class FlowRun:
         return self._result(session_id, run_dir, graph, status, checkpoint_info)
 
     async def _record(
-        self, writer: CheckpointWriter, op: Operation, run_dir: RunDir, info: dict[str, Any]
+        self,
+        writer: CheckpointWriter,
+        graph: Graph,
+        op: Operation,
+        run_dir: RunDir,
+        info: dict[str, Any],
     ) -> None:
         if op.status not in ("completed", "failed"):
             return
@@ -469,7 +484,7 @@ class FlowRun:
                     parent_id=op.parent_id,
                     spawn_id=op.key,
                     context=None,
-                    depends_on=[self._key_of(e.source) for e in op.edges],
+                    depends_on=[graph.ops[e.source].key for e in op.edges],
                 )
         except (PersistenceError, OSError) as exc:
             info["error"] = info["error"] or str(exc)
@@ -477,9 +492,36 @@ class FlowRun:
                 FlowEvent(type="checkpoint_failed", node_key=op.key, data={"error": str(exc)})
             )
 
-    def _key_of(self, node_id: str) -> str:
-        assert self.executor is not None
-        return self.executor.graph.ops[node_id].key
+    async def _record_spawn_intent(
+        self,
+        writer: CheckpointWriter,
+        graph: Graph,
+        children: list[Operation],
+        info: dict[str, Any],
+    ) -> None:
+        """Record accepted spawns as ``pending`` (recorded, never invoked) before they run."""
+        for child in children:
+            try:
+                await writer.record_spawned(
+                    child.node_id,
+                    status="pending",
+                    response=None,
+                    flow_context=None,
+                    operation=child.instruction,
+                    assignee=child.assignee,
+                    instruction=child.instruction,
+                    parent_id=child.parent_id,
+                    spawn_id=child.key,
+                    context=None,
+                    depends_on=[graph.ops[e.source].key for e in child.edges],
+                )
+            except PersistenceError as exc:
+                info["error"] = info["error"] or str(exc)
+                self.events.emit(
+                    FlowEvent(
+                        type="checkpoint_failed", node_key=child.key, data={"error": str(exc)}
+                    )
+                )
 
     def _final_status(self, graph: Graph, checkpoint: dict[str, Any]) -> str:
         if self.stop_signal is not None:

@@ -73,7 +73,7 @@ def truncate_plan(plan: PlanFile) -> tuple[PlanFile, int]:
     """
     extra = len(plan.plan) - MAX_PLAN_ENTRIES
     if extra <= 0:
-        return plan, 0
+        return plan, plan._dropped
     kept = plan.plan[:MAX_PLAN_ENTRIES]
     kept_ids = {e.agent_id for e in kept}
     trimmed = [
@@ -87,7 +87,9 @@ def parse_plan(data: object, *, source: str, text: str | None = None) -> PlanFil
     """Validate already-decoded plan data; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise PlanValidationError(f"{source}: a plan must be a mapping with a 'plan' list")
+    dropped = 0
     if isinstance(data.get("plan"), list) and len(data["plan"]) > MAX_PLAN_ENTRIES:
+        dropped = len(data["plan"]) - MAX_PLAN_ENTRIES
         # Validate only what we keep: a runaway planner should be cut, not refused.
         data = {**data, "plan": data["plan"][:MAX_PLAN_ENTRIES]}
         kept = {e.get("agent_id") for e in data["plan"] if isinstance(e, dict)}
@@ -98,9 +100,11 @@ def parse_plan(data: object, *, source: str, text: str | None = None) -> PlanFil
             for e in data["plan"]
         ]
     try:
-        return PlanFile.model_validate(data)
+        plan = PlanFile.model_validate(data)
     except ValidationError as exc:
         raise PlanValidationError(_describe(exc, source=source, text=text)) from None
+    plan._dropped = dropped
+    return plan
 
 
 def _dep_id(dep: object) -> object:
@@ -162,6 +166,8 @@ def _describe(exc: ValidationError, *, source: str, text: str | None) -> str:
     lines = []
     for err in exc.errors():
         loc = tuple(err["loc"])
+        if not loc and (entry := re.search(r"plan\[(\d+)\]", str(err["msg"]))):
+            loc = ("plan", int(entry.group(1)))  # whole-plan checks name the entry they refuse
         field = _format_loc(loc)
         line = _line_of(text, loc) if text is not None else None
         where = f"{source}:{line}" if line else source

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 __all__ = [
     "AGENT_ID_PATTERN",
@@ -95,6 +95,8 @@ class PlanFile(_Strict):
     concurrency: int | None = Field(default=None, ge=1, le=256)
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
     plan: list[PlanEntry] = Field(min_length=1)
+    # How many entries the loader cut beyond MAX_PLAN_ENTRIES before validating.
+    _dropped: int = PrivateAttr(default=0)
 
     @field_validator("reactive", mode="before")
     @classmethod

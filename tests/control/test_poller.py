@@ -1,0 +1,444 @@
+"""The control poller at library level, on a real SQLite state DB (ADR-0069 D1-D3).
+
+Rows are written through a second connection (as a ``ctl`` process would), so the
+poller's ``PRAGMA data_version`` check sees them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steerflow import _faults
+from steerflow.control import (
+    CONTROL_LOG_MAX,
+    DEFAULT_POLL_S,
+    POLL_ENV,
+    ControlPoller,
+    SteeringTarget,
+    poll_interval,
+)
+from steerflow.errors import DatabaseBusyError
+from steerflow.state import ControlRow, StateDB
+
+
+class Target(SteeringTarget):
+    """Records every effect; ``pending`` says whether an operation is still to start."""
+
+    def __init__(self, *, pending: bool = True, report_paused: bool = False) -> None:
+        self.calls: list[str] = []
+        self.pending = pending
+        self.messages: list[dict[str, Any]] = []
+        self.fail_with: Exception | None = None
+        self.gate_closed = False
+        self.report_paused = report_paused
+
+    def pause(self) -> None:
+        if self.fail_with:
+            raise self.fail_with
+        self.gate_closed = True
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.gate_closed = False
+        self.calls.append("resume")
+
+    def has_pending_operation(self) -> bool:
+        return self.pending
+
+    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
+        if self.fail_with:
+            raise self.fail_with
+        self.calls.append(f"message:{text}")
+        self.messages.append({"text": text, "ts": ts, "control_id": control_id})
+
+    def is_paused(self) -> bool | None:
+        return self.gate_closed if self.report_paused else None
+
+
+class FlakyDB(StateDB):
+    """A StateDB whose listing or stamping fails a chosen number of times."""
+
+    list_failures = 0
+    finalize_failures = 0
+    claim_failures = 0
+    list_calls = 0
+    finalize_calls = 0
+
+    def list_pending_controls(self, session_id: str) -> list[ControlRow]:
+        self.list_calls += 1
+        if self.list_failures > 0:
+            self.list_failures -= 1
+            raise DatabaseBusyError("database busy: injected (list)")
+        return super().list_pending_controls(session_id)
+
+    def finalize_control(self, control_id: str, result: str) -> bool:
+        self.finalize_calls += 1
+        if self.finalize_failures > 0:
+            self.finalize_failures -= 1
+            raise DatabaseBusyError("database busy: injected (finalize)")
+        return super().finalize_control(control_id, result)
+
+    def claim_control(self, control_id: str, claimant: str) -> bool:
+        if self.claim_failures > 0:
+            self.claim_failures -= 1
+            raise DatabaseBusyError("database busy: injected (claim)")
+        return super().claim_control(control_id, claimant)
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def writer(home: Path) -> Iterator[StateDB]:
+    """The "other process": creates the session and queues rows."""
+    with StateDB.open(home) as db:
+        yield db
+
+
+@pytest.fixture
+def sid(writer: StateDB) -> str:
+    return writer.create_session(kind="flow", node_metadata={"poller": "pending"}).id
+
+
+@pytest.fixture
+def consumer(home: Path, writer: StateDB) -> Iterator[FlakyDB]:
+    """The poller's own connection (a distinct one, as in the flow process)."""
+    backend_db = StateDB.open(home)
+    db = FlakyDB(backend_db.backend, path=backend_db.path)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+def _raw(writer: StateDB) -> sqlite3.Connection:
+    assert writer.path is not None
+    return sqlite3.connect(writer.path, isolation_level=None)
+
+
+def _raw_control(writer: StateDB, cid: str, sid: str, verb: str, created_at: float,
+                 text: str | None = None) -> None:  # fmt: skip
+    conn = _raw(writer)
+    try:
+        conn.execute(
+            "INSERT INTO session_controls (id, session_id, verb, payload, created_at) VALUES"
+            " (?, ?, ?, ?, ?)",
+            (cid, sid, verb, None if text is None else f'{{"text": "{text}"}}', created_at),
+        )
+    finally:
+        conn.close()
+
+
+def _poller(home: Path, sid: str, target: Target, db: StateDB) -> ControlPoller:
+    return ControlPoller(home, sid, target, interval=0.01, db=db)
+
+
+async def test_applies_in_created_at_then_id_order(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    _raw_control(writer, "c" * 32, sid, "message", 5.0, "third")
+    _raw_control(writer, "b" * 32, sid, "message", 5.0, "second")
+    _raw_control(writer, "d" * 32, sid, "pause", 1.0)
+    _raw_control(writer, "a" * 32, sid, "resume", 9.0)
+    _raw_control(writer, "0" * 32, sid, "message", 2.0, "first")
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 5
+    assert target.calls == ["pause", "message:first", "message:second", "message:third", "resume"]
+    rows = writer.list_controls(sid)
+    assert [r.id for r in rows] == ["d" * 32, "0" * 32, "b" * 32, "c" * 32, "a" * 32]
+    assert all(r.result == "applied" for r in rows)
+    stamps = [r.applied_at for r in rows]
+    assert None not in stamps and stamps == sorted(stamps)  # type: ignore[type-var]
+    assert [m["control_id"] for m in target.messages] == ["0" * 32, "b" * 32, "c" * 32]
+
+
+async def test_nothing_listed_without_a_change(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    poller = _poller(home, sid, Target(), consumer)
+    await poller.tick()
+    calls = consumer.list_calls
+    for _ in range(5):
+        await poller.tick()
+    assert consumer.list_calls == calls  # data_version unchanged: no table read
+    writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    assert consumer.list_calls == calls + 1
+
+
+async def test_failed_listing_is_retried_next_tick(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    row = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    consumer.list_failures = 1
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 0  # the failure does not raise
+    assert target.calls == [] and writer.get_control(row.id) == row
+    # No new commit happened, yet the next tick lists again and applies.
+    assert await poller.tick() == 1
+    assert target.calls == ["pause"]
+    assert writer.get_control(row.id).result == "applied"  # type: ignore[union-attr]
+
+
+async def test_stamp_retried_twice_within_the_tick(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    first = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    second = writer.insert_control(session_id=sid, verb="resume", payload=None)
+    consumer.finalize_failures = 2  # the first try and one retry fail, the last retry works
+    target = Target()
+    assert await _poller(home, sid, target, consumer).tick() == 2
+    assert target.calls == ["pause", "resume"]
+    assert writer.get_control(first.id).result == "applied"  # type: ignore[union-attr]
+    assert writer.get_control(second.id).result == "applied"  # type: ignore[union-attr]
+
+
+async def test_unstamped_effect_stops_the_tick(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    first = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    second = writer.insert_control(session_id=sid, verb="resume", payload=None)
+    consumer.finalize_failures = 3  # every attempt of this tick fails
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 0
+    assert consumer.finalize_calls == 3
+    assert target.calls == ["pause"]  # the later resume did not overtake the unstamped pause
+    assert writer.get_control(first.id).is_pending  # type: ignore[union-attr]
+    assert writer.get_control(second.id).is_pending  # type: ignore[union-attr]
+    assert await poller.tick() == 2
+    assert target.calls == ["pause", "resume"]
+    stamped = [writer.get_control(r.id) for r in (first, second)]
+    assert [r.result for r in stamped if r] == ["applied", "applied"]
+
+
+async def test_unstamped_message_is_never_appended_twice(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "once"})
+    later = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    consumer.finalize_failures = 6  # two whole ticks of attempts
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 0
+    row = writer.get_control(msg.id)
+    assert row is not None and row.is_applying  # claimed, appended, not stamped
+    assert await poller.tick(force=True) == 0  # still failing: the later pause waits
+    assert target.calls == ["message:once"]
+    assert await poller.tick() == 2
+    assert target.calls == ["message:once", "pause"]
+    assert writer.get_control(msg.id).result == "applied"  # type: ignore[union-attr]
+    assert writer.get_control(later.id).result == "applied"  # type: ignore[union-attr]
+
+
+async def test_uncertain_claim_stops_the_tick_and_is_retried(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "x"})
+    later = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    consumer.claim_failures = 1
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 0
+    assert target.calls == []
+    assert writer.get_control(msg.id).is_pending  # type: ignore[union-attr]
+    assert writer.get_control(later.id).is_pending  # type: ignore[union-attr]
+    assert await poller.tick() == 2
+    assert target.calls == ["message:x", "pause"]
+
+
+async def test_message_rules(home: Path, writer: StateDB, sid: str, consumer: FlakyDB) -> None:
+    target = Target(pending=False)
+    poller = _poller(home, sid, target, consumer)
+    late = writer.insert_control(session_id=sid, verb="message", payload={"text": "late"})
+    stop = writer.insert_control(session_id=sid, verb="stop", payload=None)
+    await poller.tick()
+    assert writer.get_control(late.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
+    assert writer.get_control(stop.id).result == "rejected:unsupported-verb:stop"  # type: ignore[union-attr]
+    assert target.calls == []
+
+    target.pending = True
+    target.fail_with = RuntimeError("x" * 2000)
+    broken = writer.insert_control(session_id=sid, verb="message", payload={"text": "boom"})
+    bad_pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    result = writer.get_control(broken.id).result  # type: ignore[union-attr]
+    assert result == "rejected:error:" + "x" * 500
+    assert writer.get_control(bad_pause.id).result == "rejected:error:" + "x" * 500  # type: ignore[union-attr]
+
+    target.fail_with = None
+    empty = writer.insert_control(session_id=sid, verb="message", payload={})
+    await poller.tick()
+    assert writer.get_control(empty.id).result == "applied"  # type: ignore[union-attr]
+    assert target.messages[-1]["text"] == ""
+
+
+async def test_claimed_row_is_never_touched(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "theirs"})
+    assert writer.claim_control(msg.id, "otherhost:1:flow-executor:dead")
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    for _ in range(3):
+        await poller.tick(force=True)
+    assert target.calls == []
+    assert writer.get_control(msg.id).result == "applying:otherhost:1:flow-executor:dead"  # type: ignore[union-attr]
+
+
+async def test_claim_written_before_the_effect(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    seen: list[str | None] = []
+    target = Target()
+    original = target.add_operator_message
+
+    def spy(text: str, *, ts: float, control_id: str) -> None:
+        row = writer.get_control(control_id)
+        seen.append(row.result if row else None)
+        original(text, ts=ts, control_id=control_id)
+
+    target.add_operator_message = spy  # type: ignore[method-assign]
+    writer.insert_control(session_id=sid, verb="message", payload={"text": "hi"})
+    poller = _poller(home, sid, target, consumer)
+    await poller.tick()
+    assert seen == [f"applying:{poller.claimant}"]
+    host, pid, executor, _ = poller.claimant.split(":")
+    assert host and int(pid) > 0 and executor == "flow-executor"
+
+
+async def test_fault_seam_after_claim(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    points: list[tuple[str, str]] = []
+    previous = _faults.set_fault_hook(lambda step, when: points.append((step, when)))
+    try:
+        writer.insert_control(session_id=sid, verb="message", payload={"text": "hi"})
+        await _poller(home, sid, Target(), consumer).tick()
+    finally:
+        _faults.set_fault_hook(previous)
+    assert ("control-claim", "after") in points
+    assert points.index(("control-claim", "after")) < points.index(("control-finalize", "before"))
+    assert _faults.parse("exit:after:control-claim")[0][0].point == "after:control-claim"
+
+
+async def test_poller_state_control_log_and_phase(home: Path, writer: StateDB, sid: str) -> None:
+    target = Target()
+    poller = ControlPoller(home, sid, target, interval=0.01)
+    assert poller.state == "pending"
+    task = asyncio.ensure_future(poller.run())
+
+    async def until(predicate: Any, what: str) -> None:
+        deadline = time.monotonic() + 10
+        while not predicate():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.01)
+
+    def meta() -> dict[str, Any]:
+        row = writer.get_session(sid)
+        assert row is not None
+        return dict(row.node_metadata)
+
+    try:
+        await until(lambda: meta().get("poller") == "active", "poller active")
+        assert poller.state == "active"
+        pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+        await until(lambda: writer.get_session(sid).phase == "paused", "phase paused")  # type: ignore[union-attr]
+        assert writer.get_control(pause.id).result == "applied"  # type: ignore[union-attr]
+        resume = writer.insert_control(session_id=sid, verb="resume", payload=None)
+        await until(lambda: writer.get_session(sid).phase == "planning", "back to planning")  # type: ignore[union-attr]
+        poller.executing = True
+        await until(lambda: writer.get_session(sid).phase == "executing", "executing")  # type: ignore[union-attr]
+        writer.insert_control(session_id=sid, verb="pause", payload=None)
+        await until(lambda: writer.get_session(sid).phase == "paused", "paused again")  # type: ignore[union-attr]
+        await until(lambda: len(meta().get("control_log", [])) == 3, "log of three")
+        log = meta()["control_log"]
+        assert [e["verb"] for e in log] == ["pause", "resume", "pause"]
+        assert [e["id"] for e in log[:2]] == [pause.id, resume.id]
+        assert all(e["result"] == "applied" and isinstance(e["at"], float) for e in log)
+    finally:
+        await poller.stop()
+        await asyncio.wait_for(task, 10)
+    assert poller.state == "stopped" and meta()["poller"] == "stopped"
+
+
+async def test_runner_phase_write_is_not_left_stale(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    """The runner writes ``executing`` when execution starts; a pause applied just
+    before must still show once the runner hands over (``executing = True``)."""
+    target = Target(report_paused=True)
+    poller = _poller(home, sid, target, consumer)
+    writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    assert writer.get_session(sid).phase == "paused"  # type: ignore[union-attr]
+    writer.set_session_phase(sid, "executing")  # the runner's (stale) write
+    poller.executing = True
+    await poller.tick()
+    assert writer.get_session(sid).phase == "paused"  # type: ignore[union-attr]
+
+
+async def test_control_log_is_compact(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    for _ in range(CONTROL_LOG_MAX + 7):
+        writer.insert_control(session_id=sid, verb="resume", payload=None)
+    poller = _poller(home, sid, Target(), consumer)
+    await poller.tick()
+    log = writer.get_session(sid).node_metadata["control_log"]  # type: ignore[union-attr]
+    assert len(log) == CONTROL_LOG_MAX
+    assert set(log[0]) == {"id", "verb", "result", "at"}
+    assert log[-1]["id"] == writer.list_controls(sid)[-1].id
+
+
+async def test_final_pass_stamps_rows_that_came_too_late(
+    home: Path, writer: StateDB, sid: str
+) -> None:
+    target = Target()
+    poller = ControlPoller(home, sid, target, interval=5.0)  # the loop would not tick again
+    task = asyncio.ensure_future(poller.run())
+    deadline = time.monotonic() + 10
+    while writer.get_session(sid).node_metadata.get("poller") != "active":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "late"})
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert writer.get_control(msg.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
+    assert writer.get_control(pause.id).result == "rejected:run-ended"  # type: ignore[union-attr]
+    assert target.calls == []
+
+
+async def test_poller_survives_a_db_that_cannot_be_opened_yet(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    poller = ControlPoller(home, "f" * 32, Target(), interval=0.01)
+    # Not a directory: opening fails; the poller keeps trying instead of dying.
+    home.write_text("not a directory")
+    task = asyncio.ensure_future(poller.run())
+    await asyncio.sleep(0.1)
+    assert not task.done()
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert poller.state == "stopped"
+
+
+def test_poll_interval_from_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(POLL_ENV, raising=False)
+    assert poll_interval() == DEFAULT_POLL_S == 0.05
+    monkeypatch.setenv(POLL_ENV, "2.0")
+    assert poll_interval() == 2.0
+    for bad in ("", "fast", "0", "-1", "nan", "inf"):
+        monkeypatch.setenv(POLL_ENV, bad)
+        assert poll_interval() == DEFAULT_POLL_S, bad

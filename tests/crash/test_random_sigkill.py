@@ -1,0 +1,117 @@
+"""SIGKILL at random moments of a busy writer: zero acknowledged transitions lost.
+
+Each of the seeded trials starts one child writer (``crash_support``) in a fresh
+directory, running a tight loop of the transition script with small compaction limits
+(count, byte and oversize-record compactions every few records), with one or three
+concurrent callers (group commit) and, in every fourth trial, 64-byte short writes so
+that kills can land inside a record.  The parent waits for the child's ``ready`` line,
+sleeps a random delay in [0, 150 ms] and sends SIGKILL; the child reported every
+acknowledgement on its stdout pipe only after ``record()`` returned.  The parent then
+loads the checkpoint: the report is ``clean`` or ``recovered_prefix`` and the state is
+the replay of ``n`` transitions with ``max_acked <= n <= max_acked + callers``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import select
+import signal
+import subprocess
+import time
+from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from crash_support import (
+    PARALLEL,
+    check_recovered,
+    child_command,
+    child_env,
+    load_here,
+    parse_report,
+)
+
+TRIALS = 200
+SEED = 20261026
+MAX_DELAY = 0.150
+OPTS = {"count": 100_000, "max_records": 4, "max_bytes": 1_500, "big": 1_600}
+
+
+def _read_until(fd: int, token: bytes, deadline: float) -> bytes:
+    data = b""
+    while token not in data:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError(f"child never printed {token!r}: {data!r}")
+        ready, _, _ = select.select([fd], [], [], remaining)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            data += chunk
+    return data
+
+
+def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
+    rng = random.Random(SEED + index)
+    callers = 3 if index % 3 else 1
+    fault = "short-write:64" if index % 4 == 0 else None
+    delay = rng.uniform(0.0, MAX_DELAY)
+    run = root / f"t{index:03d}"
+    run.mkdir()
+    proc = subprocess.Popen(
+        child_command(run, concurrency=callers, **OPTS),
+        env=child_env(fault),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+    )
+    assert proc.stdout is not None and proc.stderr is not None
+    try:
+        head = _read_until(proc.stdout.fileno(), b"ready\n", time.monotonic() + 30)
+        time.sleep(delay)  # the random kill time is the point of this test
+        proc.send_signal(signal.SIGKILL)
+        rest, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    flushed, acks, done, _ = parse_report(head + rest)
+    state, report = load_here(run)
+    problem, n = check_recovered(
+        state,
+        report,
+        flushed=flushed,
+        acks=acks,
+        in_flight=callers,
+        count=OPTS["count"],
+        big=OPTS["big"],
+    )
+    facts: dict[str, object] = {
+        "killed": proc.returncode == -signal.SIGKILL,
+        "acked": len(acks),
+        "status": report["status"],
+        "torn": bool(report.get("discarded_tail_bytes")),
+        "stale": bool(report.get("stale_generation_records")),
+        "unacked_recovered": n is not None and n > max(acks, default=0),
+    }
+    if problem:
+        problem = f"trial {index} (delay {delay * 1000:.0f} ms, {fault}): {problem}; {err!r}"
+    return problem, facts
+
+
+def test_random_sigkill_loses_no_acknowledged_transition(tmp_path: Path) -> None:
+    started = time.monotonic()
+    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
+        results = list(pool.map(lambda i: trial(tmp_path, i), range(TRIALS)))
+    problems = [p for p, _ in results if p]
+    facts = [f for _, f in results]
+    summary = Counter(f"status={f['status']}" for f in facts)
+    summary.update(k for f in facts for k in ("killed", "torn", "stale", "unacked_recovered") if f[k])
+    summary["acks_total"] = sum(int(f["acked"]) for f in facts)  # type: ignore[call-overload]
+    summary["trials_with_acks"] = sum(1 for f in facts if f["acked"])
+    print(f"{TRIALS} trials in {time.monotonic() - started:.1f}s: {dict(summary)}")
+    assert problems == [], "\n".join(problems)
+    assert summary["killed"] == TRIALS  # every child was still running when killed
+    assert summary["trials_with_acks"] >= TRIALS // 2  # most kills landed mid-run
+    assert summary["status=refused"] == 0

@@ -1,0 +1,106 @@
+"""Ten concurrent ``ctl`` senders, twenty messages each, against one live flow.
+
+Every row must end terminal (or visibly ``applying``), rows must be stamped in
+their stored ``(created_at, id)`` order, and no message may be rendered twice;
+every ``applied`` message is rendered exactly once.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter
+from pathlib import Path
+
+from ctl_support import (
+    controls,
+    ctl,
+    independent_plan,
+    live_flow,
+    node_statuses,
+    occurrences,
+    wait_for,
+    write_yaml,
+)
+
+SENDERS = 10
+PER_SENDER = 20
+NODES = 200  # the plan maximum: far more than the senders need; stopped once checked
+NODE_S = 0.4
+
+
+def _completed(home: Path, session_id: str) -> int:
+    return sum(s == "completed" for s in node_statuses(home, session_id).values())
+
+
+def test_concurrent_senders(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    independent_plan(tmp_path / "plan.yaml", NODES)
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": NODE_S}})
+    args = [
+        "--plan", str(tmp_path / "plan.yaml"),
+        "--model", f"script:{tmp_path / 'script.yaml'}",
+        "--concurrency", "1",
+    ]  # fmt: skip
+    with live_flow(home, args) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: "running" in s.values(), what="the first node running")
+        sent: dict[str, list[tuple[str, int]]] = {}  # text -> [(control id, exit code)]
+        failures: list[str] = []
+
+        def sender(n: int) -> None:
+            for j in range(PER_SENDER):
+                text = f"load-s{n:02d}-m{j:02d}"
+                proc = ctl(home, "msg", sid, text)
+                control_id = proc.stdout.splitlines()[0] if proc.returncode == 0 else ""
+                sent[text] = [(control_id, proc.returncode)]
+                if proc.returncode != 0:
+                    failures.append(f"{text}: exit {proc.returncode}: {proc.stderr.strip()}")
+
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(SENDERS)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=300)
+        assert not failures, failures[:5]
+        assert len(sent) == SENDERS * PER_SENDER
+
+        wait_for(
+            lambda: not any(c.is_pending for c in controls(home, sid)),
+            what="every control row handled",
+            alive=flow.proc,
+        )
+        base = _completed(home, sid)
+        wait_for(lambda: _completed(home, sid) >= base + 2, what="the last steer rendered",
+                 alive=flow.proc)  # fmt: skip
+        assert _completed(home, sid) < NODES, "the flow ran out of operations under load"
+        assert flow.terminate() == 143, flow.stderr()
+
+    rows = controls(home, sid)
+    assert len(rows) == SENDERS * PER_SENDER
+    assert {c.id for c in rows} == {entries[0][0] for entries in sent.values()}
+    # Terminal or visibly mid-apply; nothing is left pending.
+    for row in rows:
+        assert row.result is not None, row
+        assert row.result == "applied" or row.result.startswith(("rejected:", "applying:")), row
+    results = Counter(row.result for row in rows)
+    assert results["applied"] == len(rows), results  # pending operations existed throughout
+
+    # Stored order is kept: stamps never go backwards in (created_at, id) order.
+    stamped = [row.applied_at for row in rows if row.applied_at is not None]
+    assert stamped == sorted(stamped)
+    # Each sender's messages are stored in the order it sent them.
+    for n in range(SENDERS):
+        mine = [row.payload["text"] for row in rows if row.payload and
+                row.payload["text"].startswith(f"load-s{n:02d}-")]  # fmt: skip
+        assert mine == sorted(mine)
+
+    responses = flow.responses()
+    found = occurrences([str(row.payload["text"]) for row in rows if row.payload], responses)
+    twice = {t: keys for t, keys in found.items() if len(keys) > 1}
+    assert not twice, f"rendered more than once: {twice}"
+    applied = {str(r.payload["text"]) for r in rows if r.result == "applied" and r.payload}
+    missing = sorted(t for t in applied if len(found[t]) != 1)
+    assert not missing, f"applied but never rendered: {missing[:10]}"
+    for text in found:
+        (key,) = found[text]
+        assert responses[key].count(text) == 1
