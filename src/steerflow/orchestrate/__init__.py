@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 from steerflow.orchestrate._graphview import graph_text, mermaid
-from steerflow.orchestrate._options import FlowOptions, FlowResult, ResumeSeed
+from steerflow.orchestrate._options import (
+    FlowOptions,
+    FlowResult,
+    ResumeSeed,
+    node_summaries,
+    usage_total,
+)
 from steerflow.orchestrate._plan_codec import plan_from_checkpoint, plan_to_checkpoint
 from steerflow.orchestrate._resume import load_branch, prepare_resume
-from steerflow.orchestrate._run import FlowRun, node_summaries, run_flow
+from steerflow.orchestrate._run import FlowRun, run_flow
 
 __all__ = [
     "FlowOptions",
@@ -21,4 +27,5 @@ __all__ = [
     "plan_to_checkpoint",
     "prepare_resume",
     "run_flow",
+    "usage_total",
 ]

@@ -11,7 +11,7 @@ from steerflow.errors import ExitCode
 from steerflow.executor import Graph
 from steerflow.plan import PlanFile
 
-__all__ = ["FlowOptions", "FlowResult", "ResumeSeed"]
+__all__ = ["FlowOptions", "FlowResult", "ResumeSeed", "node_summaries", "usage_total"]
 
 
 @dataclass
@@ -101,3 +101,30 @@ class FlowResult:
         if self.error is not None:
             out["error"] = self.error
         return out
+
+
+def node_summaries(graph: Graph) -> list[dict[str, Any]]:
+    """``{id, kind, status, assignee}`` per node; ``id`` is the agent_id or spawn_id."""
+    return [
+        {
+            "id": op.key,
+            "kind": op.kind,
+            "status": op.status,
+            "assignee": op.assignee,
+            **({"error": op.error} if op.error else {}),
+        }
+        for op in graph
+    ]
+
+
+def usage_total(graph: Graph) -> dict[str, Any]:
+    """Token and cost totals over every node that reported usage."""
+    totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
+    for op in graph:
+        if op.usage is None:
+            continue
+        totals["input_tokens"] += op.usage.input_tokens or 0
+        totals["output_tokens"] += op.usage.output_tokens or 0
+        if op.usage.cost_usd is not None:
+            totals["cost_usd"] = (totals["cost_usd"] or 0.0) + op.usage.cost_usd
+    return totals

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
-import os
 import signal
 import time
 from pathlib import Path
@@ -26,17 +24,21 @@ from steerflow.executor import (
     FlowEvent,
     FlowExecutor,
     Graph,
-    Operation,
     PauseGate,
     SharedContext,
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._graphview import graph_text, mermaid
-from steerflow.orchestrate._options import FlowOptions, FlowResult
+from steerflow.orchestrate._options import (
+    FlowOptions,
+    FlowResult,
+    node_summaries,
+    usage_total,
+)
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher, heartbeat_loop
-from steerflow.orchestrate._resume import BRANCHES_DIR
+from steerflow.orchestrate._recorder import CheckpointRecorder, write_private
 from steerflow.plan import (
     MAX_PLAN_ENTRIES,
     PlanFile,
@@ -49,23 +51,9 @@ from steerflow.plan import (
 from steerflow.providers import PlanRequest, ProviderCache
 from steerflow.state import Owner, StateDB
 
-__all__ = ["FlowRun", "node_summaries", "run_flow"]
+__all__ = ["FlowRun", "run_flow"]
 
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
-
-
-def node_summaries(graph: Graph) -> list[dict[str, Any]]:
-    """``{id, kind, status, assignee}`` per node; ``id`` is the agent_id or spawn_id."""
-    return [
-        {
-            "id": op.key,
-            "kind": op.kind,
-            "status": op.status,
-            "assignee": op.assignee,
-            **({"error": op.error} if op.error else {}),
-        }
-        for op in graph
-    ]
 
 
 class _Target(SteeringTarget):
@@ -360,7 +348,7 @@ class FlowRun:
             )
         )
         if opts.show_graph:
-            await asyncio.to_thread(_write_private, run_dir.path / "graph.mmd", mermaid(graph))
+            await asyncio.to_thread(write_private, run_dir.path / "graph.mmd", mermaid(graph))
         publisher = NodePublisher(db, session_id, graph)
         self.gate.on_change.append(publisher.on_gate)
         self.events.subscribe(publisher.on_event)
@@ -389,16 +377,10 @@ class FlowRun:
             max_bytes=opts.checkpoint_max_bytes,
             on_saved=lambda *_: self.events.emit(FlowEvent(type="checkpoint_saved")),
         )
-        try:
-            await writer.flush()
-        except PersistenceError as exc:
-            checkpoint_info["error"] = str(exc)
-            self.events.emit(FlowEvent(type="checkpoint_failed", data={"error": str(exc)}))
-        # A resume re-records rebuilt spawns that have yet to run, so this run's own
-        # checkpoint keeps their intent too.
-        rebuilt = [op for op in graph if op.kind == "spawned" and op.status == "pending"]
-        if rebuilt:
-            await self._record_spawn_intent(writer, graph, rebuilt, checkpoint_info)
+        recorder = CheckpointRecorder(
+            writer, graph, run_dir, self.context, self.events, checkpoint_info
+        )
+        await recorder.flush()
         executor = FlowExecutor(
             graph,
             provider_for=lambda op: self._providers.get(
@@ -416,12 +398,8 @@ class FlowRun:
             events=self.events,
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
-        executor.observers.append(
-            lambda op: self._record(writer, graph, op, run_dir, checkpoint_info)
-        )
-        executor.spawn_observers.append(
-            lambda children: self._record_spawn_intent(writer, graph, children, checkpoint_info)
-        )
+        executor.observers.append(recorder.record_outcome)
+        executor.spawn_observers.append(recorder.record_intent)
         self.executor = executor
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
@@ -447,81 +425,10 @@ class FlowRun:
         extra = {
             "checkpoint": checkpoint_info,
             "spawn_rejections": len(executor.spawn_rejections),
-            "usage": _usage_total(graph),
+            "usage": usage_total(graph),
         }
         await self._finish_session(db, session_id, status, extra)
         return self._result(session_id, run_dir, graph, status, checkpoint_info)
-
-    async def _record(
-        self,
-        writer: CheckpointWriter,
-        graph: Graph,
-        op: Operation,
-        run_dir: RunDir,
-        info: dict[str, Any],
-    ) -> None:
-        if op.status not in ("completed", "failed"):
-            return
-        try:
-            if op.branch:
-                await asyncio.to_thread(_save_branch, run_dir, op)
-            if op.kind == "planned":
-                await writer.record(
-                    op.key,
-                    status=op.status,
-                    response=_stored_response(op),
-                    flow_context=self.context.content,
-                )
-            else:
-                await writer.record_spawned(
-                    op.node_id,
-                    status=op.status,
-                    response=_stored_response(op),
-                    flow_context=self.context.content,
-                    operation=op.instruction,
-                    assignee=op.assignee,
-                    instruction=op.instruction,
-                    parent_id=op.parent_id,
-                    spawn_id=op.key,
-                    context=None,
-                    depends_on=[graph.ops[e.source].key for e in op.edges],
-                )
-        except (PersistenceError, OSError) as exc:
-            info["error"] = info["error"] or str(exc)
-            self.events.emit(
-                FlowEvent(type="checkpoint_failed", node_key=op.key, data={"error": str(exc)})
-            )
-
-    async def _record_spawn_intent(
-        self,
-        writer: CheckpointWriter,
-        graph: Graph,
-        children: list[Operation],
-        info: dict[str, Any],
-    ) -> None:
-        """Record accepted spawns as ``pending`` (recorded, never invoked) before they run."""
-        for child in children:
-            try:
-                await writer.record_spawned(
-                    child.node_id,
-                    status="pending",
-                    response=None,
-                    flow_context=None,
-                    operation=child.instruction,
-                    assignee=child.assignee,
-                    instruction=child.instruction,
-                    parent_id=child.parent_id,
-                    spawn_id=child.key,
-                    context=None,
-                    depends_on=[graph.ops[e.source].key for e in child.edges],
-                )
-            except PersistenceError as exc:
-                info["error"] = info["error"] or str(exc)
-                self.events.emit(
-                    FlowEvent(
-                        type="checkpoint_failed", node_key=child.key, data={"error": str(exc)}
-                    )
-                )
 
     def _final_status(self, graph: Graph, checkpoint: dict[str, Any]) -> str:
         if self.stop_signal is not None:
@@ -585,40 +492,8 @@ class FlowRun:
             ],
             resumed_from=seed.resumed_from if seed else None,
             degraded_context=seed.degraded if seed else [],
-            usage=_usage_total(graph),
+            usage=usage_total(graph),
         )
-
-
-def _stored_response(op: Operation) -> object:
-    return op.response if op.status == "completed" else {"error": op.error}
-
-
-def _usage_total(graph: Graph) -> dict[str, Any]:
-    totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
-    for op in graph:
-        if op.usage is None:
-            continue
-        totals["input_tokens"] += op.usage.input_tokens or 0
-        totals["output_tokens"] += op.usage.output_tokens or 0
-        if op.usage.cost_usd is not None:
-            totals["cost_usd"] = (totals["cost_usd"] or 0.0) + op.usage.cost_usd
-    return totals
-
-
-def _save_branch(run_dir: RunDir, op: Operation) -> None:
-    """Persist a node's conversation so a resume can restore what it inherits."""
-    branches = run_dir.path / BRANCHES_DIR
-    branches.mkdir(mode=0o700, exist_ok=True)
-    data = json.dumps([{"role": m.role, "content": m.content} for m in op.branch])
-    tmp = branches / f".{op.key}.{os.getpid()}.tmp"
-    _write_private(tmp, data)
-    os.replace(tmp, branches / f"{op.key}.json")
-
-
-def _write_private(path: Path, text: str) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "w", encoding="utf-8") as handle:
-        handle.write(text)
 
 
 async def run_flow(
