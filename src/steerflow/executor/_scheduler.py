@@ -246,7 +246,13 @@ class FlowExecutor:
                 self._inflight.pop(op.node_id, None)
         except asyncio.CancelledError:
             if call_cancelled_by_us(op, self):
+                # The node stays pending (it reruns on resume); keep a note of what the
+                # cancelled worker had already produced in its artifact directory.
                 op.status = "pending"
+                op.artifacts = _files_under(request.artifact_dir)
+                op.error = (
+                    f"cancelled ({self.admission_reason}); produced {len(op.artifacts)} file(s)"
+                )
                 self._withhold(op)
                 return op.status
             raise
@@ -375,6 +381,17 @@ class FlowExecutor:
                 data=data or {},
             )
         )
+
+
+def _files_under(root: Path) -> list[str]:
+    """Relative paths of the regular files under ``root`` (no symlinks followed)."""
+    found = []
+    for base, _dirs, files in os.walk(root):
+        for name in files:
+            path = Path(base, name)
+            if path.is_file() and not path.is_symlink():
+                found.append(str(path.relative_to(root)))
+    return sorted(found)
 
 
 def call_cancelled_by_us(op: Operation, executor: FlowExecutor) -> bool:

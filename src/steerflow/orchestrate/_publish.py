@@ -66,6 +66,8 @@ class NodePublisher:
         detail: dict[str, object] | None = None
         if op.error:
             detail = {"error": op.error[:500]}
+        if op.artifacts:
+            detail = (detail or {}) | {"artifacts": op.artifacts[:100]}
         if op.usage is not None:
             detail = (detail or {}) | {
                 "input_tokens": op.usage.input_tokens,
