@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from steerflow.checkpoint import load_checkpoint
 
 SETTINGS = settings(
-    max_examples=30,
+    max_examples=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
@@ -42,9 +42,7 @@ scalars = st.one_of(
 )
 values = st.recursive(
     scalars,
-    lambda inner: st.one_of(
-        st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)
-    ),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(keys, inner, max_size=3)),
     max_leaves=8,
 )
 edits = st.lists(
@@ -114,7 +112,9 @@ async def context_run(run: Path, steps: list[tuple[str, int, str, Any]], limit: 
         if passed is not None:
             expected = copy.deepcopy(passed)
         if index % 2:
-            await w.record(f"op{index % 3}", status="completed", response=value, flow_context=passed)
+            await w.record(
+                f"op{index % 3}", status="completed", response=value, flow_context=passed
+            )
         else:
             await w.record_spawned(
                 f"n{index % 2}", status="completed", response=value, flow_context=passed
@@ -180,6 +180,7 @@ async def rerecord(run: Path, state: dict[str, Any], version: int) -> dict[str, 
 async def migration(root: Path, ops: dict[str, Any], spawns: dict[str, Any], ctx: Any) -> None:
     (root / "v2").mkdir()
     w = make_writer(root / "v2", version=2, flow_context=ctx)
+    await w.flush()
     for agent_id, (status, response) in ops.items():
         await w.record(agent_id, status=status, response=response)
     for node_id, fields in spawns.items():

@@ -203,7 +203,9 @@ def parse_report(out: bytes) -> tuple[bool, list[int], bool, list[tuple[str, str
     return flushed, acks, done, hits  # type: ignore[return-value]
 
 
-def run_child(run: Path, fault: str | None = None, *, timeout: float = 60, **opts: Any) -> ChildResult:
+def run_child(
+    run: Path, fault: str | None = None, *, timeout: float = 60, **opts: Any
+) -> ChildResult:
     """Run one child writer to its end (normal exit or an armed ``os._exit``)."""
     proc = subprocess.run(
         child_command(run, **opts),
@@ -326,7 +328,9 @@ def writer_for(run: Path | str, **kwargs: Any) -> Any:
 async def apply(writer: Any, t: Transition) -> None:
     """Record one transition of the script."""
     if t.kind == "op":
-        await writer.record(t.key, status="completed", response=t.response, flow_context=t.flow_context)
+        await writer.record(
+            t.key, status="completed", response=t.response, flow_context=t.flow_context
+        )
     else:
         await writer.record_spawned(
             t.key, status="completed", response=t.response, flow_context=t.flow_context, **t.spawn

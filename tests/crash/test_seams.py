@@ -11,7 +11,8 @@ compaction (count, byte and oversize-record compactions) and close.
 Each case runs the child with ``STEERFLOW_FAULT=exit:<when>:<step>:<nth>`` in a fresh
 directory; the child reports each acknowledgement through its stdout pipe only after
 ``record()`` returned and dies with ``os._exit(137)`` at the seam.  Another process
-(the test process, which never opened that checkpoint for writing) then loads it, and its state must be the replay of ``n`` transitions with
+(this test process, which never opened that checkpoint for writing) then loads it,
+and its state must be the replay of ``n`` transitions with
 ``max_acked <= n <= max_acked + 1``.  Cases run with bounded parallelism in one
 module-scoped campaign; each parametrized test asserts its own case.
 """
@@ -152,7 +153,8 @@ def campaign(
     selected = [
         item.callspec.params["case"]
         for item in request.session.items
-        if item.module is request.module and hasattr(item, "callspec")
+        if item.module is request.module
+        and hasattr(item, "callspec")
         and "case" in item.callspec.params
     ]
     root = tmp_path_factory.mktemp("seams")

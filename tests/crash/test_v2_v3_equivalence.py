@@ -82,9 +82,7 @@ def v2_states(tmp_path_factory: pytest.TempPathFactory) -> list[str]:
     return asyncio.run(v2_prefixes(tmp_path_factory.mktemp("v2")))
 
 
-def test_v3_recovers_what_v2_made_recoverable(
-    v2_states: list[str], tmp_path: Path
-) -> None:
+def test_v3_recovers_what_v2_made_recoverable(v2_states: list[str], tmp_path: Path) -> None:
     assert len(POINTS) >= 40
 
     def one(index_point: tuple[int, str]) -> str | None:

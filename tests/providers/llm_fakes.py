@@ -3,12 +3,16 @@
 ``FakeLLMServer`` speaks just enough of the OpenAI chat-completions API
 (``POST /v1/chat/completions``) or the Anthropic Messages API
 (``POST /v1/messages``) for the real SDKs. Replies are scripted as a queue of
-:class:`Reply` (status, body, delay, headers) with an optional reply used
-"forever" once the queue is empty; every request is recorded.
+:class:`Reply` (status, body, delay, headers, gate) with an optional reply used
+"forever" once the queue is empty, or routed by a needle in the request body
+(optionally a sequence per route, e.g. 429 then 200); every request is
+recorded. A reply with a ``gate`` (a :class:`threading.Event`) is held until
+the test sets it, so a flow can be kept live at a known point.
 
 ``write_fake_agent`` writes a Python script that stands in for ``claude`` or
 ``codex``: it records its argv, cwd, stdin and pid, writes artifact files,
-and then answers, fails, or hangs as its JSON config says.
+and then answers, fails, or hangs as its JSON config says (``when`` picks
+per-prompt overrides, so one fake can behave differently per node).
 """
 
 from __future__ import annotations
@@ -32,7 +36,8 @@ class Reply:
     """One scripted HTTP reply.
 
     ``body`` may be a dict (sent as JSON) or a str (sent as is); when None a
-    success body carrying ``text`` and the token counts is built.
+    success body carrying ``text`` and the token counts is built. With ``gate``
+    the reply is held until the event is set (or the server closes).
     """
 
     status: int = 200
@@ -43,6 +48,7 @@ class Reply:
     input_tokens: int = 11
     output_tokens: int = 7
     usage_extra: dict[str, Any] = field(default_factory=dict)
+    gate: threading.Event | None = None
 
 
 @dataclass
@@ -102,6 +108,16 @@ def error_body(flavour: Flavour, status: int, message: str) -> dict[str, Any]:
     return {"error": {"message": message, "type": "server_error", "code": status}}
 
 
+def body_text(body: Any) -> str:
+    """A recorded body as searchable text: JSON with non-ASCII kept as is."""
+    return body if isinstance(body, str) else json.dumps(body, ensure_ascii=False)
+
+
+def _blocks_text(blocks: Any) -> str:
+    """The text of a list of content blocks (``[{"type": "text", "text": ...}]``)."""
+    return "".join(str(b.get("text", "")) for b in blocks if isinstance(b, dict))
+
+
 class FakeLLMServer:
     """A scriptable OpenAI- or Anthropic-compatible server on 127.0.0.1."""
 
@@ -110,7 +126,7 @@ class FakeLLMServer:
         self.requests: list[Recorded] = []
         self._queue: deque[Reply] = deque()
         self._forever: Reply | None = None
-        self._routes: list[tuple[str, Reply]] = []
+        self._routes: list[tuple[str, deque[Reply]]] = []
         self._cond = threading.Condition()
         self._stop = threading.Event()
         self._httpd = ThreadingHTTPServer(("127.0.0.1", 0), self._handler_class())
@@ -152,10 +168,14 @@ class FakeLLMServer:
         with self._cond:
             self._forever = reply
 
-    def route(self, needle: str, reply: Reply) -> None:
-        """Answer every request whose body contains ``needle`` with ``reply`` (first match)."""
+    def route(self, needle: str, reply: Reply, *then: Reply) -> None:
+        """Answer every request whose body contains ``needle`` (first matching route wins).
+
+        With ``then``, the first such request gets ``reply``, the next ones the
+        replies of ``then`` in order, and the last reply is repeated after that.
+        """
         with self._cond:
-            self._routes.append((needle, reply))
+            self._routes.append((needle, deque([reply, *then])))
 
     def bodies(self) -> list[Any]:
         """The JSON bodies received so far."""
@@ -167,17 +187,53 @@ class FakeLLMServer:
         with self._cond:
             return self._cond.wait_for(lambda: len(self.requests) >= count, timeout)
 
+    def wait_for_text(self, needle: str, timeout: float = 10.0) -> bool:
+        """Wait (bounded) until some request body contains ``needle``."""
+        with self._cond:
+            return self._cond.wait_for(lambda: bool(self._matching(needle)), timeout)
+
+    def matching(self, needle: str) -> list[int]:
+        """Indexes (arrival order) of the requests whose body contains ``needle``."""
+        with self._cond:
+            return self._matching(needle)
+
+    def _matching(self, needle: str) -> list[int]:
+        return [i for i, r in enumerate(self.requests) if needle in body_text(r.body)]
+
+    def user_text(self, body: Any) -> str:
+        """The content of the last (user) turn of a recorded request body."""
+        content = body["messages"][-1]["content"]
+        return content if isinstance(content, str) else _blocks_text(content)
+
+    def system_text(self, body: Any) -> str:
+        """The system prompt of a recorded request body ("" when it has none)."""
+        if self.flavour == "anthropic":
+            system = body.get("system") or ""
+            return system if isinstance(system, str) else _blocks_text(system)
+        return "\n\n".join(
+            m["content"] if isinstance(m["content"], str) else _blocks_text(m["content"])
+            for m in body["messages"]
+            if m.get("role") == "system"
+        )
+
     def _next(self, recorded: Recorded) -> Reply:
         with self._cond:
             self.requests.append(recorded)
             self._cond.notify_all()
-            text = json.dumps(recorded.body)
-            for needle, reply in self._routes:
+            text = body_text(recorded.body)
+            for needle, replies in self._routes:
                 if needle in text:
-                    return reply
+                    return replies.popleft() if len(replies) > 1 else replies[0]
             if self._queue:
                 return self._queue.popleft()
             return self._forever or Reply()
+
+    def _await_gate(self, gate: threading.Event) -> bool:
+        """Hold a reply until ``gate`` is set; False if the server closed first."""
+        while not gate.wait(0.02):
+            if self._stop.is_set():
+                return False
+        return True
 
     def _handler_class(self) -> type[BaseHTTPRequestHandler]:
         server = self
@@ -197,6 +253,8 @@ class FakeLLMServer:
                 headers = {k.lower(): v for k, v in self.headers.items()}
                 reply = server._next(Recorded(self.path, headers, body))
                 if reply.delay and server._stop.wait(reply.delay):
+                    return
+                if reply.gate is not None and not server._await_gate(reply.gate):
                     return
                 if reply.body is not None:
                     payload: object = reply.body
@@ -237,6 +295,10 @@ import json, os, pathlib, signal, subprocess, sys, time
 
 cfg = json.loads(pathlib.Path({config!r}).read_text())
 stdin = sys.stdin.read()
+for needle, overrides in cfg.get("when", []):
+    if needle in stdin:
+        cfg.update(overrides)
+        break
 record = {{"argv": sys.argv, "cwd": os.getcwd(), "stdin": stdin, "pid": os.getpid()}}
 for rel, content in cfg.get("artifacts", {{}}).items():
     target = pathlib.Path(rel)
@@ -270,7 +332,11 @@ class FakeAgent:
     log: Path
 
     def configure(self, **cfg: Any) -> None:
-        """Set what the next runs do (see the script for keys)."""
+        """Set what the next runs do (see the script for keys).
+
+        ``when=[[needle, {key: value}], ...]``: the first needle found in the
+        prompt (stdin) merges its keys over the others for that run.
+        """
         self.config.write_text(json.dumps(cfg))
 
     def runs(self) -> list[dict[str, Any]]:
