@@ -442,3 +442,20 @@ def test_poll_interval_from_environment(monkeypatch: pytest.MonkeyPatch) -> None
     for bad in ("", "fast", "0", "-1", "nan", "inf"):
         monkeypatch.setenv(POLL_ENV, bad)
         assert poll_interval() == DEFAULT_POLL_S, bad
+
+
+async def test_final_pass_retries_a_failed_stamp(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    poller = ControlPoller(home, sid, Target(), interval=0.01, db=consumer)
+    task = asyncio.ensure_future(poller.run())
+    deadline = time.monotonic() + 10
+    while writer.get_session(sid).node_metadata.get("poller") != "active":  # type: ignore[union-attr]
+        assert time.monotonic() < deadline
+        await asyncio.sleep(0.01)
+    consumer.finalize_failures = 3  # the whole first attempt of the final pass fails
+    await poller.stop()
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "late"})
+    await asyncio.wait_for(task, 10)
+    assert writer.get_control(msg.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
+    assert writer.get_session(sid).node_metadata["poller"] == "stopped"  # type: ignore[union-attr]

@@ -8,7 +8,6 @@ from typing import Any
 
 import pytest
 
-import steerflow.control._queue as queue_module
 from steerflow.control import enqueue_control, resolve_control
 from steerflow.errors import ControlNotApplyingError, NotRunningError, UsageError
 from steerflow.state import ResolvedTarget, StateDB
@@ -28,7 +27,7 @@ def sid(home: Path) -> str:
 def test_rows_are_stored_in_commit_order_even_with_a_stuck_clock(
     home: Path, sid: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(queue_module.time, "time", lambda: 1000.0)
+    monkeypatch.setattr("time.time", lambda: 1000.0)  # a clock that never advances
     made = [enqueue_control(home, sid, "message", f"m{i}") for i in range(20)]
     with StateDB.open(home) as db:
         rows = db.list_controls(sid)

@@ -202,15 +202,13 @@ def scenario_full_run(
     assert server.system_text(research) == "You are RESEARCHER-PERSONA."
     assert server.system_text(draft) == "You are WRITER-PERSONA."
     assert server.system_text(side) == ""
-    assert server.matching("PERSONA") == sorted(
-        server.matching("ALPHA") + server.matching("BETA")
-    )
+    assert server.matching("PERSONA") == sorted(server.matching("ALPHA") + server.matching("BETA"))
 
     # Token usage from the server's `usage` objects is summed, in --json and in `show`.
     assert out["usage"] == expected_usage
     shown = show_in_process(home, out["run_id"])
+    assert shown["status"] == "completed"
     assert shown["usage"] == expected_usage
-    assert node_status(shown) == node_status(out)
     return out
 
 
@@ -339,9 +337,7 @@ def scenario_server_error_fails_only_that_node(
     assert server.matching("BETA") == []
     assert len(server.matching("GAMMA")) == 1
     assert len(server.requests) == ATTEMPTS + 1
-    shown = show_in_process(home, out["run_id"])
-    assert shown["status"] == "failed"
-    assert node_status(shown) == node_status(out)
+    assert show_in_process(home, out["run_id"])["status"] == "failed"
     return out
 
 

@@ -7,17 +7,20 @@ import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
 from steerflow.cli._output import emit_json, emit_text, warn
-from steerflow.cli._progress import Progress
-from steerflow.cli._views import ctl_status_view, runs_view, show_view
 from steerflow.errors import ExitCode, SteerflowError, UsageError
-from steerflow.executor import EventBus
 from steerflow.home import resolve_home
-from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, prepare_resume
+
+if TYPE_CHECKING:
+    from steerflow.orchestrate import FlowOptions, FlowResult
+
+# The flow machinery (executor, providers, checkpoint, rich) is imported inside the
+# commands that run flows: `ctl` is called in tight loops from other terminals and
+# scripts, and starts about three times faster without it.
 
 __all__ = ["app", "cli_exit", "main"]
 
@@ -129,6 +132,8 @@ def app(ctx: click.Context, home: str | None) -> None:
 
 
 def _flow_options(**kw: Any) -> FlowOptions:
+    from steerflow.orchestrate import FlowOptions
+
     return FlowOptions(
         prompt=kw.get("prompt"),
         plan_path=kw.get("plan"),
@@ -148,6 +153,10 @@ def _flow_options(**kw: Any) -> FlowOptions:
 
 def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
     """Run a flow with signal handling and print its result; returns the exit code."""
+    from steerflow.cli._progress import Progress
+    from steerflow.executor import EventBus
+    from steerflow.orchestrate import FlowRun
+
     events = EventBus()
     events.subscribe(Progress(quiet=False))
     run = FlowRun(options, home=home, events=events)
@@ -281,6 +290,8 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     concurrency and save dir come from the checkpoint; the new run gets its own session
     and run directory and records resumed_from.
     """
+    from steerflow.orchestrate import FlowOptions, prepare_resume
+
     home = _home(ctx)
     seed = prepare_resume(
         home,
@@ -304,6 +315,8 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
 @click.pass_context
 def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
     """List runs, newest first (a dead run shows as interrupted)."""
+    from steerflow.cli._views import runs_view
+
     view = runs_view(_home(ctx), limit=None if show_all else 20)
     if as_json:
         emit_json(view)
@@ -325,6 +338,8 @@ def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
 @click.pass_context
 def show(ctx: click.Context, target: str, as_json: bool) -> int:
     """Show a run: status, phase and every node's live status."""
+    from steerflow.cli._views import show_view
+
     view = show_view(_home(ctx), target)
     if as_json:
         emit_json(view)
@@ -414,6 +429,8 @@ def ctl_resolve(ctx: click.Context, control_id: str, outcome: str, by: str | Non
 @click.pass_context
 def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
     """Show a session's phase, poller state and controls."""
+    from steerflow.cli._views import ctl_status_view
+
     view = ctl_status_view(_home(ctx), target)
     if as_json:
         emit_json(view)

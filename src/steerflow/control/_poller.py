@@ -233,9 +233,13 @@ class ControlPoller:
                 else:
                     self._retry_soon = True
                 await self._wait()
-            if await self._ensure_db():
-                self._draining = True
-                await self._guarded_tick(force=True)
+            self._draining = True
+            for _ in range(_STAMP_ATTEMPTS):  # the final pass, retried while a stamp is due
+                if await self._ensure_db():
+                    await self._guarded_tick(force=True)
+                    if not self._retry_soon:
+                        break
+                await asyncio.sleep(self.interval)
         finally:
             self.state = "stopped"
             if watcher is not None:

@@ -8,21 +8,17 @@ lock wait is bounded by :data:`DB_BUSY_TIMEOUT_S`; running past it raises
 
 The "session is running" check and the insert share one write transaction, and
 ``created_at`` is taken while that transaction holds the write lock, so rows are
-stored in commit order (see :func:`_insert_while_running`).
+stored in commit order (see :meth:`StateDB.insert_control`).
 """
 
 from __future__ import annotations
 
-import json
-import math
-import time
-import uuid
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
-from steerflow.errors import KindNotAllowedError, NotRunningError, RefusedError, UsageError
-from steerflow.state import ControlRow, SessionRow, StateDB
+from steerflow.errors import KindNotAllowedError, RefusedError, UsageError
+from steerflow.state import ControlRow, StateDB
 
 __all__ = [
     "ALLOWED_KINDS",
@@ -104,51 +100,10 @@ def enqueue_control(
                 f"{verb} is not accepted by a {kind!r} invocation (accepted: {allowed})"
             )
         payload = {"text": text} if verb == "message" else None
-        row = _insert_while_running(db, session.id, verb, payload)
+        row = db.insert_control(
+            session_id=session.id, verb=verb, payload=payload, require_running=True
+        )
         return Queued(control_id=row.id, session_id=session.id, verb=verb)
-
-
-def _insert_while_running(
-    db: StateDB, session_id: str, verb: CliVerb, payload: dict[str, Any] | None
-) -> ControlRow:
-    """Check "running" and insert in ONE write transaction, taking ``created_at`` under the lock.
-
-    * A session that finishes while we write either commits its new status first (the
-      row is refused) or sees the row before its poller's final pass, which stamps
-      it: a run that ends normally leaves none of its rows pending.
-    * ``created_at`` is read after the write lock is held and kept strictly above the
-      session's newest row, so the ``(created_at, id)`` order the poller applies is the
-      order in which concurrent writers committed. A timestamp taken before waiting
-      for the lock would let a slower writer commit a row that sorts before one the
-      poller has already applied.
-
-    This belongs in :meth:`StateDB.insert_control`; it lives here until the state
-    layer offers it (the StateDB facade has no conditional insert yet).
-    """
-    with db.backend.transaction(write=True) as tx:
-        found = tx.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
-        if not found:
-            raise RefusedError(f"session {session_id} no longer exists")
-        status = db.effective_status(SessionRow.from_mapping(found[0]))
-        if status != "running":
-            raise NotRunningError(
-                f"session {session_id} is {status}, not running: no consumer would apply the {verb}"
-            )
-        newest = tx.query(
-            "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
-            (session_id,),
-        )[0]["newest"]
-        created_at = time.time()
-        if newest is not None and created_at <= float(newest):
-            created_at = math.nextafter(float(newest), math.inf)
-        row = ControlRow(uuid.uuid4().hex, session_id, verb, payload, created_at, None, None)
-        tx.execute(
-            "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
-            " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-            (row.id, session_id, verb, None if payload is None else json.dumps(payload),
-             created_at),
-        )  # fmt: skip
-    return row
 
 
 def resolve_control(

@@ -161,6 +161,10 @@ class FlowExecutor:
         base = self._render_dependencies(op)
         steers = self.context.take_unrendered(op.key)
         if not await self._admit(op):
+            # Withheld before its provider call: hand its messages to whatever runs next
+            # (on resume) instead of marking them rendered into an operation that never ran.
+            for message in steers:
+                message["rendered_into_op"] = None
             return
         try:
             steers += self.context.take_unrendered(op.key)

@@ -76,6 +76,9 @@ class _Target(SteeringTarget):
     def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
         self._run.context.add_operator_message(text, ts=ts, control_id=control_id)
 
+    def is_paused(self) -> bool:
+        return self._run.gate.paused
+
 
 class FlowRun:
     """A single run; :meth:`run` never raises for run outcomes, only for refusals before start."""

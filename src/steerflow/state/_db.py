@@ -12,6 +12,7 @@ wrap them in :func:`asyncio.to_thread`.
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
@@ -20,7 +21,14 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
-from steerflow.errors import AmbiguousIdError, ControlNotApplyingError, UnknownIdError, UsageError
+from steerflow.errors import (
+    AmbiguousIdError,
+    ControlNotApplyingError,
+    NotRunningError,
+    RefusedError,
+    UnknownIdError,
+    UsageError,
+)
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
 from steerflow.state._schema import (
@@ -354,17 +362,53 @@ class StateDB:
         return ResolvedTarget(row["sid"], via, row["kind"], matched)
 
     def insert_control(
-        self, *, session_id: str, verb: ControlVerb, payload: Mapping[str, Any] | None
+        self,
+        *,
+        session_id: str,
+        verb: ControlVerb,
+        payload: Mapping[str, Any] | None,
+        require_running: bool = False,
     ) -> ControlRow:
-        """Queue a control: a uuid4-hex id, ``created_at`` now, not applied, no result."""
+        """Queue a control: a uuid4-hex id, ``created_at`` now, not applied, no result.
+
+        With ``require_running`` the "session is running" check and the insert share one
+        write transaction, and ``created_at`` is taken under that lock, strictly above the
+        session's newest row. So the ``(created_at, id)`` order the poller applies is the
+        order writers committed in (a timestamp taken before waiting for the lock would let
+        a slower writer sort before a row already applied), and a session that finishes
+        meanwhile either refuses the row or still sees it in its poller's final pass.
+
+        Raises:
+            RefusedError: ``require_running`` and the session no longer exists.
+            NotRunningError: ``require_running`` and the session is not running.
+        """
         _check_choice(verb, ControlVerb, "control verb")
         body = None if payload is None else dict(payload)
-        row = ControlRow(_new_id(), session_id, verb, body, time.time(), None, None)
-        self._write(
-            "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
-            " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-            (row.id, session_id, verb, None if body is None else dump_json(body), row.created_at),
-        )
+        encoded = None if body is None else dump_json(body)
+        with self.backend.transaction(write=True) as tx:
+            created_at = time.time()
+            if require_running:
+                found = tx.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
+                if not found:
+                    raise RefusedError(f"session {session_id} no longer exists")
+                status = _effective_status(SessionRow.from_mapping(found[0]))
+                if status != "running":
+                    raise NotRunningError(
+                        f"session {session_id} is {status}, not running: "
+                        f"no consumer would apply the {verb}"
+                    )
+                newest = tx.query(
+                    "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
+                    (session_id,),
+                )[0]["newest"]
+                if newest is not None and created_at <= float(newest):
+                    created_at = math.nextafter(float(newest), math.inf)
+            row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None)
+            tx.execute(
+                "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
+                " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+                (row.id, session_id, verb, encoded, created_at),
+            )
         return row
 
     def list_pending_controls(self, session_id: str) -> list[ControlRow]:
