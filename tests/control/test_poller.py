@@ -78,12 +78,14 @@ class FlakyDB(StateDB):
             raise DatabaseBusyError("database busy: injected (list)")
         return super().list_pending_controls(session_id)
 
-    def finalize_control(self, control_id: str, result: str) -> bool:
+    def finalize_control(
+        self, control_id: str, result: str, *, claimant: str | None = None
+    ) -> bool:
         self.finalize_calls += 1
         if self.finalize_failures > 0:
             self.finalize_failures -= 1
             raise DatabaseBusyError("database busy: injected (finalize)")
-        return super().finalize_control(control_id, result)
+        return super().finalize_control(control_id, result, claimant=claimant)
 
     def claim_control(self, control_id: str, claimant: str) -> bool:
         if self.claim_failures > 0:

@@ -86,7 +86,7 @@ def test_claim_twice_second_loses(db: StateDB, sid: str) -> None:
 def test_finalize(db: StateDB, sid: str) -> None:
     row = db.insert_control(session_id=sid, verb="pause", payload=None)
     assert db.claim_control(row.id, "h:1:a")
-    assert db.finalize_control(row.id, "applied") is True
+    assert db.finalize_control(row.id, "applied", claimant="h:1:a") is True
     got = db.get_control(row.id)
     assert got is not None and got.result == "applied" and got.applied_at is not None
     assert db.finalize_control(row.id, "rejected:error:late") is False
@@ -139,3 +139,17 @@ def test_resolve_matches_applying_by_prefix(db: StateDB, raw: sqlite3.Connection
     _raw_control(raw, "2" * 32, 1.0, result="applying:otherhost:7:executor-9")
     assert db.resolve_control("1" * 32, outcome="applied").result == "applied"
     assert db.resolve_control("2" * 32, outcome="abandoned").result == "abandoned"
+
+
+def test_finalize_never_overwrites_another_consumers_claim(db: StateDB, sid: str) -> None:
+    row = db.insert_control(session_id=sid, verb="message", payload={"text": "x"})
+    assert db.claim_control(row.id, "host:1:flow-executor")
+
+    assert db.finalize_control(row.id, "applied", claimant="host:2:other") is False
+    assert db.finalize_control(row.id, "applied") is False
+    stored = db.get_control(row.id)
+    assert stored is not None and stored.result == "applying:host:1:flow-executor"
+
+    assert db.finalize_control(row.id, "applied", claimant="host:1:flow-executor") is True
+    stored = db.get_control(row.id)
+    assert stored is not None and stored.result == "applied"

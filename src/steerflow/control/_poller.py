@@ -433,7 +433,9 @@ class ControlPoller:
         """Stamp ``result``; True once stamped (by us, or already by someone else)."""
         for attempt in range(_STAMP_ATTEMPTS):
             try:
-                changed = await asyncio.to_thread(db.finalize_control, row.id, result)
+                changed = await asyncio.to_thread(
+                    lambda: db.finalize_control(row.id, result, claimant=self.claimant)
+                )
             except SteerflowError as exc:
                 _log.warning(
                     "control poller could not stamp %s (attempt %d): %s", row.id, attempt + 1, exc

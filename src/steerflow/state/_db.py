@@ -445,11 +445,18 @@ class StateDB:
         sql += " AND result IS NULL AND applied_at IS NULL"
         return self._write(sql, (f"applying:{claimant}", control_id)) == 1
 
-    def finalize_control(self, control_id: str, result: str) -> bool:
-        """Stamp ``result`` and ``applied_at`` on a row not yet stamped; return whether it was."""
+    def finalize_control(
+        self, control_id: str, result: str, *, claimant: str | None = None
+    ) -> bool:
+        """Stamp ``result`` and ``applied_at`` on a row not yet stamped; return whether it was.
+
+        Only an unclaimed row, or one claimed by ``claimant`` itself, is stamped: a consumer
+        never overwrites another consumer's ``applying:`` claim.
+        """
         sql = "UPDATE session_controls SET applied_at = ?, result = ? WHERE id = ?"
-        sql += " AND applied_at IS NULL"
-        return self._write(sql, (time.time(), result, control_id)) == 1
+        sql += " AND applied_at IS NULL AND (result IS NULL OR result = ?)"
+        claim = f"applying:{claimant}" if claimant is not None else None
+        return self._write(sql, (time.time(), result, control_id, claim)) == 1
 
     def resolve_control(
         self, control_id: str, *, outcome: Literal["applied", "abandoned"], by: str | None = None
