@@ -209,6 +209,7 @@ def scenario_full_run(
     shown = show_in_process(home, out["run_id"])
     assert shown["status"] == "completed"
     assert shown["usage"] == expected_usage
+    assert node_status(shown) == node_status(out)
     return out
 
 
@@ -337,7 +338,10 @@ def scenario_server_error_fails_only_that_node(
     assert server.matching("BETA") == []
     assert len(server.matching("GAMMA")) == 1
     assert len(server.requests) == ATTEMPTS + 1
-    assert show_in_process(home, out["run_id"])["status"] == "failed"
+    shown = show_in_process(home, out["run_id"])
+    assert shown["status"] == "failed"
+    # show reads the published node table; its final statuses match the flow's own result.
+    assert node_status(shown) == node_status(out)
     return out
 
 
@@ -401,8 +405,9 @@ def scenario_steer_reaches_next_request(
     try:
         # The first node's request is held by the server: the flow is live.
         if not server.wait_for_text("FIRST-NODE", timeout=30):
-            stop(proc)
-            raise AssertionError(f"the first request never came:\n{proc.stderr}")
+            proc.kill()
+            _out, err = proc.communicate(timeout=10)
+            raise AssertionError(f"the first request never came:\n{err}")
         [run] = runs_in_process(home)
         assert run["status"] == "running"
         session_id = run["session_id"]

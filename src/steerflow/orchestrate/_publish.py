@@ -39,6 +39,8 @@ class NodePublisher:
         self._dirty: dict[str, NodeUpdate] = {}
         self._wake = asyncio.Event()
         self._closing = False
+        # One write at a time, in order: an older batch must never land after a newer one.
+        self._flush_lock = asyncio.Lock()
         self.errors = 0
 
     def snapshot_all(self) -> None:
@@ -95,15 +97,16 @@ class NodePublisher:
 
     async def flush(self) -> None:
         """Write every queued update now."""
-        if not self._dirty:
-            return
-        batch, self._dirty = list(self._dirty.values()), {}
-        try:
-            await asyncio.to_thread(self._db.upsert_nodes, self._session_id, batch)
-        except SteerflowError:
-            self.errors += 1
-            for row in batch:
-                self._dirty.setdefault(row.node_key, row)
+        async with self._flush_lock:
+            if not self._dirty:
+                return
+            batch, self._dirty = list(self._dirty.values()), {}
+            try:
+                await asyncio.to_thread(self._db.upsert_nodes, self._session_id, batch)
+            except SteerflowError:
+                self.errors += 1
+                for row in batch:
+                    self._dirty.setdefault(row.node_key, row)
 
     async def close(self) -> None:
         """Flush what is left and stop."""
