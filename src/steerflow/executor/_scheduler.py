@@ -254,9 +254,7 @@ class FlowExecutor:
                 # cancelled worker had already produced in its artifact directory.
                 op.status = "pending"
                 op.artifacts = _files_under(request.artifact_dir)
-                op.error = (
-                    f"cancelled ({self.admission_reason}); produced {len(op.artifacts)} file(s)"
-                )
+                op.extra["cancelled"] = self.admission_reason or "cancelled"
                 self._withhold(op)
                 return op.status
             raise
