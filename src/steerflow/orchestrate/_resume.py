@@ -39,7 +39,15 @@ class _Spawned:
 
 
 def load_branch(run_dir: Path, key: str) -> list[Message] | None:
-    """A node's persisted conversation, or None if it was not persisted or is unreadable."""
+    """A node's persisted conversation, or None if it was not persisted or is unreadable.
+
+    Cases that still cannot be restored, and so count as degraded context when a node
+    that will run inherits them: a branch file that is missing (the node finished but
+    the process died before the file was written, or the file was deleted) or
+    unreadable; and the private session state of agent workers (``claude-code/``,
+    ``codex/``), which lives inside the worker, not in the branch we persist: only the
+    prompt and the final reply are restored for those.
+    """
     path = run_dir / BRANCHES_DIR / f"{key}.json"
     try:
         raw = json.loads(path.read_text(encoding="utf-8"))
