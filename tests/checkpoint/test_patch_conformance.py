@@ -203,11 +203,10 @@ def test_case(case_id: str, case: dict[str, Any], duplicate: bool) -> None:
         # whatever a last-wins decoder kept must be refused by the subset as well.
         assert kind != "allowed"
     doc_before = _exact(case["doc"])
-    if kind == "allowed" and "expected" not in case:
-        pytest.skip("disabled case with no expected document")
     if kind == "allowed":
         got = apply_patch(case["doc"], case["patch"])
-        assert _exact(got) == _exact(case["expected"])
+        if "expected" in case:  # a case without one only has to apply cleanly
+            assert _exact(got) == _exact(case["expected"])
     else:
         with pytest.raises(PatchError) as info:
             apply_patch(case["doc"], case["patch"])
