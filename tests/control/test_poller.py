@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +25,7 @@ from steerflow.control import (
 )
 from steerflow.errors import DatabaseBusyError
 from steerflow.state import ControlRow, StateDB
+from waiting import wait_until_async
 
 
 class Target(SteeringTarget):
@@ -342,10 +342,7 @@ async def test_poller_state_control_log_and_phase(home: Path, writer: StateDB, s
     task = asyncio.ensure_future(poller.run())
 
     async def until(predicate: Any, what: str) -> None:
-        deadline = time.monotonic() + 10
-        while not predicate():
-            assert time.monotonic() < deadline, what
-            await asyncio.sleep(0.01)
+        await wait_until_async(predicate, timeout=10, what=what)
 
     def meta() -> dict[str, Any]:
         row = writer.get_session(sid)
@@ -410,10 +407,7 @@ async def test_final_pass_stamps_rows_that_came_too_late(
     target = Target()
     poller = ControlPoller(home, sid, target, interval=5.0)  # the loop would not tick again
     task = asyncio.ensure_future(poller.run())
-    deadline = time.monotonic() + 10
-    while writer.get_session(sid).node_metadata.get("poller") != "active":  # type: ignore[union-attr]
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await _poller_active(writer, sid)
     msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "late"})
     pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
     await poller.stop()
@@ -429,7 +423,9 @@ async def test_poller_survives_a_db_that_cannot_be_opened_yet(tmp_path: Path) ->
     # Not a directory: opening fails; the poller keeps trying instead of dying.
     home.write_text("not a directory")
     task = asyncio.ensure_future(poller.run())
-    await asyncio.sleep(0.1)
+    await wait_until_async(
+        lambda: poller.open_failures >= 3, timeout=10, what="three open attempts"
+    )
     assert not task.done()
     await poller.stop()
     await asyncio.wait_for(task, 10)
@@ -451,13 +447,18 @@ async def test_final_pass_retries_a_failed_stamp(
 ) -> None:
     poller = ControlPoller(home, sid, Target(), interval=0.01, db=consumer)
     task = asyncio.ensure_future(poller.run())
-    deadline = time.monotonic() + 10
-    while writer.get_session(sid).node_metadata.get("poller") != "active":  # type: ignore[union-attr]
-        assert time.monotonic() < deadline
-        await asyncio.sleep(0.01)
+    await _poller_active(writer, sid)
     consumer.finalize_failures = 3  # the whole first attempt of the final pass fails
     await poller.stop()
     msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "late"})
     await asyncio.wait_for(task, 10)
     assert writer.get_control(msg.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
     assert writer.get_session(sid).node_metadata["poller"] == "stopped"  # type: ignore[union-attr]
+
+
+async def _poller_active(writer: StateDB, sid: str) -> None:
+    def active() -> bool:
+        row = writer.get_session(sid)
+        return row is not None and row.node_metadata.get("poller") == "active"
+
+    await wait_until_async(active, timeout=10, what="poller state 'active'")

@@ -24,6 +24,7 @@ import yaml
 
 from steerflow.checkpoint import load_checkpoint
 from steerflow.state import ControlRow, StateDB
+from waiting import wait_until
 
 T = TypeVar("T")
 
@@ -89,19 +90,16 @@ def wait_for(
 
     With ``alive``, fail early if that process exits first.
     """
-    deadline = time.monotonic() + timeout
-    while True:
+
+    def probe() -> T | None:
         value = predicate()
-        if value:
-            return value
-        if alive is not None and alive.poll() is not None:
-            value = predicate()
-            if value:
-                return value
-            raise AssertionError(f"flow exited ({alive.returncode}) while waiting for {what}")
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:g} s waiting for {what}")
-        time.sleep(interval)
+        if not value and alive is not None and alive.poll() is not None:
+            value = predicate()  # it may have finished the work just before exiting
+            if not value:
+                raise AssertionError(f"flow exited ({alive.returncode}) while waiting for {what}")
+        return value
+
+    return wait_until(probe, timeout=timeout, what=what, interval=interval)
 
 
 @contextmanager

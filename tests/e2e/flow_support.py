@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +19,7 @@ import yaml
 # Imported up front: a first, cold import inside a timed polling loop would compete for the
 # CPU with the very process whose latency is being measured.
 from steerflow.cli import main as cli_main
+from waiting import wait_until
 
 PYTHON = sys.executable
 T = TypeVar("T")
@@ -133,15 +133,7 @@ def wait_for(
     what: str = "condition",
 ) -> T:
     """Poll ``probe`` until it returns a truthy value, at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    last: T | None = None
-    while True:
-        last = probe()
-        if last:
-            return last
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout}s waiting for {what}; last={last!r}")
-        time.sleep(interval)
+    return wait_until(probe, timeout=timeout, what=what, interval=interval)
 
 
 def cli_in_process(home: Path, *args: str) -> tuple[int, str]:

@@ -28,6 +28,7 @@ from ctl_support import (
 
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.state import StateDB
+from waiting import wait_until_async
 
 
 class _Recorder(SteeringTarget):
@@ -54,8 +55,8 @@ def _poll_once_as_new_consumer(home: Path, session_id: str) -> list[str]:
         target = _Recorder()
         poller = ControlPoller(home, session_id, target, interval=0.01)
         task = asyncio.ensure_future(poller.run())
-        for _ in range(5):
-            await asyncio.sleep(0.02)
+        # Three listings of the session's rows: the claimed one is never among them.
+        await wait_until_async(lambda: poller.listings >= 3, timeout=10, what="three listings")
         await poller.stop()
         await task
         return target.calls

@@ -21,12 +21,13 @@ import json
 import os
 import sys
 import threading
-import time
 from collections import deque
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, Literal
+
+from waiting import wait_until
 
 Flavour = Literal["openai", "anthropic"]
 
@@ -376,9 +377,7 @@ def pid_gone(pid: int) -> bool:
 
 def wait_gone(pid: int, timeout: float = 5.0) -> bool:
     """Wait (bounded) until ``pid`` is gone."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if pid_gone(pid):
-            return True
-        time.sleep(0.01)
-    return pid_gone(pid)
+    try:
+        return wait_until(lambda: pid_gone(pid), timeout=timeout, what=f"pid {pid} to exit")
+    except AssertionError:
+        return False

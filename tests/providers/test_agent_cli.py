@@ -18,6 +18,7 @@ from steerflow.providers._base import Message, PlanRequest, ProviderRequest
 from steerflow.providers._registry import make_provider
 from steerflow.providers._remote import SPAWN_GUIDANCE
 from steerflow.providers.agent_cli import ClaudeCodeProvider, CodexProvider, list_artifacts
+from waiting import wait_until_async
 
 CLAUDE_RESULT = {
     "type": "result",
@@ -216,10 +217,8 @@ async def test_cancellation_terminates_the_worker_and_its_children(
 ) -> None:
     fake_codex.configure(hang=True, grandchild=True)
     task = asyncio.create_task(CodexProvider("gpt-test").invoke(make_request()))
-    deadline = time.monotonic() + 10
-    while not fake_codex.runs():  # the worker records itself once it runs
-        assert time.monotonic() < deadline, "fake codex never started"
-        await asyncio.sleep(0.01)
+    # the worker records itself once it runs
+    await wait_until_async(fake_codex.runs, timeout=10, what="fake codex to start")
     [run] = fake_codex.runs()
     task.cancel()
     with pytest.raises(asyncio.CancelledError):

@@ -185,6 +185,7 @@ class ControlPoller:
         self._last_list = float("-inf")
         self.ticks = 0
         self.listings = 0
+        self.open_failures = 0
 
     # -- what the runner sees -------------------------------------------------------------
 
@@ -272,6 +273,7 @@ class ControlPoller:
                 # The runner created the DB before starting us: never create one here.
                 self._db = await asyncio.to_thread(StateDB.open, self.home, create=False)
             except (SteerflowError, OSError) as exc:
+                self.open_failures += 1
                 _log.warning("control poller cannot open the state DB (retrying): %s", exc)
                 return False
         if self.state == "pending":
