@@ -137,3 +137,12 @@ def test_upsert_and_list_nodes(db: StateDB) -> None:
     assert nodes["fix-1"].kind == "spawned" and nodes["fix-1"].detail == {"error": "boom"}
     assert nodes["draft"].detail is None
     assert db.list_nodes("0" * 32) == []
+
+
+def test_session_for_run_finds_the_owner_of_a_run_directory(tmp_path: Path) -> None:
+    with StateDB.open(tmp_path / "home") as db:
+        db.create_session(kind="flow", run_id="20260101T000000-aaaaaa")
+        owner = db.create_session(kind="play", run_id="20260101T000001-bbbbbb")
+        found = db.session_for_run("20260101T000001-bbbbbb")
+        assert found is not None and found.id == owner.id
+        assert db.session_for_run("20260101T000002-cccccc") is None

@@ -10,26 +10,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._read import Parsed
+from ._read import SNAPSHOT_TYPES, Parsed
 from ._report import Report
 
 __all__ = ["load_v2"]
-
-_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
-    ("session_id", str),
-    ("prompt", str),
-    ("plan", list),
-    ("flow_context", dict),
-    ("ops", dict),
-    ("spawned", list),
-    ("config", dict),
-)
 
 
 def load_v2(parsed: Parsed, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
     """Validate the snapshot's shape and return it with a clean report."""
     doc: dict[str, Any] = parsed.value
-    for name, kind in _TYPES:
+    for name, kind in SNAPSHOT_TYPES:
         if not isinstance(doc.get(name), kind):
             raise report.refuse("invalid-snapshot", detail=f"member {name!r} missing or mistyped")
     max_spawn = doc.get("max_spawn")

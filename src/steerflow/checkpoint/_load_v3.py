@@ -26,7 +26,7 @@ import time
 from typing import Any
 
 from ._patch import PatchError, apply_patch, validate_patch
-from ._read import JOURNAL_FILENAME, Parsed, parse_json, read_pinned
+from ._read import JOURNAL_FILENAME, SNAPSHOT_TYPES, Parsed, parse_json, read_pinned
 from ._report import Report
 
 __all__ = ["MAX_SEQ", "fold_unit", "load_v3", "valid_generation"]
@@ -35,15 +35,6 @@ MAX_SEQ = 2**63 - 1
 _GENERATION = re.compile(r"[0-9a-f]{32}")
 _RECORD_REQUIRED = frozenset({"version", "generation", "seq", "kind", "entry"})
 _RECORD_ALLOWED = _RECORD_REQUIRED | {"flow_context"}
-_BASE_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
-    ("session_id", str),
-    ("prompt", str),
-    ("plan", list),
-    ("flow_context", dict),
-    ("ops", dict),
-    ("spawned", list),
-    ("config", dict),
-)
 _OPTIONAL_TEXT = ("operation", "assignee", "instruction", "parent_id", "spawn_id")
 _ATTEMPTS = 5
 
@@ -102,7 +93,7 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
         raise _Invalid("invalid-generation")
     if doc.get("journal_seq") != 0 or not _is_int(doc["journal_seq"]):
         raise _Invalid("invalid-base", "journal_seq is not 0")
-    for name, kind in _BASE_TYPES:
+    for name, kind in SNAPSHOT_TYPES:
         if not isinstance(doc.get(name), kind):
             raise _Invalid("invalid-base", f"member {name!r} missing or mistyped")
     if doc.get("max_spawn") is not None and not _is_int(doc["max_spawn"]):

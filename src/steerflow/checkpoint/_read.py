@@ -9,7 +9,25 @@ import stat
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["CHECKPOINT_FILENAME", "JOURNAL_FILENAME", "Parsed", "parse_json", "read_pinned"]
+__all__ = [
+    "CHECKPOINT_FILENAME",
+    "JOURNAL_FILENAME",
+    "SNAPSHOT_TYPES",
+    "Parsed",
+    "parse_json",
+    "read_pinned",
+]
+
+# The snapshot members every checkpoint (v2 file, v3 base) carries, with their JSON types.
+SNAPSHOT_TYPES: tuple[tuple[str, type | tuple[type, ...]], ...] = (
+    ("session_id", str),
+    ("prompt", str),
+    ("plan", list),
+    ("flow_context", dict),
+    ("ops", dict),
+    ("spawned", list),
+    ("config", dict),
+)
 
 CHECKPOINT_FILENAME = "checkpoint.json"
 JOURNAL_FILENAME = "checkpoint.json.journal"

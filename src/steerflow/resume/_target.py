@@ -28,10 +28,8 @@ def _session_for_run(home: Path, run_id: str) -> str | None:
     if not (home / "state.db").is_file():
         return None
     with StateDB.open(home, create=False) as db:
-        for row in db.list_sessions(limit=None):
-            if row.run_id == run_id:
-                return row.id
-    return None
+        row = db.session_for_run(run_id)
+    return row.id if row is not None else None
 
 
 def resolve_run_target(home: Path, target: str) -> RunTarget:

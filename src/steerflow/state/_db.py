@@ -210,6 +210,14 @@ class StateDB:
         rows = self.backend.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
         return SessionRow.from_mapping(rows[0]) if rows else None
 
+    def session_for_run(self, run_id: str) -> SessionRow | None:
+        """The session that owns run directory ``run_id``, or ``None``."""
+        rows = self.backend.query(
+            "SELECT * FROM sessions WHERE run_id = ? ORDER BY created_at DESC, id DESC LIMIT 1",
+            (run_id,),
+        )
+        return SessionRow.from_mapping(rows[0]) if rows else None
+
     def list_sessions(self, *, limit: int | None = 20) -> list[SessionRow]:
         """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all."""
         sql = "SELECT * FROM sessions ORDER BY created_at DESC, id DESC"
