@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import stat
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -145,3 +148,29 @@ def test_concurrent_first_opens_migrate_once(home: Path) -> None:
         assert len(db.list_sessions()) == 6
         rows = db.backend.query("SELECT version FROM schema_version")
         assert [r["version"] for r in rows] == list(range(1, SCHEMA_VERSION + 1))
+
+
+def test_first_open_races_with_other_processes_without_busy_errors(tmp_path: Path) -> None:
+    """A brand-new state DB is linked into place complete: a process that opens it at
+    the same moment never sees it half-initialized (that once failed with 'database busy')."""
+    code = (
+        "import sys; from pathlib import Path; from steerflow.state import StateDB\n"
+        "with StateDB.open(Path(sys.argv[1])) as db: db.create_session(kind='flow')\n"
+    )
+    for trial in range(20):
+        home = tmp_path / f"home{trial}"
+        creators = [
+            subprocess.Popen([sys.executable, "-c", code, str(home)], stderr=subprocess.PIPE)
+            for _ in range(3)
+        ]
+        opened = 0
+        while any(p.poll() is None for p in creators):
+            if (home / "state.db").exists():
+                with StateDB.open(home, create=False) as db:  # a reader such as `runs`
+                    db.list_sessions()
+                opened += 1
+        errors = [p.communicate()[1].decode() for p in creators]
+        assert [p.returncode for p in creators] == [0, 0, 0], errors
+        with StateDB.open(home, create=False) as db:
+            assert len(db.list_sessions()) == 3
+        assert not [n for n in os.listdir(home) if n.endswith(".init")]

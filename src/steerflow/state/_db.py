@@ -12,6 +12,7 @@ wrap them in :func:`asyncio.to_thread`.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -90,6 +91,31 @@ PENDING_CONTROLS_SQL = (
 )
 
 
+def _initialize(path: Path, *, busy_timeout_s: float) -> None:
+    """Create a migrated WAL database under a private name, then link it into place.
+
+    Switching a shared file to WAL mode fails at once (no busy wait) while another
+    process has it open, so a brand-new ``state.db`` that a second process opened
+    half-initialized made the first one fail with "database busy". Building it aside
+    means every process sees either no file or a complete one; a process that loses
+    the race to link simply opens the winner's file.
+    """
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.init")
+    backend = SqliteBackend.open(tmp, create=True, read_only=False, busy_timeout_s=busy_timeout_s)
+    try:
+        migrate(backend)
+    finally:
+        backend.close()  # the last connection: SQLite checkpoints and removes -wal/-shm
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass
+    finally:
+        for suffix in ("", "-wal", "-shm"):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(f"{tmp}{suffix}")
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -145,6 +171,8 @@ class StateDB:
         """
         url = os.environ.get(STATE_DB_URL_ENV, "").strip()  # only sqlite:///PATH for now
         path = sqlite_path_from_url(url) if url else Path(home) / DB_FILENAME
+        if create and not read_only and not path.exists():
+            _initialize(path, busy_timeout_s=busy_timeout_s)
         backend = SqliteBackend.open(
             path, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
         )
