@@ -462,3 +462,33 @@ async def _poller_active(writer: StateDB, sid: str) -> None:
         return row is not None and row.node_metadata.get("poller") == "active"
 
     await wait_until_async(active, timeout=10, what="poller state 'active'")
+
+
+class _PhaseAtStamp(FlakyDB):
+    """Records the session phase as it is in the DB when each row gets its stamp."""
+
+    sid: str
+    seen: list[tuple[str, str]]
+
+    def finalize_control(
+        self, control_id: str, result: str, *, claimant: str | None = None
+    ) -> bool:
+        row = self.get_session(self.sid)
+        assert row is not None
+        self.seen.append((control_id, row.phase))
+        return super().finalize_control(control_id, result, claimant=claimant)
+
+
+async def test_phase_is_written_before_the_pause_or_resume_row_is_stamped(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    db = _PhaseAtStamp(consumer.backend, path=consumer.path)
+    db.sid, db.seen = sid, []
+    poller = _poller(home, sid, Target(), db)
+    poller.executing = True
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    assert await poller.tick() == 1
+    resume = writer.insert_control(session_id=sid, verb="resume", payload=None)
+    assert await poller.tick() == 1
+    # Anyone who sees a stamped pause also sees phase 'paused', and likewise for resume.
+    assert db.seen == [(pause.id, "paused"), (resume.id, "executing")]

@@ -364,6 +364,11 @@ class ControlPoller:
                 return stamped
             if outcome is None:
                 continue  # claimed or stamped by someone else: not ours to touch
+            if row.verb in ("pause", "resume") and outcome == "applied":
+                # The phase follows the gate, so it is written before the row is stamped:
+                # whoever sees the stamp also sees the phase (end of tick retries a failure).
+                with contextlib.suppress(SteerflowError):
+                    await self._sync_phase(db)
             if not await self._finalize(db, row, outcome):
                 # An effect we could not stamp: stop so no later row overtakes it.
                 self._unstamped.append(_Unstamped(row, outcome))
@@ -473,6 +478,9 @@ class ControlPoller:
             await asyncio.to_thread(db.update_node_metadata, self.session_id, patch)
             self._state_written = patch.get("poller", self._state_written)
             self._log_dirty = False
+        await self._sync_phase(db)
+
+    async def _sync_phase(self, db: StateDB) -> None:
         if self._draining or self.state == "stopped":
             return  # the runner owns the phase once the run is over
         phase = self._desired_phase()
