@@ -353,10 +353,14 @@ async def test_poller_state_control_log_and_phase(home: Path, writer: StateDB, s
         await until(lambda: meta().get("poller") == "active", "poller active")
         assert poller.state == "active"
         pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
-        await until(lambda: writer.get_session(sid).phase == "paused", "phase paused")  # type: ignore[union-attr]
+        # The phase is written before the row is stamped, so once the stamp is
+        # visible the phase must already be visible too (not the other way round).
+        await until(lambda: writer.get_control(pause.id).applied_at is not None, "pause stamped")  # type: ignore[union-attr]
         assert writer.get_control(pause.id).result == "applied"  # type: ignore[union-attr]
+        assert writer.get_session(sid).phase == "paused"  # type: ignore[union-attr]
         resume = writer.insert_control(session_id=sid, verb="resume", payload=None)
-        await until(lambda: writer.get_session(sid).phase == "planning", "back to planning")  # type: ignore[union-attr]
+        await until(lambda: writer.get_control(resume.id).applied_at is not None, "resume stamped")  # type: ignore[union-attr]
+        assert writer.get_session(sid).phase == "planning"  # type: ignore[union-attr]
         poller.executing = True
         await until(lambda: writer.get_session(sid).phase == "executing", "executing")  # type: ignore[union-attr]
         writer.insert_control(session_id=sid, verb="pause", payload=None)

@@ -36,6 +36,8 @@ from llm_fakes import FakeAgent, pid_gone, wait_gone, write_fake_agent
 KILL_GRACE_S = 2.0
 #: Bound on SIGINT -> exit 130 (grace, plus interpreter and checkpoint work, with slack).
 SIGINT_EXIT_BOUND_S = 15.0
+#: ``--timeout`` of the deadline test: long enough for the quick first step to finish.
+DEADLINE_S = 6
 
 CODER_SYSTEM = "You are CODER-PERSONA."
 
@@ -248,6 +250,55 @@ def test_sigint_stops_the_worker_and_its_child_then_resume_completes(
     assert "prepared P-1" in builds[1]["stdin"]  # the replayed result still feeds its dependent
     assert Path(builds[1]["cwd"]) == Path(again["run_dir"]) / "artifacts" / "build"
     assert all(pid_gone(r["pid"]) for r in claude.runs())
+
+
+def test_deadline_stops_the_worker_and_its_child_then_resume_completes(
+    home: Path, tmp_path: Path, claude: FakeAgent
+) -> None:
+    """``--timeout`` cancels an agent worker (it could run for hours) instead of waiting
+    for it: SIGTERM, SIGKILL after the grace, node left pending, exit 124, resumable."""
+    claude.configure(
+        stdout=claude_result("prepared P-1"),
+        when=[["Then BUILD", {"hang": True, "grandchild": True, "ignore_term": True,
+                              "artifacts": {"partial.txt": "half done"}}]],
+    )  # fmt: skip
+    plan = two_step_plan(tmp_path / "plan.yaml", "prep", "build")
+    env = agent_env(STEERFLOW_CLAUDE_BIN=str(claude.path))
+    proc = start_cli(home, "flow", "--plan", plan, "--model", "claude-code/sonnet", "--json",
+                     "--timeout", DEADLINE_S, env=env)  # fmt: skip
+    try:
+        hung = wait_for(
+            lambda: run_for(claude, "Then BUILD") or (proc.poll() is not None and ["exited"]),
+            timeout=30,
+            what="the build worker to start",
+        )
+        assert hung != ["exited"], finish(proc).explain()
+        [worker] = hung
+        # The worker ignores SIGTERM: only the SIGKILL after the grace ends it.
+        result = finish(proc, timeout=DEADLINE_S + SIGINT_EXIT_BOUND_S + 5)
+    finally:
+        stop(proc)
+    assert result.returncode == 124, result.explain()
+    assert wait_gone(worker["pid"], timeout=5), worker
+    assert wait_gone(worker["grandchild"], timeout=5), worker
+    out = result.json
+    assert out["status"] == "timed_out" and out["exit_code"] == 124
+    assert node_status(out) == {"prep": "completed", "build": "pending"}
+    assert out["checkpoint"]["persisted"] is True
+    assert (Path(out["run_dir"]) / "artifacts" / "build" / "partial.txt").read_text() == "half done"
+    # What the cancelled worker had produced is recorded for the operator.
+    shown = show_in_process(home, out["session_id"])
+    [build] = [n for n in shown["nodes"] if n["id"] == "build"]
+    assert build["status"] == "pending"
+    assert build["detail"]["cancelled"] == "deadline"
+    assert build["detail"]["artifacts"] == ["partial.txt"]
+
+    claude.configure(stdout=claude_result("built B-2"))
+    resumed = run_cli(home, "resume", out["run_id"], "--json", env=env)
+    assert resumed.returncode == 0, resumed.explain()
+    assert node_status(resumed.json) == {"prep": "completed", "build": "completed"}
+    assert len(run_for(claude, "Do PREP")) == 1
+    assert len(run_for(claude, "Then BUILD")) == 2
 
 
 def test_codex_run(home: Path, tmp_path: Path, codex: FakeAgent) -> None:

@@ -81,7 +81,10 @@ def run_options(func: F) -> F:
             "timeout",
             type=click.FloatRange(min=0, min_open=True),
             metavar="SECONDS",
-            help="Deadline: admit nothing new after it, let running nodes finish, persist, exit 124.",
+            help=(
+                "Deadline: admit nothing new after it, let running model calls finish, stop "
+                "agent workers (their nodes rerun on resume), persist, exit 124."
+            ),
         ),
         click.option(
             "--checkpoint-version",
@@ -278,7 +281,7 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     "--timeout",
     type=click.FloatRange(min=0, min_open=True),
     metavar="SECONDS",
-    help="Deadline for the resumed run.",
+    help="Deadline for the resumed run (same rules as flow --timeout).",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context

@@ -85,6 +85,7 @@ class FlowExecutor:
         self._done: dict[str, asyncio.Event] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: dict[str, asyncio.Task[Any]] = {}
+        self._long_running: set[str] = set()  # in-flight calls a deadline cancels
         self.admission_open = True
         self.admission_reason: str | None = None
         self.running = 0
@@ -106,16 +107,23 @@ class FlowExecutor:
         """True if some operation has not started yet (a message can still reach it)."""
         return any(op.status == "pending" for op in self.graph)
 
-    def close_admission(self, reason: str, *, cancel_inflight: bool = False) -> None:
-        """Admit no new operation; optionally cancel provider calls already running."""
+    def close_admission(
+        self, reason: str, *, cancel_inflight: bool = False, cancel_long_running: bool = False
+    ) -> None:
+        """Admit no new operation; optionally cancel provider calls already running.
+
+        ``cancel_inflight`` cancels every call in flight (signals);
+        ``cancel_long_running`` only those whose provider sets ``cancel_at_deadline``
+        (a deadline: agent workers stop, model calls already invoked finish).
+        """
         if self.admission_open:
             self.admission_open = False
             self.admission_reason = reason
             self._emit("admission_closed", data={"reason": reason})
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
-        if cancel_inflight:
-            for task in list(self._inflight.values()):
+        for node_id, task in list(self._inflight.items()):
+            if cancel_inflight or (cancel_long_running and node_id in self._long_running):
                 task.cancel()
 
     # -- running ---------------------------------------------------------------------------
@@ -244,10 +252,13 @@ class FlowExecutor:
             provider = self._provider_for(op)
             call = asyncio.ensure_future(provider.invoke(request))
             self._inflight[op.node_id] = call
+            if provider.cancel_at_deadline:
+                self._long_running.add(op.node_id)
             try:
                 response = await call
             finally:
                 self._inflight.pop(op.node_id, None)
+                self._long_running.discard(op.node_id)
         except asyncio.CancelledError:
             if call_cancelled_by_us(op, self):
                 # The node stays pending (it reruns on resume); keep a note of what the
@@ -397,7 +408,7 @@ def _files_under(root: Path) -> list[str]:
 
 
 def call_cancelled_by_us(op: Operation, executor: FlowExecutor) -> bool:
-    """True if the provider call was cancelled by ``close_admission(cancel_inflight=True)``."""
+    """True if the provider call was cancelled by ``close_admission`` (not by our caller)."""
     current = asyncio.current_task()
     with contextlib.suppress(AttributeError):
         if current is not None and current.cancelling():

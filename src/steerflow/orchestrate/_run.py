@@ -112,7 +112,7 @@ class FlowRun:
     def _deadline(self) -> None:
         self.deadline_hit = True
         if self.executor is not None:
-            self.executor.close_admission("deadline")
+            self.executor.close_admission("deadline", cancel_long_running=True)
         if self._planning is not None:
             self._planning.cancel()
 
@@ -407,7 +407,7 @@ class FlowRun:
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
         elif self.deadline_hit:
-            executor.close_admission("deadline")
+            executor.close_admission("deadline", cancel_long_running=True)
         await asyncio.to_thread(
             db.set_session_phase, session_id, "paused" if self.gate.paused else "executing"
         )

@@ -10,7 +10,7 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import ClassVar, Literal
 
 __all__ = [
     "Message",
@@ -89,6 +89,10 @@ class Provider(abc.ABC):
     """A model or agent worker behind a ``--model`` spec."""
 
     spec: str
+    #: True for calls that can outlast a deadline by far (agent workers run for
+    #: minutes to hours). A deadline cancels these instead of letting them finish,
+    #: which Amendment 3 otherwise does for calls already invoked (decision 23).
+    cancel_at_deadline: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:

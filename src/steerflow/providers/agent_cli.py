@@ -4,10 +4,11 @@ Each operation runs the agent CLI once, non-interactively, in the node's
 artifact directory (created with mode 0700). The prompt goes in on stdin (no
 argument-length limit, no risk of being read as a flag); stdout and stderr are
 captured. A non-zero exit is a :class:`ProviderError` carrying the exit code
-and the tail of stderr. The per-call timeout and asyncio cancellation both stop
-the worker the same way: SIGTERM to its process group, a grace period
-(5 s by default), then SIGKILL. Every regular file in the artifact directory
-afterwards is reported in ``ProviderResponse.artifacts``.
+and the tail of stderr. The per-call timeout and asyncio cancellation (a signal,
+or a ``--timeout`` deadline: see ``cancel_at_deadline``) stop the worker the same
+way: SIGTERM to its process group, a grace period (5 s by default), then SIGKILL.
+Every regular file in the artifact directory afterwards is reported in
+``ProviderResponse.artifacts``.
 
 Environment:
 
@@ -79,6 +80,7 @@ class AgentCLIProvider(Provider, abc.ABC):
         UsageError: The executable is not found, or a setting is malformed.
     """
 
+    cancel_at_deadline: ClassVar[bool] = True
     vendor: ClassVar[str]
     bin_env: ClassVar[str]
     args_env: ClassVar[str]
