@@ -10,12 +10,14 @@ the same script, so "state == replay of n records" is a string comparison.
 Run as a script, this module is the child writer::
 
     python crash_support.py <run_dir> [--count N] [--version 3] [--max-records R]
-        [--max-bytes B] [--big B] [--concurrency K] [--dry]
+        [--max-bytes B] [--big B] [--concurrency K] [--dry] [--recover]
 
 It reports on fd 1 with raw ``os.write`` calls: ``ready`` after imports, ``flushed``
 after the initial base, ``ack <n>`` after the record of transition ``n`` (1-based)
-*returned*, ``done`` after ``close()``.  With ``--dry`` a fault hook records every seam
-hit as ``(phase, when, step)`` and the list is printed as ``hits <json>`` at the end.
+*returned*, ``done`` after ``close()``.  With ``--recover`` a write error is followed by
+``reconcile <n>``, ``reconcile()`` and the same transition recorded again.  With
+``--dry`` a fault hook records every seam hit as ``(phase, when, step)`` and the list is
+printed as ``hits <json>`` at the end.
 ``STEERFLOW_FAULT`` in the environment arms a kill point (read at import).
 """
 
@@ -348,6 +350,7 @@ def _say(text: str) -> None:
 
 async def _child(args: argparse.Namespace) -> None:
     from steerflow import _faults
+    from steerflow.errors import PersistenceError
 
     hits: list[list[str]] = []
     phase = ["initialization"]
@@ -369,7 +372,16 @@ async def _child(args: argparse.Namespace) -> None:
     async def worker() -> None:
         for n, t in zip(counter, script, strict=False):
             # Synchronous from here to admission: the order of ``n`` is the admission order.
-            await apply(writer, t)
+            try:
+                await apply(writer, t)
+            except PersistenceError:
+                if not args.recover:
+                    raise
+                _say(f"reconcile {n}")
+                phase[0] = "reconcile"
+                await writer.reconcile()
+                phase[0] = "append"
+                await apply(writer, t)  # the same outcome again: an idempotent upsert
             _say(f"ack {n}")
 
     await asyncio.gather(*(worker() for _ in range(args.concurrency)))
@@ -392,6 +404,7 @@ def main() -> None:
     parser.add_argument("--big", type=int, default=0)
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--dry", action="store_true")
+    parser.add_argument("--recover", action="store_true", help="reconcile after a write error")
     args = parser.parse_args()
     import steerflow.checkpoint  # noqa: F401  (imported before "ready": kills land in the run)
 

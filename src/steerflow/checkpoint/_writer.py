@@ -189,6 +189,11 @@ class CheckpointWriter:
         ticket = self._admit("spawn", node_id, raw, flow_context)
         await self._settle(ticket, "spawn", node_id)
 
+    @property
+    def stopped(self) -> bool:
+        """True while the writer refuses records until :meth:`reconcile` (version 3)."""
+        return getattr(self._backend, "broken", None) is not None
+
     async def reconcile(self) -> None:
         """Resume writing after a failure (version 3): adopt the durable prefix on disk.
 

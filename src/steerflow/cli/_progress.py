@@ -22,6 +22,10 @@ _STYLE = {
     "node_paused": ("paused before", "yellow"),
     "spawn_rejected": ("spawn rejected", "yellow"),
     "checkpoint_failed": ("CHECKPOINT FAILED", "red"),
+    "checkpoint_reconciled": (
+        "checkpoint write failed, recovered from the durable prefix",
+        "yellow",
+    ),
     "plan_truncated": ("warning", "yellow"),
     "admission_closed": ("admission closed", "yellow"),
 }
@@ -56,6 +60,7 @@ class Progress:
         important = event.type in {
             "node_failed",
             "checkpoint_failed",
+            "checkpoint_reconciled",
             "plan_truncated",
             "spawn_rejected",
         }

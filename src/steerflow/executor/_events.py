@@ -23,6 +23,7 @@ EventType = Literal[
     "spawn_rejected",
     "checkpoint_saved",
     "checkpoint_failed",
+    "checkpoint_reconciled",
     "control_applied",
     "admission_closed",
 ]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import os
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -17,10 +19,20 @@ from steerflow.orchestrate._resume import BRANCHES_DIR
 __all__ = ["CheckpointRecorder", "write_private"]
 
 
+#: Reconciliations a run may attempt: enough for transient errors (a full disk that was
+#: cleared, an EIO on a network filesystem), few enough that a dead disk fails fast.
+MAX_RECONCILES = 3
+
+
 class CheckpointRecorder:
     """Records outcomes and spawn intent; failures are reported, never raised into the run.
 
-    ``info`` is the result's ``checkpoint`` object; its ``error`` keeps the first failure.
+    After a write error the writer refuses records until it reconciles (Amendment 2 §3);
+    the recorder reconciles (the durable prefix is reloaded and republished) and records
+    the same outcome again, so one transient error does not leave every later outcome
+    unpersisted (decision 27).  ``info`` is the result's ``checkpoint`` object; its
+    ``error`` keeps the first failure that could not be recovered this way, ``recovered``
+    lists the ones that were.
     """
 
     def __init__(
@@ -38,13 +50,13 @@ class CheckpointRecorder:
         self.context = context
         self.events = events
         self.info = info
+        self.recovered: list[str] = []  # distinct errors a retry recovered from
+        self.reconciles = 0  # reconcile() calls made
+        self._recovery = asyncio.Lock()
 
     async def flush(self) -> None:
         """Publish the initial snapshot, then re-record rebuilt spawns that still have to run."""
-        try:
-            await self.writer.flush()
-        except PersistenceError as exc:
-            self._failed(None, exc)
+        await self._durably(None, self.writer.flush)
         rebuilt = [op for op in self.graph if op.kind == "spawned" and op.status == "pending"]
         if rebuilt:
             await self.record_intent(rebuilt)
@@ -54,28 +66,68 @@ class CheckpointRecorder:
         if op.status not in ("completed", "failed"):
             return
         response = op.response if op.status == "completed" else {"error": op.error}
-        try:
-            if op.branch:
+        if op.branch:
+            try:
                 await asyncio.to_thread(_save_branch, self.run_dir.path, op)
+            except OSError as exc:
+                self._failed(op, exc)
+                return
+
+        async def record() -> None:
+            # The context is read at each attempt: a retry restates the current one.
             if op.kind == "planned":
                 await self.writer.record(
                     op.key, status=op.status, response=response, flow_context=self.context.content
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
-        except (PersistenceError, OSError) as exc:
-            self._failed(op, exc)
+
+        await self._durably(op, record)
 
     async def record_intent(self, children: list[Operation]) -> None:
         """Spawn observer: record accepted spawns as ``pending`` (recorded, never invoked)."""
         for child in children:
-            try:
-                await self._record_spawned(child, "pending", None, None)
-            except PersistenceError as exc:
-                self._failed(child, exc)
+            await self._durably(child, functools.partial(self._record_spawned, child, "pending"))
+
+    async def _durably(self, op: Operation | None, write: Callable[[], Awaitable[None]]) -> None:
+        """``write``; after a write error, reconcile once and ``write`` again."""
+        try:
+            await write()
+            return
+        except PersistenceError as exc:
+            first = exc
+        try:
+            # Observers that failed in one batch all land here; the first reconciles,
+            # the others then find the writer healthy. Version 2 never stops: its
+            # retry rewrites the whole file.
+            async with self._recovery:
+                if self.writer.stopped:
+                    if self.reconciles >= MAX_RECONCILES:
+                        self._failed(op, first)
+                        return
+                    self.reconciles += 1
+                    await self.writer.reconcile()
+            await write()
+        except PersistenceError as exc:
+            same = str(exc) == str(first)
+            self._failed(op, first if same else PersistenceError(f"{first} (then: {exc})"))
+            return
+        if str(first) not in self.recovered:
+            self.recovered.append(str(first))
+        self.events.emit(
+            FlowEvent(
+                type="checkpoint_reconciled",
+                node_key=op.key if op else None,
+                data={"error": str(first)},
+            )
+        )
 
     async def _record_spawned(
-        self, op: Operation, status: str, response: object, flow_context: dict[str, Any] | None
+        self,
+        op: Operation,
+        status: str,
+        response: object = None,
+        flow_context: dict[str, Any] | None = None,
     ) -> None:
         await self.writer.record_spawned(
             op.node_id,

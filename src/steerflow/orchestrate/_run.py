@@ -308,6 +308,7 @@ class FlowRun:
             "version": opts.checkpoint_version,
             "persisted": False,
             "error": None,
+            "reconciled": 0,
         }
         interrupted_planning = False
         if plan is None:
@@ -417,9 +418,17 @@ class FlowRun:
             await writer.close()
         except PersistenceError as exc:
             checkpoint_info["error"] = checkpoint_info["error"] or str(exc)
-        checkpoint_info["persisted"] = writer.persisted and checkpoint_info["error"] is None
-        if not writer.persisted and checkpoint_info["error"] is None:
+        # ``writer.persisted`` remembers every failure; one the recorder recovered from
+        # by reconciling is a warning, not a loss (decision 27).
+        healthy = writer.persisted or (bool(recorder.recovered) and not writer.stopped)
+        checkpoint_info["persisted"] = healthy and checkpoint_info["error"] is None
+        if not healthy and checkpoint_info["error"] is None:
             checkpoint_info["error"] = writer.error
+        checkpoint_info["reconciled"] = recorder.reconciles
+        self.warnings += [
+            f"checkpoint write failed, recovered from the durable prefix: {error}"
+            for error in recorder.recovered
+        ]
         await publisher.close()
         publisher_task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
