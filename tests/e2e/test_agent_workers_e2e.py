@@ -8,11 +8,14 @@ stdin and pid (and its child's pid) in a log, which the tests assert against.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import signal
 import stat
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -36,8 +39,13 @@ from llm_fakes import FakeAgent, pid_gone, wait_gone, write_fake_agent
 KILL_GRACE_S = 2.0
 #: Bound on SIGINT -> exit 130 (grace, plus interpreter and checkpoint work, with slack).
 SIGINT_EXIT_BOUND_S = 15.0
-#: ``--timeout`` of the deadline test: long enough for the quick first step to finish.
-DEADLINE_S = 6
+#: ``--timeout`` of the deadline test, counted from the session's creation. Before it the
+#: quick first step must finish and the hanging second one must start and record itself:
+#: about 0.1 s idle and 0.3 s with six busy loops on two cores, so 10 s is a wide margin.
+DEADLINE_S = 10
+#: The deadline test's SIGTERM-to-SIGKILL grace: its worker ignores SIGTERM, so only the
+#: SIGKILL ends it either way, and a short grace pays for part of the longer deadline.
+DEADLINE_KILL_GRACE_S = 0.5
 
 CODER_SYSTEM = "You are CODER-PERSONA."
 
@@ -80,13 +88,17 @@ def home(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def claude(tmp_path: Path) -> FakeAgent:
-    return write_fake_agent(tmp_path / "bin", "claude")
+def claude(tmp_path: Path) -> Iterator[FakeAgent]:
+    agent = write_fake_agent(tmp_path / "bin", "claude")
+    yield agent
+    kill_leftover_workers(agent)
 
 
 @pytest.fixture
-def codex(tmp_path: Path) -> FakeAgent:
-    return write_fake_agent(tmp_path / "bin", "codex")
+def codex(tmp_path: Path) -> Iterator[FakeAgent]:
+    agent = write_fake_agent(tmp_path / "bin", "codex")
+    yield agent
+    kill_leftover_workers(agent)
 
 
 def two_step_plan(path: Path, first: str, second: str) -> Path:
@@ -112,6 +124,21 @@ def two_step_plan(path: Path, first: str, second: str) -> Path:
 def run_for(agent: FakeAgent, needle: str) -> list[dict[str, Any]]:
     """The fake's recorded runs whose prompt contains ``needle``."""
     return [r for r in agent.runs() if needle in r["stdin"]]
+
+
+def kill_leftover_workers(agent: FakeAgent) -> None:
+    """Teardown: SIGKILL the process group of every recorded fake worker still running.
+
+    Runs after the test's own assertions (which check that the flow stopped its workers),
+    for when a test failed: a flow killed by :func:`stop` cannot stop its workers, and a
+    hanging fake that ignores SIGTERM would otherwise outlive the test run. Each worker
+    leads its own process group (``start_new_session``), which its child shares.
+    """
+    for run in agent.runs():
+        pids = [p for p in (run["pid"], run.get("grandchild")) if p is not None]
+        if not all(pid_gone(p) for p in pids):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(run["pid"], signal.SIGKILL)
 
 
 def test_claude_code_run_collects_artifacts_per_node(
@@ -263,16 +290,25 @@ def test_deadline_stops_the_worker_and_its_child_then_resume_completes(
                               "artifacts": {"partial.txt": "half done"}}]],
     )  # fmt: skip
     plan = two_step_plan(tmp_path / "plan.yaml", "prep", "build")
-    env = agent_env(STEERFLOW_CLAUDE_BIN=str(claude.path))
+    env = agent_env(
+        STEERFLOW_CLAUDE_BIN=str(claude.path),
+        STEERFLOW_AGENT_KILL_GRACE_S=str(DEADLINE_KILL_GRACE_S),
+    )
     proc = start_cli(home, "flow", "--plan", plan, "--model", "claude-code/sonnet", "--json",
                      "--timeout", DEADLINE_S, env=env)  # fmt: skip
     try:
         hung = wait_for(
             lambda: run_for(claude, "Then BUILD") or (proc.poll() is not None and ["exited"]),
-            timeout=30,
+            timeout=DEADLINE_S + 20,
             what="the build worker to start",
         )
-        assert hung != ["exited"], finish(proc).explain()
+        # The fake records itself only once it ignores SIGTERM, so a record means the
+        # deadline found it running and ignoring SIGTERM; no record means the deadline came
+        # first (exit 124 with build never started) and nothing below would be tested.
+        assert hung != ["exited"], (
+            f"the flow ended before the build worker started within its {DEADLINE_S} s "
+            f"deadline\n{finish(proc).explain()}"
+        )
         [worker] = hung
         # The worker ignores SIGTERM: only the SIGKILL after the grace ends it.
         result = finish(proc, timeout=DEADLINE_S + SIGINT_EXIT_BOUND_S + 5)

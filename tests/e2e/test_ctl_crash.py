@@ -67,7 +67,10 @@ def _poll_once_as_new_consumer(home: Path, session_id: str) -> list[str]:
 def test_crash_after_claim_leaves_applying_until_resolved(tmp_path: Path) -> None:
     home = tmp_path / "home"
     independent_plan(tmp_path / "plan.yaml", 2)
-    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 1.0}})
+    # The first node stays in flight far longer than the three `ctl` processes below can
+    # take, even on a loaded machine: the flow dies at the message's claim, never waiting
+    # this out (the seam fires before the has-pending check, so the delay changes nothing).
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 30.0}})
     args = [
         "--plan", str(tmp_path / "plan.yaml"),
         "--model", f"script:{tmp_path / 'script.yaml'}",
@@ -97,6 +100,8 @@ def test_crash_after_claim_leaves_applying_until_resolved(tmp_path: Path) -> Non
     assert _poll_once_as_new_consumer(home, sid) == []
     assert control(home, lost) == row
     # ... and neither does a resumed run (its own session; the message is not replayed).
+    # The resumed run reads the script file afresh: let its nodes finish at once.
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 0}})
     resumed_run = run_cli(home, "resume", run_id, "--json", timeout=60)
     assert resumed_run.returncode == 0, resumed_run.stderr
     assert control(home, lost) == row

@@ -4,6 +4,11 @@ The flow is ``a -> (b1, b2) -> c -> d`` on the ``script:`` model: ``a`` and the
 ``b`` nodes take long enough to be in flight when a pause lands. Holding is
 observed through the published node statuses (``paused`` comes from the
 executor's node-paused event), the session phase and the script invocation log.
+
+The controls that must land while a node is still in flight are queued in this
+process (:func:`flow_support.cli_in_process`: the real CLI writing the real state DB,
+without a child interpreter's start-up on the critical path); the others are sent
+by separate ``ctl`` processes. The flow always runs in its own process.
 """
 
 from __future__ import annotations
@@ -17,13 +22,19 @@ from ctl_support import (
     invocations,
     live_flow,
     node_metadata,
+    node_statuses,
     session_phase,
     wait_for,
     wait_stamped,
     write_yaml,
 )
+from flow_support import cli_in_process
 
-IN_FLIGHT_S = 2.5  # long enough for two ctl processes to land while the node still runs
+# How long `a`, `b1` and `b2` run. The controls that must land while one of them is in
+# flight are queued in process and applied within about 0.2 s of the node starting even
+# with both CPUs of a 2-core box oversubscribed several times over: a wide margin that an
+# idle run pays for twice, as it waits for these nodes to finish.
+IN_FLIGHT_S = 4.0
 
 
 def _plan(tmp_path: Path) -> list[str]:
@@ -49,14 +60,26 @@ def _plan(tmp_path: Path) -> list[str]:
     return ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{tmp_path / 'script.yaml'}"]
 
 
+def _send(home: Path, verb: str, target: str) -> str:
+    """``ctl VERB TARGET`` run in this process; returns the queued control id."""
+    code, out = cli_in_process(home, "ctl", verb, target)
+    assert code == 0, f"ctl {verb} {target} exited {code}: {out}"
+    control_id = out.splitlines()[0].strip()
+    assert len(control_id) == 32 and int(control_id, 16) >= 0, out
+    assert "queued" in out, out
+    return control_id
+
+
 def _invoked(home: Path) -> list[str]:
     return [line["node"] for line in invocations(home)]
 
 
+def _completed(home: Path, session_id: str) -> set[str]:
+    return {k for k, status in node_statuses(home, session_id).items() if status == "completed"}
+
+
 def _assert_held(flow_home: Path, session_id: str, held: set[str], window_s: float) -> None:
     """Over ``window_s``, the held nodes stay ``paused`` and are never invoked."""
-    from ctl_support import node_statuses
-
     deadline = time.monotonic() + window_s
     while time.monotonic() < deadline:
         statuses = node_statuses(flow_home, session_id)
@@ -72,9 +95,11 @@ def test_pause_holds_unstarted_ops_and_resume_releases(tmp_path: Path) -> None:
         sid = flow.session_id
         flow.wait_nodes(lambda s: s.get("a") == "running", what="a running")
 
-        # Pause twice while `a` is in flight: both apply, the gate is the same one.
-        first = ctl_ok(home, "pause", sid)
+        # Pause while `a` is in flight, then pause again (a separate `ctl` process, by id
+        # prefix): both apply, the gate is the same one.
+        first = _send(home, "pause", sid)
         assert wait_stamped(home, first, alive=flow.proc).result == "applied"
+        assert "a" not in _completed(home, sid), "`a` finished before the first pause applied"
         second = ctl_ok(home, "pause", sid[:8])  # a prefix works as well
         assert wait_stamped(home, second, alive=flow.proc).result == "applied"
         assert "a" in _invoked(home)
@@ -91,9 +116,11 @@ def test_pause_holds_unstarted_ops_and_resume_releases(tmp_path: Path) -> None:
         assert view["phase"] == "paused" and view["poller"] == "active"
         assert [c["result"] for c in view["controls"]] == ["applied", "applied"]
 
-        # Resume twice: the first opens the gate, the second is a no-op.
-        r1 = ctl_ok(home, "resume", sid)
-        r2 = ctl_ok(home, "resume", sid)
+        # Resume twice: the first opens the gate, the second is a no-op. From here on the
+        # pause below must land while b1/b2 are still in flight, so all three are queued
+        # in process.
+        r1 = _send(home, "resume", sid)
+        r2 = _send(home, "resume", sid)
         assert wait_stamped(home, r1, alive=flow.proc).result == "applied"
         assert wait_stamped(home, r2, alive=flow.proc).result == "applied"
         flow.wait_nodes(
@@ -104,8 +131,9 @@ def test_pause_holds_unstarted_ops_and_resume_releases(tmp_path: Path) -> None:
 
         # Resume then pause: a fresh gate holds what reaches the boundary afterwards (c),
         # while b1/b2, already in flight, run to completion.
-        p3 = ctl_ok(home, "pause", sid)
+        p3 = _send(home, "pause", sid)
         assert wait_stamped(home, p3, alive=flow.proc).result == "applied"
+        assert not {"b1", "b2"} & _completed(home, sid), "b1/b2 finished before the pause applied"
         assert session_phase(home, sid) == "paused"
         flow.wait_nodes(
             lambda s: s["b1"] == "completed" and s["b2"] == "completed" and s["c"] == "paused",

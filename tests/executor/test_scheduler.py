@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +30,18 @@ from steerflow.providers import (
 pytestmark = pytest.mark.timeout(30)
 
 
+#: Upper bound on how long a ``quorum`` call waits for the others (see :class:`Scripted`).
+QUORUM_WAIT_S = 5.0
+
+
 class Scripted(Provider):
-    """Per-node behaviour: ``delay`` seconds, then fail (``fails``) or answer (``answers``)."""
+    """Per-node behaviour: ``delay`` seconds, then fail (``fails``) or answer (``answers``).
+
+    With ``quorum``, calls are held until that many are in flight at once (the first time
+    only, each for at most :data:`QUORUM_WAIT_S`), so a capacity the executor grants is
+    reached however slowly its worker threads run, instead of depending on the calls'
+    delays overlapping.
+    """
 
     spec = "test"
 
@@ -41,6 +52,7 @@ class Scripted(Provider):
         fails: set[str] | None = None,
         answers: dict[str, str] | None = None,
         crash: set[str] | None = None,
+        quorum: int = 0,
     ) -> None:
         self.delays = delays or {}
         self.fails = fails or set()
@@ -50,13 +62,20 @@ class Scripted(Provider):
         self.running = 0
         self.peak = 0
         self.started = asyncio.Event()
+        self.quorum = quorum
+        self.quorum_reached = asyncio.Event()
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         self.requests.append(request)
         self.running += 1
         self.peak = max(self.peak, self.running)
         self.started.set()
+        if self.running >= self.quorum:
+            self.quorum_reached.set()
         try:
+            if not self.quorum_reached.is_set():
+                with contextlib.suppress(TimeoutError):  # too few in flight: the peak shows it
+                    await asyncio.wait_for(self.quorum_reached.wait(), QUORUM_WAIT_S)
             await asyncio.sleep(self.delays.get(request.node_key, 0.0))
         finally:
             self.running -= 1
@@ -184,7 +203,7 @@ async def test_observers_see_every_terminal_node(tmp_path: Path) -> None:
 @pytest.mark.parametrize("concurrency", [1, 2, 3])
 async def test_capacity_bound_is_honoured(tmp_path: Path, concurrency: int) -> None:
     entries = [{"agent_id": f"p{i}", "instruction": "x"} for i in range(6)]
-    provider = Scripted(delays={f"p{i}": 0.05 for i in range(6)})
+    provider = Scripted(delays={f"p{i}": 0.05 for i in range(6)}, quorum=concurrency)
     ex = executor(graph_of(entries), provider, tmp_path, concurrency=concurrency)
     running_now: list[int] = []
     ex.events.subscribe(lambda e: running_now.append(ex.running))
@@ -197,7 +216,7 @@ async def test_capacity_bound_is_honoured(tmp_path: Path, concurrency: int) -> N
 
 async def test_concurrency_two_six_parallel_nodes(tmp_path: Path) -> None:
     entries = [{"agent_id": f"p{i}", "instruction": "x"} for i in range(6)]
-    provider = Scripted(delays={f"p{i}": 0.05 for i in range(6)})
+    provider = Scripted(delays={f"p{i}": 0.05 for i in range(6)}, quorum=2)
     ex = executor(graph_of(entries), provider, tmp_path, concurrency=2)
     await ex.run()
     assert provider.peak == 2

@@ -8,6 +8,7 @@ import stat
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 from llm_fakes import FakeAgent, wait_gone, write_fake_agent
@@ -185,16 +186,44 @@ async def test_plan_through_an_agent(fake_claude: FakeAgent) -> None:
     assert "JSON Schema" in run["argv"][run["argv"].index("--append-system-prompt") + 1]
 
 
+#: Per-call timeout of the timeout tests. It includes the fake worker's interpreter start-up
+#: (tens of ms idle, a few hundred with the cores busy), which must be over before the
+#: worker records itself (and, with ``ignore_term``, ignores SIGTERM) for the test to mean
+#: anything; the tests check that it was.
+WORKER_TIMEOUT_S = 2.0
+#: Generous bound on timeout + grace + stopping the worker.
+STOP_BOUND_S = 10.0
+
+
+async def recorded_run(agent: FakeAgent, call: asyncio.Future[Any]) -> dict[str, Any]:
+    """The one run the fake recorded for ``call`` (which may still be waiting for it)."""
+    try:
+        await wait_until_async(
+            lambda: agent.runs() or call.done(), timeout=STOP_BOUND_S, what="the fake to start"
+        )
+        runs = agent.runs()
+        assert runs, f"the call ended before the fake worker recorded itself: {call!r}"
+    except AssertionError:
+        call.cancel()  # cancelling the call stops its worker
+        await asyncio.gather(call, return_exceptions=True)
+        raise
+    [run] = runs
+    return run
+
+
 async def test_timeout_terminates_the_worker(
     fake_claude: FakeAgent, make_request: Callable[..., ProviderRequest]
 ) -> None:
     fake_claude.configure(hang=True)
     started = time.monotonic()
+    call = asyncio.ensure_future(
+        ClaudeCodeProvider("sonnet").invoke(make_request(timeout_s=WORKER_TIMEOUT_S))
+    )
+    run = await recorded_run(fake_claude, call)  # it was running (hung) when timed out
     with pytest.raises(ProviderError, match="timeout") as caught:
-        await ClaudeCodeProvider("sonnet").invoke(make_request(timeout_s=0.5))
+        await asyncio.wait_for(call, STOP_BOUND_S)  # bounded: a lost timeout fails, not hangs
     assert caught.value.retryable is True
-    assert time.monotonic() - started < 5
-    [run] = fake_claude.runs()
+    assert time.monotonic() - started < STOP_BOUND_S
     assert wait_gone(run["pid"])
 
 
@@ -206,10 +235,17 @@ async def test_sigterm_ignored_then_killed_after_grace(
     monkeypatch.setenv("STEERFLOW_AGENT_KILL_GRACE_S", "0.3")
     fake_claude.configure(hang=True, ignore_term=True)
     started = time.monotonic()
+    call = asyncio.ensure_future(
+        ClaudeCodeProvider("sonnet").invoke(make_request(timeout_s=WORKER_TIMEOUT_S))
+    )
+    # The fake records itself only after it set SIGTERM to ignored, and a SIGTERM before
+    # that would have killed it: a record means the SIGTERM was ignored and only the
+    # SIGKILL after the grace ended the worker.
+    run = await recorded_run(fake_claude, call)
     with pytest.raises(ProviderError, match="timeout"):
-        await ClaudeCodeProvider("sonnet").invoke(make_request(timeout_s=0.3))
-    assert time.monotonic() - started < 5
-    assert wait_gone(fake_claude.runs()[0]["pid"])
+        await asyncio.wait_for(call, STOP_BOUND_S)  # bounded: a lost timeout fails, not hangs
+    assert time.monotonic() - started < STOP_BOUND_S
+    assert wait_gone(run["pid"])
 
 
 async def test_cancellation_terminates_the_worker_and_its_children(
