@@ -282,6 +282,25 @@ def check_recovered(
     return None, next(n for n in matches if low <= n <= high)
 
 
+def killed_child_problem(run: Path, fault: str, where: str, **opts: Any) -> str | None:
+    """Run a child that must die at an armed seam (``where`` names it), then load its
+    checkpoint here (this process never wrote it): None, or what went wrong."""
+    result = run_child(run, fault, **opts)
+    if result.returncode != 137:
+        return f"child did not die {where} (rc={result.returncode}): {result.stderr}"
+    state, report = load_here(run)
+    problem, _ = check_recovered(
+        state,
+        report,
+        flushed=result.flushed,
+        acks=result.acks,
+        in_flight=1,
+        count=opts["count"],
+        big=opts.get("big", 0),
+    )
+    return problem
+
+
 def snapshot_tree(root: Path) -> dict[str, bytes | str]:
     """Every name under ``root`` with its bytes (symlinks: their target text)."""
     out: dict[str, bytes | str] = {}

@@ -9,8 +9,9 @@ the child writer in ``--recover`` mode (``crash_support``: on ``PersistenceError
 calls ``reconcile()`` and records the same transition again) lists every seam hit, with
 the ones inside ``reconcile()`` labelled.  Each distinct reconcile seam, before and after,
 becomes a case: the child runs with the first fault and an ``os._exit`` at that seam's
-hit, and a fresh load must find every acknowledged transition (the failed one may or may
-not be there: it was never acknowledged) with a ``clean`` or ``recovered_prefix`` report.
+hit, and a load by the test process (which never wrote it) must find every acknowledged
+transition (the failed one may or may not be there: it was never acknowledged) with a
+``clean`` or ``recovered_prefix`` report.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from crash_support import PARALLEL, check_recovered, load_fresh, run_child
+from crash_support import PARALLEL, killed_child_problem, run_child
 
 OPTS = {"count": 14, "max_records": 3, "max_bytes": 1_400, "big": 1_600, "recover": True}
 
@@ -103,20 +104,7 @@ CASES = discover()
 def run_case(case: Case, root: Path) -> str | None:
     run = root / case.id
     run.mkdir()
-    result = run_child(run, case.fault, **OPTS)
-    if result.returncode != 137:
-        return f"child did not die in reconcile (rc={result.returncode}): {result.stderr}"
-    state, report = load_fresh(run)
-    problem, _ = check_recovered(
-        state,
-        report,
-        flushed=result.flushed,
-        acks=result.acks,
-        in_flight=1,
-        count=OPTS["count"],
-        big=OPTS["big"],
-    )
-    return problem
+    return killed_child_problem(run, case.fault, "in reconcile", **OPTS)
 
 
 @pytest.fixture(scope="module")

@@ -32,8 +32,8 @@ from crash_support import (
     check_recovered,
     child_command,
     child_env,
+    killed_child_problem,
     load_fresh,
-    load_here,
     parse_report,
     run_child,
 )
@@ -129,20 +129,7 @@ def covered() -> dict[str, list[str]]:
 def run_case(case: Case, root: Path) -> str | None:
     run = root / case.id.replace(":", "_")
     run.mkdir()
-    result = run_child(run, case.fault, **OPTS)
-    if result.returncode != 137:
-        return f"child did not die at the seam (rc={result.returncode}): {result.stderr}"
-    state, report = load_here(run)  # this process never wrote that checkpoint
-    problem, _ = check_recovered(
-        state,
-        report,
-        flushed=result.flushed,
-        acks=result.acks,
-        in_flight=1,
-        count=OPTS["count"],
-        big=OPTS["big"],
-    )
-    return problem
+    return killed_child_problem(run, case.fault, "at the seam", **OPTS)
 
 
 @pytest.fixture(scope="module")
