@@ -108,7 +108,7 @@ def wait_until(predicate, timeout: float, what: str):  # type: ignore[no-untyped
 def measure(label: str, poll: float | None, samples: int, work: Path) -> Result:
     interval = poll if poll is not None else 0.05
     home = work / f"home-{label.split()[0]}"
-    home.mkdir()
+    home.mkdir(mode=0o700)
     plan = work / "plan.json"
     plan.write_text(json.dumps({"name": "idle", "plan": [
         {"agent_id": "wait", "assignee": "w", "instruction": "wait"}]}))  # fmt: skip

@@ -9,13 +9,17 @@ The tree is shallow on purpose; the CLI maps classes to exit codes in one place
      |- RefusedError                    3
      |   |- AmbiguousIdError            3   a prefix that matches several ids
      |   |- UnknownIdError              3   an id nothing matches
+     |   |- NoResponseError             3   ``show --raw`` of a node with no response
      |   |- NotRunningError             3   a control aimed at a finished session
      |   |- KindNotAllowedError         3   a control aimed at a kind with no consumer
      |   |- ControlNotApplyingError     3   ``ctl resolve`` on a row not in ``applying``
      |   |- FlowResumeError             3   a resume that cannot be made faithful
+     |   |   '- ResumeClaimedError      3   the source is held or was already resumed
      |   |- CheckpointRecoveryError     3   the loader refused a checkpoint (``.report``)
+     |   |- HomeRefusedError            3   a home we cannot write, or one others can
      |   '- DatabaseBusyError           3   a lock wait ran past its bound
      |- ProviderError                   1   a model call failed (``retryable``)
+     |   '- UnsafePathError             1   a leg path would leave its directory (node fails)
      '- PersistenceError                1   a checkpoint write failed or is uncertain
 """
 
@@ -32,15 +36,20 @@ __all__ = [
     "DatabaseBusyError",
     "ExitCode",
     "FlowResumeError",
+    "HomeRefusedError",
     "KindNotAllowedError",
+    "NoResponseError",
     "NotRunningError",
     "PersistenceError",
     "PlanValidationError",
     "ProviderError",
     "RefusedError",
+    "ResumeClaimedError",
     "SteerflowError",
     "UnknownIdError",
+    "UnsafePathError",
     "UsageError",
+    "quote_input",
 ]
 
 
@@ -61,6 +70,9 @@ class SteerflowError(Exception):
 
     code: ClassVar[str] = "error"
     exit_code: ClassVar[ExitCode] = ExitCode.FAILED
+    #: The ids (``session_id``, ``run_id``) of the run the error is about, when known:
+    #: for a refused resume, its source. ``--json`` prints them with the error.
+    source_ids: dict[str, str | None] | None = None
 
 
 class UsageError(SteerflowError):
@@ -95,6 +107,12 @@ class UnknownIdError(RefusedError):
     code = "unknown-id"
 
 
+class NoResponseError(RefusedError):
+    """A node has no response to print (it failed, was skipped, or has not run)."""
+
+    code = "no-response"
+
+
 class NotRunningError(RefusedError):
     """A control was aimed at a session that is not running."""
 
@@ -119,6 +137,30 @@ class FlowResumeError(RefusedError):
     code = "resume-refused"
 
 
+class ResumeClaimedError(FlowResumeError):
+    """One resume per source: another resume holds the source, or already continued it.
+
+    ``holder_session_id`` is the session holding (or that held) the source;
+    ``newest_run_id`` is the newest run of the chain to resume instead, when known.
+    """
+
+    code = "resume-claimed"
+
+    def __init__(
+        self, message: str, *, holder_session_id: str, newest_run_id: str | None = None
+    ) -> None:
+        super().__init__(message)
+        self.holder_session_id = holder_session_id
+        self.newest_run_id = newest_run_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild_claimed, (str(self), self.holder_session_id, self.newest_run_id))
+
+
+def _rebuild_claimed(message: str, holder: str, newest: str | None) -> ResumeClaimedError:
+    return ResumeClaimedError(message, holder_session_id=holder, newest_run_id=newest)
+
+
 class CheckpointRecoveryError(RefusedError):
     """The loader refused a checkpoint; ``report`` says where and why."""
 
@@ -130,6 +172,12 @@ class CheckpointRecoveryError(RefusedError):
 
     def __reduce__(self) -> tuple[Any, ...]:
         return (type(self), (self.report, str(self)))
+
+
+class HomeRefusedError(RefusedError):
+    """The home cannot be written, or is shared (writable by others, or not ours)."""
+
+    code = "home-refused"
 
 
 class DatabaseBusyError(RefusedError):
@@ -148,6 +196,15 @@ class ProviderError(SteerflowError):
         self.retryable = retryable
 
 
+class UnsafePathError(ProviderError):
+    """A leg directory, or a path written inside one, would leave it (``..``, absolute, symlink).
+
+    Raised while running a node; the node fails with this message, the run goes on.
+    """
+
+    code = "unsafe-path"
+
+
 class PersistenceError(SteerflowError):
     """A checkpoint write failed, or its outcome is uncertain and the writer stopped."""
 
@@ -159,9 +216,25 @@ def _describe_refusal(report: Mapping[str, Any]) -> str:
     if isinstance(refusal, Mapping):
         where = ", ".join(
             f"{key}={refusal[key]!r}"
-            for key in ("seq", "line", "byte_offset")
+            for key in ("file", "entry", "seq", "line", "byte_offset")
             if refusal.get(key) is not None
         )
         reason = refusal.get("reason", "unknown")
         return f"checkpoint recovery refused: {reason}" + (f" ({where})" if where else "")
     return "checkpoint recovery refused"
+
+
+#: How much of a user-supplied target an error line echoes.
+ECHO_LIMIT = 200
+
+
+def quote_input(value: object, limit: int = ECHO_LIMIT) -> str:
+    """``repr`` of user input for an error line, at most ``limit`` characters of it.
+
+    A pasted log or a whole file given as a TARGET must not flood the terminal; the
+    length says how much was left out.
+    """
+    text = str(value)
+    if len(text) <= limit:
+        return repr(text)
+    return f"{text[:limit]!r}... ({len(text)} characters)"

@@ -81,7 +81,14 @@ def test_v2_legacy_duplicate_below_top_keeps_last(tmp_path: Path) -> None:
 )
 def test_refusals_before_anything_else(tmp_path: Path, text: str, reason: str) -> None:
     report = refusal(write(tmp_path, text))
-    assert report["refusal"] == {"reason": reason, "seq": None, "line": None, "byte_offset": None}
+    assert report["refusal"] == {
+        "reason": reason,
+        "seq": None,
+        "line": None,
+        "byte_offset": None,
+        "file": "checkpoint.json",
+        "entry": None,
+    }
     assert report["valid_prefix_seq"] is None and report["generation"] is None
 
 

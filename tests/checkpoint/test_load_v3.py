@@ -139,7 +139,8 @@ def _journal_refusal(tmp_path: Path, bad: bytes, reason: str) -> None:
     good = line(rec(1))
     report = refused(unit(tmp_path, base(), good, bad, line(rec(3))))
     assert report["refusal"] == {"reason": reason, "seq": report["refusal"]["seq"], "line": 2,
-                                 "byte_offset": len(good)}  # fmt: skip
+                                 "byte_offset": len(good), "file": "checkpoint.json.journal",
+                                 "entry": report["refusal"]["entry"]}  # fmt: skip
     assert report["valid_prefix_seq"] == 1 and report["generation"] == GEN
 
 
@@ -271,7 +272,15 @@ def test_malformed_late_operation_leaves_record_unapplied(tmp_path: Path) -> Non
 )
 def test_base_refusals_have_no_journal_prefix(tmp_path: Path, text: str, reason: str) -> None:
     report = refused(unit(tmp_path, text, line(rec(1))))
-    assert report["refusal"] == {"reason": reason, "seq": None, "line": None, "byte_offset": None}
+    refusal = dict(report["refusal"])
+    named = (
+        None,
+        {"kind": "op", "agent_id": "a"},
+        {"kind": "spawn", "node_id": "n", "spawn_id": None},
+    )
+    assert refusal.pop("entry") in named
+    assert refusal == {"reason": reason, "seq": None, "line": None, "byte_offset": None,
+                       "file": "checkpoint.json"}  # fmt: skip
     assert report["valid_prefix_seq"] is None and report["records_applied"] is None
 
 

@@ -151,6 +151,7 @@ def test_public_exports_are_pinned() -> None:
         "CheckpointRecoveryError",
         "CheckpointWriter",
         "SavedHook",
+        "entry_digest",
         "load_checkpoint",
         "result_digest",
     }

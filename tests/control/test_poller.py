@@ -496,3 +496,40 @@ async def test_phase_is_written_before_the_pause_or_resume_row_is_stamped(
     assert await poller.tick() == 1
     # Anyone who sees a stamped pause also sees phase 'paused', and likewise for resume.
     assert db.seen == [(pause.id, "paused"), (resume.id, "executing")]
+
+
+class DeferringTarget(Target):
+    """A flow's target: ``applied`` waits until an operation is invoked with the message."""
+
+    def defers_message_stamp(self) -> bool:
+        return True
+
+
+async def test_deferred_message_is_applied_when_delivered_and_rejected_if_never(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    """Decision 36: ``applied`` means an operation was invoked with the message; one that no
+    operation took by the end of the run is ``rejected:no-pending-ops`` (decision 19)."""
+    taken = writer.insert_control(session_id=sid, verb="message", payload={"text": "taken"})
+    left = writer.insert_control(session_id=sid, verb="message", payload={"text": "left"})
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    target = DeferringTarget()
+    poller = _poller(home, sid, target, consumer)
+    assert await poller.tick() == 1  # only the pause: the messages wait for an operation
+    assert target.calls == ["message:taken", "message:left", "pause"]
+    assert writer.get_control(pause.id).result == "applied"  # type: ignore[union-attr]
+    for row in (taken, left):
+        current = writer.get_control(row.id)
+        assert current is not None and current.is_applying and current.applied_at is None
+
+    poller.messages_delivered([taken.id, None])
+    assert await poller.tick() == 1
+    assert writer.get_control(taken.id).result == "applied"  # type: ignore[union-attr]
+    assert writer.get_control(left.id).is_applying  # type: ignore[union-attr]
+
+    task = asyncio.ensure_future(poller.run())
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert writer.get_control(left.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
+    assert writer.get_control(taken.id).result == "applied"  # type: ignore[union-attr]
+    assert target.calls == ["message:taken", "message:left", "pause"]  # nothing applied twice

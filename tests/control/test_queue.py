@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from steerflow.control import enqueue_control, resolve_control
+from steerflow.control import MAX_MESSAGE_BYTES, enqueue_control, resolve_control
 from steerflow.errors import ControlNotApplyingError, NotRunningError, UsageError
 from steerflow.state import ResolvedTarget, StateDB
 
@@ -58,12 +58,17 @@ def test_session_finishing_after_resolution_is_refused_without_a_row(
 
 def test_payloads_and_usage(home: Path, sid: str) -> None:
     paused = enqueue_control(home, sid[:6], "pause")
-    said = enqueue_control(home, sid, "message", "")
+    said = enqueue_control(home, sid, "message", "line one\n  line two")
     with StateDB.open(home) as db:
         assert db.get_control(paused.control_id).payload is None  # type: ignore[union-attr]
-        assert db.get_control(said.control_id).payload == {"text": ""}  # type: ignore[union-attr]
-    with pytest.raises(UsageError):
-        enqueue_control(home, sid, "message", None)
+        assert db.get_control(said.control_id).payload == {  # type: ignore[union-attr]
+            "text": "line one\n  line two"
+        }
+    for blank in (None, "", " \n\t "):  # a blank message is refused, not queued
+        with pytest.raises(UsageError, match="non-empty"):
+            enqueue_control(home, sid, "message", blank)
+    with pytest.raises(UsageError, match="65536 bytes"):
+        enqueue_control(home, sid, "message", "x" * (MAX_MESSAGE_BYTES + 1))
     bad: Any = "stop"
     with pytest.raises(UsageError):
         enqueue_control(home, sid, bad)

@@ -291,7 +291,7 @@ def live_flow(
 
     The process is killed on exit if it is still running.
     """
-    home.mkdir(parents=True, exist_ok=True)
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
     logs = home.parent / f"{home.name}-flow-{time.monotonic_ns()}"
     stdout_path, stderr_path = logs.with_suffix(".out"), logs.with_suffix(".err")
     command = list(argv) if argv is not None else steerflow_argv(home, "flow", *args, "--json")

@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from flow_support import run_cli
 from test_providers_e2e import (
     Vendor,
     scenario_full_run,
@@ -102,3 +103,17 @@ def test_operator_steer_reaches_the_next_request(
     home: Path, tmp_path: Path, server: FakeLLMServer
 ) -> None:
     scenario_steer_reaches_next_request(ANTHROPIC, server, home, tmp_path)
+
+
+@pytest.mark.parametrize("suffix", ["", "/v1", "/v1/"])
+def test_base_url_with_or_without_v1(
+    suffix: str, home: Path, tmp_path: Path, server: FakeLLMServer
+) -> None:
+    """``ANTHROPIC_BASE_URL`` may be the root or end in ``/v1`` (the OPENAI_BASE_URL form)."""
+    plan = tmp_path / "one.yaml"
+    plan.write_text("plan:\n  - agent_id: only\n    instruction: say hi\n")
+    env = ANTHROPIC.env(server, ANTHROPIC_BASE_URL=server.base_url + suffix)
+    result = run_cli(home, "flow", "--plan", plan, "--model", ANTHROPIC.model, "--json", env=env)
+    assert result.returncode == 0, result.explain()
+    assert result.json["status"] == "completed"
+    assert [r.path for r in server.requests] == ["/v1/messages"]

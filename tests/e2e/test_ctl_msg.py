@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 from ctl_support import (
+    control,
     controls,
     ctl_ok,
     independent_plan,
@@ -28,7 +29,10 @@ from ctl_support import (
     wait_stamped,
     write_yaml,
 )
+from flow_support import run_cli as run_cli_json
+from resume_support import Crafted, fabricate_run, write_script
 
+from steerflow.checkpoint import load_checkpoint
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 
 TRIALS = 50
@@ -157,3 +161,54 @@ def test_message_without_pending_operation_and_unsupported_verb(tmp_path: Path) 
         (late, "rejected:no-pending-ops"),
         (stop.id, "rejected:unsupported-verb:stop"),
     ]
+
+
+def test_message_no_operation_was_invoked_with_is_rejected_when_the_run_ends(
+    tmp_path: Path,
+) -> None:
+    """Decision 36: a message appended while ``n001`` was still pending, which the run then
+    never started (SIGTERM), is ``rejected:no-pending-ops``, not ``applied``."""
+    home = tmp_path / "home"
+    independent_plan(tmp_path / "plan.yaml", 2)
+    # n000 stays in flight until the flow is stopped; n001 waits for the only slot.
+    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 30.0}})
+    args = [
+        "--plan", str(tmp_path / "plan.yaml"),
+        "--model", f"script:{tmp_path / 'script.yaml'}",
+        "--concurrency", "1",
+    ]  # fmt: skip
+    with live_flow(home, args) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: s.get("n000") == "running", what="n000 running")
+        message = ctl_ok(home, "msg", sid, "waiting-for-n001")
+        # Claimed and queued for n001 (still pending), but no operation was invoked with it.
+        queued = wait_for(lambda: r if (r := control(home, message)).result else None,
+                          what="the message handled", alive=flow.proc)  # fmt: skip
+        assert queued.is_applying and queued.applied_at is None, queued
+        assert flow.terminate() == 143, flow.stderr()
+    assert [line["node"] for line in invocations(home)] == ["n000"]
+    assert control(home, message).result == "rejected:no-pending-ops"
+
+
+def test_resume_does_not_render_the_source_runs_leftover_messages(tmp_path: Path) -> None:
+    """A message the source run queued but never delivered was stamped by that run
+    (``rejected:no-pending-ops``, or left ``applying`` if it died); the resumed run must not
+    render it into an operation behind that stamp."""
+    home = tmp_path / "home"
+    script = write_script(tmp_path / "script.yaml", {"*": {"delay": 0.0}})
+    crafted = Crafted(script)
+    crafted.node("a")
+    crafted.node("b", "a")
+    crafted.done("a", "A")
+    state = crafted.state()
+    leftover = {"ts": 1.0, "text": "leftover-steer", "control_id": "c" * 32,
+                "rendered_into_op": None}  # fmt: skip
+    state["flow_context"] = {"operator_messages": [leftover]}
+    run_dir = fabricate_run(home, state)
+    resumed = run_cli_json(home, "resume", run_dir.name, "--json")
+    assert resumed.returncode == 0, resumed.explain()
+    assert [line["node"] for line in invocations(home)] == ["b"]
+    new_state, _ = load_checkpoint(Path(resumed.json["run_dir"]))
+    assert "leftover-steer" not in str(new_state["ops"]["b"]["response"])
+    [queued] = new_state["flow_context"]["operator_messages"]
+    assert queued["rendered_into_op"] is None and queued["dropped"] == "source-run-ended"

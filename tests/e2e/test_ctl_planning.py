@@ -3,7 +3,7 @@
 The flow process runs the real CLI through ``ctl_slowplan.py``, whose ``echo``
 planner waits for ``HOME/release-plan``, so the controls provably land before
 any operation exists: the pause holds the first operation, and the message
-reaches it (and only it).
+reaches it (and only it), which is when its row is stamped ``applied``.
 """
 
 from __future__ import annotations
@@ -13,12 +13,14 @@ from pathlib import Path
 
 from ctl_support import (
     SLOW_PLANNER,
+    control,
     ctl_ok,
     ctl_status,
     live_flow,
     node_statuses,
     session_phase,
     steer_lines,
+    wait_for,
     wait_stamped,
 )
 
@@ -33,7 +35,9 @@ def test_pause_and_message_during_planning(tmp_path: Path) -> None:
         pause = ctl_ok(home, "pause", sid)
         message = ctl_ok(home, "msg", sid, "early-steer: keep it short")
         assert wait_stamped(home, pause, alive=flow.proc).result == "applied"
-        assert wait_stamped(home, message, alive=flow.proc).result == "applied"
+        # Queued for the first operation: ``applied`` only once one is invoked with it.
+        wait_for(lambda: control(home, message).is_applying, what="message queued",
+                 alive=flow.proc)  # fmt: skip
         view = ctl_status(home, sid)
         assert view["phase"] == "paused" and view["poller"] == "active"
         assert node_statuses(home, sid) == {}  # still planning: no operation exists yet
@@ -47,6 +51,7 @@ def test_pause_and_message_during_planning(tmp_path: Path) -> None:
         resume = ctl_ok(home, "resume", sid)
         assert wait_stamped(home, resume, alive=flow.proc).result == "applied"
         assert flow.finish(timeout=60) == 0, flow.stderr()
+    assert control(home, message).result == "applied"
 
     responses = flow.responses()
     assert set(responses) == {"scope", "explore-a", "explore-b", "synthesize"}

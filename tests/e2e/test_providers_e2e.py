@@ -415,15 +415,19 @@ def scenario_steer_reaches_next_request(
         assert sent.returncode == 0, sent.explain()
         control_id = sent.stdout.splitlines()[0].strip()
 
-        def applied() -> dict[str, Any] | None:
+        def row_of() -> dict[str, Any] | None:
             code, text = cli_in_process(home, "ctl", "status", session_id, "--json")
             assert code == 0, text
-            rows = {c["id"]: c for c in json.loads(text)["controls"]}
-            row = rows.get(control_id)
-            return row if row is not None and row["result"] == "applied" else None
+            rows: dict[str, dict[str, Any]] = {c["id"]: c for c in json.loads(text)["controls"]}
+            return rows.get(control_id)
 
-        row = wait_for(applied, timeout=15, what="the steer to be applied")
-        assert row["verb"] == "message" and row["applied_at"] is not None
+        # Queued by the flow; ``applied`` only once a request carries it (decision 36).
+        def queued() -> dict[str, Any] | None:
+            row = row_of()
+            return row if row is not None and str(row["result"]).startswith("applying:") else None
+
+        row = wait_for(queued, timeout=15, what="the steer to be queued")
+        assert row["verb"] == "message" and row["applied_at"] is None
         assert len(server.requests) == 1  # nothing else was sent while the reply was held
         release.set()
         result = finish(proc, timeout=60)
@@ -431,6 +435,8 @@ def scenario_steer_reaches_next_request(
         release.set()
         stop(proc)
     assert result.returncode == 0, result.explain()
+    row = row_of()
+    assert row is not None and row["result"] == "applied" and row["applied_at"] is not None
     assert node_status(result.json) == {
         "first": "completed",
         "second": "completed",

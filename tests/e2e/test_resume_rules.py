@@ -233,14 +233,15 @@ def test_target_through_state_db(tmp_path: Path, kind: str, length: int) -> None
 def test_target_missing_is_refused_naming_it(tmp_path: Path, target: str) -> None:
     home, run_dir, _ = _completed_source(tmp_path)
     guard = SourceGuard.of(run_dir)
-    _resume_refused_nothing_ran(home, target, fragments=(repr(target),))
+    # Nothing matches: the same `unknown-id` as `show` (issue 11 item 6).
+    _resume_refused_nothing_ran(home, target, fragments=(repr(target),), code="unknown-id")
     guard.assert_unchanged()
 
 
 def test_target_missing_without_state_db_is_refused_naming_it(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    home.mkdir()
-    _resume_refused_nothing_ran(home, "cafe1234", fragments=("'cafe1234'",))
+    home.mkdir(mode=0o700)
+    _resume_refused_nothing_ran(home, "cafe1234", fragments=("'cafe1234'",), code="unknown-id")
     assert not (home / "state.db").exists(), "resolving a target created the state DB"
 
 

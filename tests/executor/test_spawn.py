@@ -170,14 +170,13 @@ async def test_null_child(tmp_path: Path) -> None:
 @pytest.mark.parametrize(
     "raw",
     [
-        {"agent_id": "bad id!", "instruction": "x"},
         {"agent_id": "no-instruction"},
         {"agent_id": "extra", "instruction": "x", "unexpected": True},
         {"instruction": "no id"},
         "not a mapping",
         {"agent_id": "ghost-dep", "instruction": "x", "depends_on": ["nobody"]},
     ],
-    ids=["bad-id", "no-instruction", "unknown-key", "no-id", "not-a-dict", "unknown-dep"],
+    ids=["no-instruction", "unknown-key", "no-id", "not-a-dict", "unknown-dep"],
 )
 async def test_builder_error(tmp_path: Path, raw: object) -> None:
     ex, _ = await run_spawns(tmp_path, {"lead": [raw]})
@@ -186,6 +185,41 @@ async def test_builder_error(tmp_path: Path, raw: object) -> None:
     assert ex.spawn_rejections[0].detail
     assert len(ex.graph) == 2
     assert rejected_events(ex)[0]["reason"] == "builder_error"
+
+
+@pytest.mark.parametrize("bad", ["..", ".", ".hidden", "a/b", "../../etc", "bad id!", "", 7])
+async def test_invalid_id(tmp_path: Path, bad: object) -> None:
+    ex, provider = await run_spawns(tmp_path, {"lead": [{"agent_id": bad, "instruction": "x"}]})
+    assert [r for _, r in reasons(ex)] == ["invalid_id"]
+    rejection = ex.spawn_rejections[0]
+    assert rejection.emitter == "lead" and "must match" in rejection.detail
+    assert rejected_events(ex)[0]["reason"] == "invalid_id"
+    assert len(ex.graph) == 2 and ex.spawned_count == 0
+    assert set(provider.requests) == {"lead", "tail"}
+    assert sorted(p.name for p in (tmp_path / "artifacts").iterdir()) == ["lead", "tail"]
+
+
+async def test_a_node_whose_key_names_a_path_component_fails_before_its_call(
+    tmp_path: Path,
+) -> None:
+    # Defence in depth: a graph built around plan validation still cannot use `..`.
+    graph = graph_of([{"agent_id": "ok", "instruction": "x"}])
+    sneaky = next(iter(graph))
+    sneaky.key = ".."
+    provider = Spawner({})
+    ex = FlowExecutor(
+        graph,
+        provider_for=lambda op: provider,
+        run_id="r",
+        home=tmp_path,
+        artifact_dir=lambda key: tmp_path / "runs" / "r" / "artifacts" / key,
+    )
+    await asyncio.wait_for(ex.run(), 20)
+    assert sneaky.status == "failed" and "cannot name an artifact directory" in (sneaky.error or "")
+    assert provider.requests == {}
+    assert not (tmp_path / "runs" / "r" / "artifacts").exists() or not any(
+        (tmp_path / "runs" / "r" / "artifacts").iterdir()
+    )
 
 
 async def test_cycle(tmp_path: Path) -> None:
@@ -237,7 +271,7 @@ async def test_each_rejection_emits_an_event(tmp_path: Path) -> None:
     )
     expected = [
         (None, "null_child"),
-        ("x y", "builder_error"),
+        ("x y", "invalid_id"),
         ("selfish", "cycle"),
         ("tail", "duplicate"),
         ("over", "max_spawn_exceeded"),

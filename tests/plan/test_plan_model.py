@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -13,14 +14,12 @@ from steerflow.plan import (
     AGENT_ID_PATTERN,
     MAX_PLAN_ENTRIES,
     Dependency,
-    PlanFile,
     SpawnSpec,
     is_agent_id,
     load_plan_file,
     parse_plan,
     parse_plan_text,
     parse_reactive,
-    truncate_plan,
 )
 
 GOOD = """\
@@ -184,7 +183,10 @@ def test_wrong_type_names_line(tmp_path: Path) -> None:
     assert f"{path}:1" in msg and "concurrency" in msg
 
 
-@pytest.mark.parametrize("bad", ["has space", "semi;colon", "x" * 65, "", "slash/id", "ünï"])
+@pytest.mark.parametrize(
+    "bad",
+    ["has space", "semi;colon", "x" * 65, "", "slash/id", "ünï", ".", "..", ".hidden", "-x"],
+)
 def test_bad_agent_id_pattern(tmp_path: Path, bad: str) -> None:
     path, msg = _error(
         tmp_path,
@@ -198,7 +200,17 @@ def test_bad_agent_id_pattern(tmp_path: Path, bad: str) -> None:
     assert "plan[1].agent_id" in msg
 
 
-@pytest.mark.parametrize("good", ["a", "A-b_c.d", "x" * 64, "0", "op-1.v2"])
+@pytest.mark.parametrize("bad", [".", "..", ".hidden", "_x", "a\n", "../x"])
+def test_agent_id_cannot_name_a_path_component(bad: str) -> None:
+    assert AGENT_ID_PATTERN == r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+    assert not is_agent_id(bad)
+    with pytest.raises(PlanValidationError, match=r"plan\[0\]\.agent_id"):
+        parse_plan({"plan": [{"agent_id": bad, "instruction": "x"}]}, source="t")
+    with pytest.raises(ValueError):
+        SpawnSpec.model_validate({"agent_id": bad, "instruction": "x"})
+
+
+@pytest.mark.parametrize("good", ["a", "A-b_c.d", "x" * 64, "0", "op-1.v2", "a..b", "x."])
 def test_agent_id_pattern_accepts(good: str) -> None:
     assert is_agent_id(good)
     assert re.match(AGENT_ID_PATTERN, good)
@@ -296,48 +308,44 @@ def test_numeric_bounds(field: str, value: int) -> None:
         parse_plan({field: value, "plan": [{"agent_id": "a", "instruction": "x"}]}, source="t")
 
 
-# -- truncation, reactive policy, spawn specs --------------------------------------------------
+# -- the entry limit, reactive policy, spawn specs ---------------------------------------------
 
 
-def _big(n: int) -> PlanFile:
-    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(n)]
-    return PlanFile.model_validate({"plan": entries})
+def _entries(n: int) -> list[dict[str, Any]]:
+    return [{"agent_id": f"n{i}", "instruction": "x"} for i in range(n)]
 
 
-def test_truncate_plan_cuts_to_200_and_drops_dangling_deps() -> None:
-    assert MAX_PLAN_ENTRIES == 200
-    big_with_tail_dep = PlanFile.model_validate(
-        {
-            "plan": [
-                *[{"agent_id": f"n{i}", "instruction": "x"} for i in range(200)],
-                *[{"agent_id": f"m{i}", "instruction": "x"} for i in range(5)],
-            ]
-        }
-    )
-    cut, dropped = truncate_plan(big_with_tail_dep)
-    assert dropped == 5 and len(cut.plan) == 200
-    assert cut.plan[-1].agent_id == "n199"
-    same, none = truncate_plan(_big(200))
-    assert none == 0 and len(same.plan) == 200
+def test_default_limit_is_1000_and_a_larger_plan_is_refused_not_cut() -> None:
+    assert MAX_PLAN_ENTRIES == 1000
+    assert len(parse_plan({"plan": _entries(1000)}, source="t").plan) == 1000
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan({"plan": _entries(1001)}, source="planner")
+    message = str(info.value)
+    assert "1001" in message and "1000" in message and "--max-plan-entries" in message
 
 
-def test_truncation_keeps_dependencies_inside_the_kept_part() -> None:
-    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(202)]
-    entries[10]["depends_on"] = ["n0"]
-    entries[199]["depends_on"] = ["n5"]
-    cut, dropped = truncate_plan(PlanFile.model_validate({"plan": entries}))
-    assert dropped == 2
-    assert [d.id for d in cut.plan[10].dependencies] == ["n0"]
-    assert [d.id for d in cut.plan[199].dependencies] == ["n5"]
+def test_limit_is_a_parameter_and_none_means_unlimited(tmp_path: Path) -> None:
+    entries = _entries(1500)
+    entries[3]["depends_on"] = ["n1499"]  # an edge to a late entry is kept, never dropped
+    plan = parse_plan({"plan": entries}, source="t", max_entries=1500)
+    assert len(plan.plan) == 1500
+    assert [d.id for d in plan.plan[3].dependencies] == ["n1499"]
+    assert len(parse_plan({"plan": entries}, source="t", max_entries=None).plan) == 1500
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"plan": entries}))
+    with pytest.raises(PlanValidationError, match="1500"):
+        load_plan_file(path, max_entries=1499)
+    assert len(load_plan_file(path, max_entries=1500).plan) == 1500
 
 
-def test_parse_plan_cuts_a_runaway_plan_instead_of_refusing_it() -> None:
-    entries = [{"agent_id": f"n{i}", "instruction": "x"} for i in range(205)]
-    entries[3]["depends_on"] = ["n204"]  # a dependency on a dropped entry goes with it
-    entries[204]["agent_id"] = "bad id"  # invalid only beyond the cut
-    plan = parse_plan({"plan": entries}, source="planner")
-    assert len(plan.plan) == 200
-    assert plan.plan[3].dependencies == []
+def test_a_long_dependency_chain_validates_without_recursion() -> None:
+    entries = _entries(5000)
+    for i in range(1, 5000):
+        entries[i]["depends_on"] = [f"n{i - 1}"]
+    assert len(parse_plan({"plan": entries}, source="t", max_entries=None).plan) == 5000
+    entries[0]["depends_on"] = ["n4999"]
+    with pytest.raises(PlanValidationError, match="cycle"):
+        parse_plan({"plan": entries}, source="t", max_entries=None)
 
 
 @pytest.mark.parametrize(

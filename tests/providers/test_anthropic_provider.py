@@ -189,3 +189,22 @@ async def test_base_url_without_key_sends_a_placeholder(
 def test_no_key_and_no_base_url_is_a_usage_error() -> None:
     with pytest.raises(UsageError, match="ANTHROPIC_API_KEY"):
         make_provider("anthropic/claude-test")
+
+
+@pytest.mark.parametrize("suffix", ["", "/", "/v1", "/v1/"])
+async def test_base_url_with_or_without_v1_reaches_messages(
+    suffix: str,
+    anthropic_server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Users copy the OPENAI_BASE_URL form (ending in /v1); the SDK adds /v1/messages itself.
+    monkeypatch.setenv("ANTHROPIC_BASE_URL", anthropic_server.base_url + suffix)
+    anthropic_server.push(Reply(text="reached"))
+    provider = AnthropicProvider("claude-test")
+    try:
+        response = await provider.invoke(make_request())
+    finally:
+        await provider.aclose()
+    assert response.text == "reached"
+    assert [r.path for r in anthropic_server.requests] == ["/v1/messages"]

@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 import yaml
 
-from steerflow.errors import ProviderError, UsageError
+from steerflow.errors import ProviderError, UnsafePathError, UsageError
 from steerflow.plan import parse_plan
 from steerflow.providers import (
     INVOCATION_LOG,
@@ -227,8 +227,8 @@ async def test_fail_once_per_home(tmp_path: Path) -> None:
     path = script_file(tmp_path, {"flaky": {"fail_once": "first try fails", "response": "ok"}})
     provider = make_provider(f"script:{path}")
     home_a, home_b = tmp_path / "a", tmp_path / "b"
-    home_a.mkdir()
-    home_b.mkdir()
+    home_a.mkdir(mode=0o700)
+    home_b.mkdir(mode=0o700)
     with pytest.raises(ProviderError, match="first try fails"):
         await provider.invoke(request(home_a, "flaky"))
     assert (await provider.invoke(request(home_a, "flaky"))).text == "ok"
@@ -286,6 +286,52 @@ async def test_artifacts_cannot_escape(tmp_path: Path, home: Path, bad: str) -> 
     with pytest.raises(ProviderError):
         await provider.invoke(request(home, "build"))
     assert not (tmp_path / "escape.txt").exists()
+
+
+@pytest.mark.parametrize("bad", ["../x", "/abs/x", "", "a/../../b", "sub/.."])
+async def test_bad_artifact_paths_are_unsafe_path_errors(
+    tmp_path: Path, home: Path, bad: str
+) -> None:
+    provider = make_provider(
+        f"script:{script_file(tmp_path, {'build': {'artifacts': {bad: 'x'}}})}"
+    )
+    with pytest.raises(UnsafePathError, match="artifact path"):
+        await provider.invoke(request(home, "build"))
+    assert not (home / "artifacts" / "x").exists() and not (tmp_path / "b").exists()
+
+
+@pytest.mark.parametrize("planted", ["sub", "sub/file.txt", "leg"])
+async def test_artifacts_never_follow_a_symlink(tmp_path: Path, home: Path, planted: str) -> None:
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    req = request(home, "build")
+    leg = req.artifact_dir
+    if planted == "leg":  # the leg directory itself is a symlink
+        leg.parent.mkdir(parents=True)
+        leg.symlink_to(outside, target_is_directory=True)
+    else:
+        (leg / "sub").parent.mkdir(parents=True)
+        if planted == "sub":
+            (leg / "sub").symlink_to(outside, target_is_directory=True)
+        else:
+            (leg / "sub").mkdir()
+            (leg / "sub" / "file.txt").symlink_to(outside / "file.txt")
+    script = script_file(tmp_path, {"build": {"artifacts": {"sub/file.txt": "x"}}})
+    with pytest.raises(UnsafePathError, match="symlink"):
+        await make_provider(f"script:{script}").invoke(req)
+    assert list(outside.iterdir()) == []
+
+
+async def test_artifacts_never_write_through_a_hard_link(tmp_path: Path, home: Path) -> None:
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious")
+    req = request(home, "build")
+    req.artifact_dir.mkdir(parents=True)
+    (req.artifact_dir / "out.txt").hardlink_to(outside)
+    script = script_file(tmp_path, {"build": {"artifacts": {"out.txt": "x"}}})
+    with pytest.raises(UnsafePathError, match="not a plain file"):
+        await make_provider(f"script:{script}").invoke(req)
+    assert outside.read_text() == "precious"
 
 
 async def test_invocation_log_lines(tmp_path: Path, home: Path) -> None:

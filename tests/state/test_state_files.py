@@ -90,7 +90,7 @@ def test_read_only_reads_and_refuses_writes(home: Path) -> None:
 
 
 def test_read_only_refuses_unmigrated_file(home: Path) -> None:
-    home.mkdir()
+    home.mkdir(mode=0o700)
     (home / "state.db").touch()
     with pytest.raises(RefusedError, match="schema version 0"):
         StateDB.open(home, read_only=True)

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from steerflow.errors import CheckpointRecoveryError
 
-from ._digest import result_digest
+from ._digest import entry_digest, result_digest
 from ._load import CHECKPOINT_FILENAME, JOURNAL_FILENAME, load_checkpoint
 from ._writer import CheckpointWriter, SavedHook
 
@@ -20,6 +20,7 @@ __all__ = [
     "CheckpointRecoveryError",
     "CheckpointWriter",
     "SavedHook",
+    "entry_digest",
     "load_checkpoint",
     "result_digest",
 ]

@@ -13,6 +13,14 @@ Digest
     ``"blake2b:"`` followed by the hex of a 32-byte BLAKE2b hash of those canonical
     bytes.  It lives in the same file as the entry, so it notices accidental drift
     (a truncated or replaced value), not a deliberate edit.
+
+Entry digest
+    An entry's ``result_digest`` covers its response and, when the entry carries them,
+    the members of :data:`COVERED_MEMBERS` (CONTRACT §10: ``spawned_ids``,
+    ``artifacts``).  An entry without any of them is digested exactly as before, over
+    the response alone, so every digest already written stays valid; an entry with
+    them is digested over ``{"response": ..., <member>: ...}``, so removing, adding or
+    changing such a member no longer matches.
 """
 
 from __future__ import annotations
@@ -20,13 +28,24 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+from collections.abc import Mapping
 from typing import Any, TypeAlias
 
-__all__ = ["JSON", "canonical_bytes", "normalize", "result_digest"]
+__all__ = [
+    "COVERED_MEMBERS",
+    "JSON",
+    "canonical_bytes",
+    "entry_digest",
+    "normalize",
+    "result_digest",
+]
 
 JSON: TypeAlias = Any  # a plain tree of dict/list/str/int/float/bool/None
 
 _DIGEST_PREFIX = "blake2b:"
+
+#: Entry members covered by ``result_digest`` besides the response, when present.
+COVERED_MEMBERS = ("spawned_ids", "artifacts")
 
 
 def _key(key: object) -> str:
@@ -83,3 +102,11 @@ def canonical_bytes(value: object) -> bytes:
 def result_digest(response: object) -> str:
     """``"blake2b:<64 hex>"`` over the canonical JSON encoding of ``response``."""
     return _DIGEST_PREFIX + hashlib.blake2b(canonical_bytes(response), digest_size=32).hexdigest()
+
+
+def entry_digest(entry: Mapping[str, object]) -> str:
+    """The ``result_digest`` of a checkpoint entry (see the module docstring)."""
+    covered = {name: entry[name] for name in COVERED_MEMBERS if name in entry}
+    if not covered:
+        return result_digest(entry.get("response"))
+    return result_digest({"response": entry.get("response"), **covered})

@@ -2,8 +2,9 @@
 
 The version is decided before anything else is interpreted: a missing, non-integer,
 unknown or duplicated top-level ``version`` member is refused.  Version 2 is read as
-one snapshot file (:mod:`._load_v2`); version 3 through the base + journal loader
-(:mod:`._load_v3`).  There is no fallback from one reader to the other.
+one snapshot file (:mod:`._load_v2`), and refused when a journal lies beside it;
+version 3 through the base + journal loader (:mod:`._load_v3`).  There is no fallback
+from one reader to the other.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
     target = Path(path)
     if target.is_dir():
         target = target / CHECKPOINT_FILENAME
-    report = Report()
+    report = Report(default_file=target.name)
     try:
         first = read_pinned(os.fspath(target))
     except OSError as exc:
@@ -54,10 +55,35 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
         version = _declared_version(parsed, report)
         report.checkpoint_version = version
         if version == 2:
+            _refuse_journal_beside_v2(target, report)
             return load_v2(parsed, report)
     finally:
         os.close(pin)
     return load_v3(os.fspath(target), report)
+
+
+def _refuse_journal_beside_v2(target: Path, report: Report) -> None:
+    """A journal beside a version 2 snapshot: refuse rather than ignore it.
+
+    No version 2 writer makes a journal, so one here belongs to some version 3 unit
+    (a snapshot copied over its base, a half-restored backup).  Outcomes that exist
+    only in it would silently run again if the snapshot were read alone.
+    """
+    journal = target.parent / JOURNAL_FILENAME
+    try:
+        os.lstat(journal)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise report.refuse(
+            "unreadable-journal", detail=f"{str(journal)!r}: {exc.strerror}", file=JOURNAL_FILENAME
+        ) from exc
+    raise report.refuse(
+        "unexpected-journal",
+        detail=f"the journal {str(journal)!r} lies beside a version 2 checkpoint, which has "
+        "none; move it away or restore the version 3 base it belongs to",
+        file=JOURNAL_FILENAME,
+    )
 
 
 def _declared_version(parsed: Parsed, report: Report) -> int:

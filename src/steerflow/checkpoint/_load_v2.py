@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ._load_v3 import entry_ref
 from ._read import SNAPSHOT_TYPES, Parsed
 from ._report import Report
 
@@ -27,8 +28,16 @@ def load_v2(parsed: Parsed, report: Report) -> tuple[dict[str, Any], dict[str, A
         raise report.refuse("invalid-snapshot", detail="member 'max_spawn' mistyped")
     for key, entry in doc["ops"].items():
         if not isinstance(entry, dict) or entry.get("agent_id", key) != key:
-            raise report.refuse("invalid-snapshot", detail="an ops entry is malformed")
-    for entry in doc["spawned"]:
+            raise report.refuse(
+                "invalid-snapshot",
+                detail="an ops entry is malformed",
+                entry=entry_ref("op", {}, key),
+            )
+    for index, entry in enumerate(doc["spawned"]):
         if not isinstance(entry, dict) or not isinstance(entry.get("node_id"), str):
-            raise report.refuse("invalid-snapshot", detail="a spawned entry is malformed")
+            raise report.refuse(
+                "invalid-snapshot",
+                detail="a spawned entry is malformed",
+                entry=entry_ref("spawn", entry) or {"kind": "spawn", "index": index},
+            )
     return doc, report.as_dict()

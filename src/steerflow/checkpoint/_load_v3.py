@@ -16,6 +16,12 @@ Journal rules
     generation must run 1, 2, 3, ... without gaps or repeats.  Anything else refuses
     the whole checkpoint, and the report names the first bad line and the last good
     sequence number.
+
+Naming the entry
+    A refusal names the file at fault and, when it lies in one entry, that entry's ids
+    (planned ``agent_id``; spawned ``node_id`` and ``spawn_id``), read from whatever
+    of the entry was readable.  A journal refusal also gives the record's ``seq`` when
+    it could be read unambiguously, even if the record is otherwise invalid.
 """
 
 from __future__ import annotations
@@ -26,10 +32,17 @@ import time
 from typing import Any
 
 from ._patch import PatchError, apply_patch, validate_patch
-from ._read import JOURNAL_FILENAME, SNAPSHOT_TYPES, Parsed, parse_json, read_pinned
+from ._read import (
+    CHECKPOINT_FILENAME,
+    JOURNAL_FILENAME,
+    SNAPSHOT_TYPES,
+    Parsed,
+    parse_json,
+    read_pinned,
+)
 from ._report import Report
 
-__all__ = ["MAX_SEQ", "fold_unit", "load_v3", "valid_generation"]
+__all__ = ["MAX_SEQ", "entry_ref", "fold_unit", "load_v3", "valid_generation"]
 
 MAX_SEQ = 2**63 - 1
 _GENERATION = re.compile(r"[0-9a-f]{32}")
@@ -37,15 +50,41 @@ _RECORD_REQUIRED = frozenset({"version", "generation", "seq", "kind", "entry"})
 _RECORD_ALLOWED = _RECORD_REQUIRED | {"flow_context"}
 _OPTIONAL_TEXT = ("operation", "assignee", "instruction", "parent_id", "spawn_id")
 _ATTEMPTS = 5
+# Only id-shaped strings are echoed into a report: it must never carry a value.
+_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 class _Invalid(Exception):
-    """A validation failure: ``reason`` is the refusal code."""
+    """A validation failure: ``reason`` is the refusal code.
 
-    def __init__(self, reason: str, detail: str = "") -> None:
+    ``entry`` (the ids of the entry at fault) and ``seq`` (the record's readable
+    sequence number) are filled in by whoever knows them.
+    """
+
+    def __init__(self, reason: str, detail: str = "", entry: dict[str, Any] | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.detail = detail
+        self.entry = entry
+        self.seq: int | None = None
+
+
+def _id(value: object) -> str | None:
+    return value if isinstance(value, str) and _ID.fullmatch(value) else None
+
+
+def entry_ref(kind: object, entry: object, key: object = None) -> dict[str, Any] | None:
+    """The ids naming an entry (``key``: its ``ops`` key), or None if none is readable."""
+    fields = entry if isinstance(entry, dict) else {}
+    if kind == "op":
+        agent_id = _id(fields.get("agent_id")) or _id(key)
+        return None if agent_id is None else {"kind": "op", "agent_id": agent_id}
+    if kind == "spawn":
+        node_id, spawn_id = _id(fields.get("node_id")), _id(fields.get("spawn_id"))
+        if node_id is None and spawn_id is None:
+            return None
+        return {"kind": "spawn", "node_id": node_id, "spawn_id": spawn_id}
+    return None
 
 
 def valid_generation(value: object) -> bool:
@@ -75,6 +114,14 @@ def check_entry(kind: str, entry: object) -> None:
     digest = entry.get("result_digest")
     if digest is not None and not isinstance(digest, str):
         raise _Invalid("invalid-entry", "result_digest is not a string")
+    if "spawned_ids" in entry:
+        ids = entry["spawned_ids"]
+        if (
+            not isinstance(ids, list)
+            or not all(isinstance(i, str) and i for i in ids)
+            or len(set(ids)) != len(ids)
+        ):
+            raise _Invalid("invalid-entry", "spawned_ids is not a list of distinct node ids")
     if kind == "spawn":
         for name in _OPTIONAL_TEXT:
             if entry.get(name) is not None and not isinstance(entry[name], str):
@@ -99,24 +146,54 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
     if doc.get("max_spawn") is not None and not _is_int(doc["max_spawn"]):
         raise _Invalid("invalid-base", "max_spawn mistyped")
     for key, entry in doc["ops"].items():
-        check_entry("op", entry)
-        if entry["agent_id"] != key:
-            raise _Invalid("invalid-base", "an ops key differs from its agent_id")
+        try:
+            check_entry("op", entry)
+            if entry["agent_id"] != key:
+                raise _Invalid("invalid-base", "an ops key differs from its agent_id")
+        except _Invalid as bad:
+            bad.entry = entry_ref("op", {}, key)  # the key is what the base is indexed by
+            raise
     seen: set[str] = set()
-    for entry in doc["spawned"]:
-        check_entry("spawn", entry)
-        if entry["node_id"] in seen:
-            raise _Invalid("invalid-base", "a spawned node_id repeats")
+    for index, entry in enumerate(doc["spawned"]):
+        try:
+            check_entry("spawn", entry)
+            if entry["node_id"] in seen:
+                raise _Invalid("invalid-base", "a spawned node_id repeats")
+        except _Invalid as bad:
+            bad.entry = entry_ref("spawn", entry) or {"kind": "spawn", "index": index}
+            raise
         seen.add(entry["node_id"])
     return doc
 
 
 def check_record(raw: bytes) -> dict[str, Any]:
-    """Decode and validate one complete journal line (without its LF)."""
+    """Decode and validate one complete journal line (without its LF).
+
+    A refusal carries whatever ids and ``seq`` of the record could be read.
+    """
     try:
         parsed = parse_json(raw)
     except ValueError:
         raise _Invalid("malformed-record") from None
+    try:
+        return _check_parsed_record(parsed)
+    except _Invalid as bad:
+        rec = parsed.value
+        if isinstance(rec, dict):
+            seq = rec.get("seq")
+            if (
+                isinstance(seq, int)
+                and not isinstance(seq, bool)
+                and "seq" not in parsed.top_duplicates
+                and 1 <= seq <= MAX_SEQ
+            ):
+                bad.seq = seq
+            if bad.entry is None:
+                bad.entry = entry_ref(rec.get("kind"), rec.get("entry"))
+        raise
+
+
+def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
     if parsed.duplicates:
         raise _Invalid("duplicate-member")
     if parsed.non_finite:
@@ -201,7 +278,9 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, bytes]:
         try:
             base = read_pinned(path)
         except OSError as exc:
-            raise report.refuse("unreadable-checkpoint", detail=exc.strerror) from exc
+            raise report.refuse(
+                "unreadable-checkpoint", detail=exc.strerror, file=CHECKPOINT_FILENAME
+            ) from exc
         if base is None:
             continue
         base_bytes, base_fd = base
@@ -210,7 +289,9 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, bytes]:
             try:
                 journal = read_pinned(journal_path)
             except OSError as exc:
-                raise report.refuse("unreadable-journal", detail=exc.strerror) from exc
+                raise report.refuse(
+                    "unreadable-journal", detail=exc.strerror, file=JOURNAL_FILENAME
+                ) from exc
             if journal is not None:
                 journal_fd = journal[1]
             st_pin = os.fstat(base_fd)
@@ -229,7 +310,7 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, bytes]:
             if journal_fd is not None:
                 os.close(journal_fd)
     if missing_journal:
-        raise report.refuse("missing-journal")
+        raise report.refuse("missing-journal", file=JOURNAL_FILENAME)
     raise report.refuse("incoherent-read")
 
 
@@ -256,9 +337,11 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
     try:
         base = _check_base(parse_json(base_bytes))
     except ValueError:
-        raise report.refuse("malformed-json") from None
+        raise report.refuse("malformed-json", file=CHECKPOINT_FILENAME) from None
     except _Invalid as bad:
-        raise report.refuse(bad.reason, detail=bad.detail) from None
+        raise report.refuse(
+            bad.reason, detail=bad.detail, file=CHECKPOINT_FILENAME, entry=bad.entry
+        ) from None
     generation: str = base["generation"]
     report.generation = generation
     report.records_applied = 0
@@ -275,6 +358,7 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
             break
         line_no += 1
         seq: int | None = None
+        rec: dict[str, Any] | None = None
         try:
             rec = check_record(journal[offset:end])
             seq = rec["seq"]
@@ -289,8 +373,16 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
                 report.records_applied += 1
                 report.last_seq = report.valid_prefix_seq = expected
         except _Invalid as bad:
+            if bad.entry is None and rec is not None:
+                bad.entry = entry_ref(rec["kind"], rec["entry"])
             raise report.refuse(
-                bad.reason, seq=seq, line=line_no, byte_offset=offset, detail=bad.detail
+                bad.reason,
+                seq=seq if seq is not None else bad.seq,
+                line=line_no,
+                byte_offset=offset,
+                detail=bad.detail,
+                file=JOURNAL_FILENAME,
+                entry=bad.entry,
             ) from None
         offset = end + 1
     report.discarded_tail_bytes = len(journal) - offset

@@ -7,6 +7,13 @@ Anything the loader did not establish stays ``None``.
 For a version 2 snapshot there is no journal, so ``generation``, ``records_applied``,
 ``last_seq``, ``stale_generation_records``, ``discarded_tail_bytes`` and
 ``valid_prefix_seq`` are all ``None`` and a readable file is ``clean``.
+
+A refusal carries, besides CONTRACT §8's ``reason``, ``seq``, ``line`` and
+``byte_offset``: ``file`` (the name of the file at fault, ``checkpoint.json`` — the
+version 3 base or the version 2 snapshot — or ``checkpoint.json.journal``) and
+``entry`` (the ids of the entry at fault: ``{"kind": "op", "agent_id"}`` or
+``{"kind": "spawn", "node_id", "spawn_id"}``).  Ids are names, not values, so the
+report stays free of prompts, responses and context.
 """
 
 from __future__ import annotations
@@ -16,7 +23,7 @@ from typing import Any, Literal
 
 from steerflow.errors import CheckpointRecoveryError
 
-__all__ = ["REPORT_VERSION", "Report", "Status"]
+__all__ = ["REPORT_VERSION", "Report", "Status", "describe_entry"]
 
 REPORT_VERSION = 1
 Status = Literal["clean", "recovered_prefix", "refused"]
@@ -34,6 +41,8 @@ class Report:
     discarded_tail_bytes: int | None = None
     valid_prefix_seq: int | None = None
     refusal: dict[str, Any] | None = None
+    # The file a refusal names when the caller does not say (the checkpoint file itself).
+    default_file: str | None = None
 
     @property
     def status(self) -> Status:
@@ -67,13 +76,30 @@ class Report:
         line: int | None = None,
         byte_offset: int | None = None,
         detail: str | None = None,
+        file: str | None = None,
+        entry: dict[str, Any] | None = None,
     ) -> CheckpointRecoveryError:
         """Record the refusal and return the error to raise (``reason`` is a code)."""
-        self.refusal = {"reason": reason, "seq": seq, "line": line, "byte_offset": byte_offset}
+        self.refusal = {
+            "reason": reason,
+            "seq": seq,
+            "line": line,
+            "byte_offset": byte_offset,
+            "file": file if file is not None else self.default_file,
+            "entry": None if entry is None else dict(entry),
+        }
         message = f"checkpoint recovery refused: {reason}"
+        named = describe_entry(entry)
+        if named:
+            message += f" at {named}"
         where = ", ".join(
             f"{k}={v!r}"
-            for k, v in (("seq", seq), ("line", line), ("byte_offset", byte_offset))
+            for k, v in (
+                ("file", self.refusal["file"]),
+                ("line", line),
+                ("seq", seq),
+                ("byte_offset", byte_offset),
+            )
             if v is not None
         )
         if where:
@@ -81,3 +107,19 @@ class Report:
         if detail:
             message += f": {detail}"
         return CheckpointRecoveryError(self.as_dict(), message)
+
+
+def describe_entry(entry: dict[str, Any] | None) -> str:
+    """``planned node 'a'`` / ``spawned node 'fix-1' (node_id '…')``, or ``""``."""
+    if not entry:
+        return ""
+    if entry.get("kind") == "op":
+        return f"planned node {entry.get('agent_id')!r}"
+    spawn_id, node_id = entry.get("spawn_id"), entry.get("node_id")
+    if spawn_id is not None and node_id is not None:
+        return f"spawned node {spawn_id!r} (node_id {node_id!r})"
+    if node_id is not None:
+        return f"spawned node_id {node_id!r}"
+    if spawn_id is not None:
+        return f"spawned node {spawn_id!r}"
+    return f"spawned entry #{entry.get('index')}" if entry.get("index") is not None else ""

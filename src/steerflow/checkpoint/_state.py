@@ -14,7 +14,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from ._digest import JSON, result_digest
+from ._digest import JSON, entry_digest
 
 __all__ = [
     "Item",
@@ -108,7 +108,7 @@ def seal(batch: list[Ticket]) -> None:
     """Add ``result_digest`` to each entry (on the worker: hashing can release the GIL)."""
     for ticket in batch:
         if ticket.item is not None and "result_digest" not in ticket.item.entry:
-            ticket.item.entry["result_digest"] = result_digest(ticket.item.entry["response"])
+            ticket.item.entry["result_digest"] = entry_digest(ticket.item.entry)
 
 
 @dataclass

@@ -36,6 +36,7 @@ from steerflow.errors import PersistenceError
 
 from . import _capture
 from ._digest import JSON, normalize
+from ._seed import seed_entries
 from ._state import Item, Kind, State, Ticket
 from ._v2 import V2Backend
 from ._v3 import V3Backend
@@ -72,6 +73,11 @@ class CheckpointWriter:
         max_records: v3 compaction threshold in journal records.
         max_bytes: v3 compaction threshold in encoded journal bytes.
         on_saved: optional hook called on the event loop after each acknowledgement.
+        ops: initial planned entries by agent id (``status``, ``response``, ...), and
+        spawned: initial spawned entries (``node_id``, ``status``, ``response``, the
+            fields of :meth:`record_spawned`): what a resumed run replays.  They are
+            checked and sealed like recorded entries and are part of the very first
+            snapshot or base, never journaled (see :mod:`._seed`).
     """
 
     def __init__(
@@ -88,6 +94,8 @@ class CheckpointWriter:
         max_records: int = 128,
         max_bytes: int = 8_388_608,
         on_saved: SavedHook | None = None,
+        ops: Mapping[str, Mapping[str, object]] | None = None,
+        spawned: Sequence[Mapping[str, object]] | None = None,
     ) -> None:
         if version not in (2, 3) or isinstance(version, bool):
             raise ValueError(f"unsupported checkpoint version: {version!r}")
@@ -111,7 +119,15 @@ class CheckpointWriter:
             self._ctx: _capture.Frozen = _capture.freeze(dict(flow_context or {}))
         except ValueError as exc:
             raise PersistenceError(f"the initial flow context cannot be stored: {exc}") from exc
-        state = State(meta=meta, context=self._ctx, to_json=_capture.to_jsonable)
+        initial_ops, initial_spawned = seed_entries(ops, spawned)
+        state = State(
+            meta=meta,
+            context=self._ctx,
+            to_json=_capture.to_jsonable,
+            ops=initial_ops,
+            spawned=initial_spawned,
+            spawn_index={str(e["node_id"]): i for i, e in enumerate(initial_spawned)},
+        )
         self._backend: _Backend
         if version == 2:
             self._backend = V2Backend(os.fspath(self.path), state)
@@ -139,11 +155,18 @@ class CheckpointWriter:
         status: str,
         response: object,
         flow_context: Mapping[str, object] | None = None,
+        spawned_ids: Sequence[str] | None = None,
     ) -> None:
-        """Record a planned node's outcome; returns once it is acknowledged."""
+        """Record a planned node's outcome; returns once it is acknowledged.
+
+        ``spawned_ids`` lists the node ids of the spawns this operation had accepted;
+        the entry then carries them (covered by its ``result_digest``) so a resume can
+        tell that a child's entry is missing.  None or empty: no such member.
+        """
         if status not in _PLANNED_STATUSES:
             raise ValueError(f"planned status must be completed or failed, got {status!r}")
-        raw = {"agent_id": agent_id, "status": status, "response": response}
+        raw: dict[str, object] = {"agent_id": agent_id, "status": status, "response": response}
+        _add_spawned_ids(raw, spawned_ids)
         ticket = self._admit("op", agent_id, raw, flow_context)
         await self._settle(ticket, "op", agent_id)
 
@@ -160,17 +183,21 @@ class CheckpointWriter:
         parent_id: str | None = None,
         spawn_id: str | None = None,
         context: object = None,
+        spawned_ids: Sequence[str] | None = None,
         **extra: object,
     ) -> None:
         """Record (or replace, by ``node_id``) a spawned node; returns once acknowledged.
 
         Extra keyword fields (``emitter_workload``, ``escalated_from``, ...) are kept
-        in the entry verbatim after normalization.
+        in the entry verbatim after normalization.  ``spawned_ids`` is as for
+        :meth:`record` (a pending entry never ran, so it has none).
         """
         if status not in _SPAWNED_STATUSES:
             raise ValueError(f"spawned status must be completed, failed or pending: {status!r}")
         if status == "pending" and response is not None:
             raise ValueError("a pending spawned entry must have response=None")
+        if status == "pending" and spawned_ids:
+            raise ValueError("a pending spawned entry cannot list spawned_ids")
         clash = sorted(set(extra) & {"result_digest", "node_id"})
         if clash:
             raise ValueError(f"reserved entry fields passed as extras: {clash!r}")
@@ -186,6 +213,7 @@ class CheckpointWriter:
             "context": context,
             **extra,
         }
+        _add_spawned_ids(raw, spawned_ids)
         ticket = self._admit("spawn", node_id, raw, flow_context)
         await self._settle(ticket, "spawn", node_id)
 
@@ -308,3 +336,18 @@ class CheckpointWriter:
         self.persisted = False
         if self.error is None:
             self.error = message
+
+
+def _add_spawned_ids(raw: dict[str, object], spawned_ids: Sequence[str] | None) -> None:
+    """Put a non-empty ``spawned_ids`` into ``raw`` after checking it holds node ids."""
+    if spawned_ids is None:
+        return
+    if isinstance(spawned_ids, str) or not all(
+        isinstance(node_id, str) and node_id for node_id in spawned_ids
+    ):
+        raise ValueError(f"spawned_ids must be a sequence of node ids, got {spawned_ids!r}")
+    ids = list(spawned_ids)
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"spawned_ids repeats a node id: {ids!r}")
+    if ids:
+        raw["spawned_ids"] = ids

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import io
+import math
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -11,8 +13,8 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from steerflow.cli._output import emit_json, emit_text, warn
-from steerflow.errors import ExitCode, SteerflowError, UsageError
+from steerflow.cli._output import emit_json, emit_text, printable, warn
+from steerflow.errors import ExitCode, SteerflowError, UsageError, quote_input
 from steerflow.home import resolve_home
 
 if TYPE_CHECKING:
@@ -38,6 +40,42 @@ Exit codes:
   143  terminated by SIGTERM; completed work persisted
 """
 
+# The commands that only read or queue list just the codes they can return.
+_UNEXPECTED = "  1    an unexpected runtime error (e.g. an unreadable state DB)\n"
+_USAGE = "  2    usage error (bad flags or arguments)\n"
+_REFUSED_HOME = "       home not writable or shared, database busy\n"
+CTL_EPILOG = (
+    "\b\nExit codes:\n  0    queued (not yet applied: see `steerflow ctl status`)\n"
+    + _UNEXPECTED
+    + "  2    usage error (bad arguments; ctl msg: empty text or text over 64 KiB)\n"
+    "  3    refused: unknown/ambiguous id, session not running, kind not allowed,\n" + _REFUSED_HOME
+)
+RESOLVE_EPILOG = (
+    "\b\nExit codes:\n  0    resolved\n"
+    + _UNEXPECTED
+    + _USAGE
+    + "  3    refused: unknown control id, control not in 'applying',\n"
+    + _REFUSED_HOME
+)
+READ_EPILOG = (
+    "\b\nExit codes:\n  0    shown\n"
+    + _UNEXPECTED
+    + _USAGE
+    + "  3    refused: unknown/ambiguous id,\n"
+    + _REFUSED_HOME
+)
+RUNS_EPILOG = (
+    "\b\nExit codes:\n  0    listed\n" + _UNEXPECTED + _USAGE + "  3    refused:\n" + _REFUSED_HOME
+)
+RESULT_EPILOG = (
+    "\b\nExit codes:\n  0    the run completed; its result printed\n"
+    "  1    the run did not complete (failed, running, interrupted, timed out):\n"
+    "       what it recorded is printed\n"
+    + _USAGE
+    + "  3    refused: unknown/ambiguous id, checkpoint missing or refused,\n"
+    + _REFUSED_HOME
+)
+
 REACTIVE_HELP = (
     "Let operations spawn new ones: off (default), all, or a comma-separated list of roles "
     "allowed to spawn."
@@ -47,6 +85,26 @@ MAX_OPS_HELP = (
     "0 or unset means no cap on the plan, but spawns are still capped at 20 to bound cost; "
     "every spawn refused by the budget is printed."
 )
+
+
+class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A positive, finite number of seconds (``nan`` and ``inf`` pass a FloatRange)."""
+
+    name = "seconds"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{quote_input(value)} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
 
 
 def _home(ctx: click.Context) -> Path:
@@ -74,12 +132,13 @@ def run_options(func: F) -> F:
             "--save",
             type=click.Path(file_okay=False, path_type=Path),
             metavar="DIR",
-            help="Artifact root for this run (default: <run dir>/artifacts).",
+            help="Artifact root for this run (default: <run dir>/artifacts); an existing DIR "
+            "keeps its mode, directories steerflow creates are 0700.",
         ),
         click.option(
             "--timeout",
             "timeout",
-            type=click.FloatRange(min=0, min_open=True),
+            type=SECONDS,
             metavar="SECONDS",
             help=(
                 "Deadline: admit nothing new after it, let running model calls finish, stop "
@@ -92,6 +151,21 @@ def run_options(func: F) -> F:
             default="3",
             show_default=True,
             help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
+        ),
+        click.option(
+            "--max-plan-entries",
+            type=click.IntRange(min=1),
+            default=1000,
+            show_default=True,
+            metavar="N",
+            help="Most entries a plan may have: a larger plan file or playbook exits 2, a larger "
+            "planner reply is an invalid reply (one retry); plans are never cut.",
+        ),
+        click.option(
+            "--allow-agent-workers",
+            is_flag=True,
+            help="Let a plan file or playbook run the claude-code/codex workers it names "
+            "(they execute code here); not needed for a worker given with --model.",
         ),
         click.option("--dry-run", is_flag=True, help="Plan and show the graph; run nothing."),
         click.option(
@@ -128,6 +202,8 @@ def app(ctx: click.Context, home: str | None) -> None:
       steerflow play demo                 # bundled playbook, offline echo model
       steerflow runs                      # recent runs
       steerflow show RUN_OR_SESSION       # live node status
+      steerflow show RUN NODE             # one node: instruction as sent, response
+      steerflow result RUN                # the run's result
       steerflow ctl pause SESSION         # from another terminal
     """
     ctx.ensure_object(dict)
@@ -151,6 +227,8 @@ def _flow_options(**kw: Any) -> FlowOptions:
         dry_run=bool(kw.get("dry_run")),
         show_graph=bool(kw.get("show_graph")),
         kind=kw.get("kind", "flow"),
+        max_plan_entries=int(kw.get("max_plan_entries") or 1000),
+        allow_agent_workers=bool(kw.get("allow_agent_workers")),
     )
 
 
@@ -175,16 +253,18 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
                 loop.remove_signal_handler(sig)
 
     result = asyncio.run(main())
-    print_result(result, as_json=as_json)
+    from steerflow.cli._reading import flow_result_text
+
+    print_result(result, as_json=as_json, result_text=flow_result_text(home, result.run_dir))
     return int(result.exit_code)
 
 
-def print_result(result: FlowResult, *, as_json: bool) -> None:
-    """Print a flow result as JSON or as a short human summary."""
+def print_result(result: FlowResult, *, as_json: bool, result_text: str | None = None) -> None:
+    """Print a flow result as JSON or as a short human summary ending with the run's result."""
     if result.graph_text:
         warn("graph:\n" + result.graph_text)
     for warning in result.warnings:
-        warn(f"warning: {warning}")
+        warn(f"warning: {printable(warning)}")
     report = result.checkpoint_recovery or {}
     if report and report.get("status") != "clean":
         warn(
@@ -195,11 +275,12 @@ def print_result(result: FlowResult, *, as_json: bool) -> None:
         )
     for rejection in result.spawn_rejections:
         warn(
-            f"spawn rejected: {rejection['agent_id'] or '<none>'} from {rejection['emitter']}: "
-            f"{rejection['reason']} ({rejection['detail']})"
+            f"spawn rejected: {printable(rejection['agent_id'] or '<none>')} from "
+            f"{printable(rejection['emitter'])}: {rejection['reason']} "
+            f"({printable(rejection['detail'])})"
         )
     if as_json:
-        emit_json(result.to_json())
+        emit_json({**result.to_json(), "result": result_text})
         return
     lines = [f"status: {result.status}"]
     if result.run_id:
@@ -210,15 +291,23 @@ def print_result(result: FlowResult, *, as_json: bool) -> None:
             f"checkpoint: {result.checkpoint['path']} (v{result.checkpoint['version']}, {saved})"
         )
         if result.checkpoint.get("error"):
-            lines.append(f"checkpoint error: {result.checkpoint['error']}")
+            lines.append(f"checkpoint error: {printable(result.checkpoint['error'])}")
     if result.resumed_from:
         lines.append(f"resumed from session: {result.resumed_from}")
     lines.append("nodes:")
     for node in result.nodes:
-        extra = f"  error: {node['error']}" if node.get("error") else ""
+        extra = f"  error: {printable(node['error'])}" if node.get("error") else ""
         lines.append(f"  {node['status']:<10} {node['kind']:<8} {node['id']}{extra}")
     if result.status in ("timed_out", "interrupted") and result.run_id:
-        lines.append(f"resume with: steerflow resume {result.run_id}")
+        ckpt_path = result.checkpoint.get("path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            lines.append(f"resume with: steerflow resume {result.run_id}")
+        else:  # stopped while planning, before anything was saved
+            lines.append("nothing to resume: the run stopped before saving a checkpoint")
+    if result_text is not None:
+        from steerflow.cli._reading import result_tail
+
+        lines += result_tail(result_text, result.run_id)
     emit_text("\n".join(lines))
 
 
@@ -279,9 +368,17 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
 )
 @click.option(
     "--timeout",
-    type=click.FloatRange(min=0, min_open=True),
+    type=SECONDS,
     metavar="SECONDS",
     help="Deadline for the resumed run (same rules as flow --timeout).",
+)
+@click.option(
+    "--fork",
+    is_flag=True,
+    help="Branch on purpose: resume TARGET even though another resume holds it or already "
+    "continued it. Its pending nodes run, and are paid for, again; without --fork such a "
+    "resume is refused (exit 3) naming the holder session or the newest run of the chain. "
+    "Never while TARGET itself still runs.",
 )
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
@@ -292,6 +389,12 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     invocation or play id (or prefix). Model, prompt, plan, budgets, reactive policy,
     concurrency and save dir come from the checkpoint; the new run gets its own session
     and run directory and records resumed_from.
+
+    One resume per run: while another resume of TARGET runs, or once one has saved a
+    checkpoint, a resume of TARGET is refused (exit 3) naming the session holding it or
+    the newest run of the chain to resume instead. --fork branches on purpose.
+    A run that is still running (live owner) is refused too, --fork or not: stop it
+    (SIGINT) or let it finish first.
     """
     from steerflow.orchestrate import FlowOptions, prepare_resume
 
@@ -301,6 +404,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         target,
         retry_failed=kw["retry_failed"],
         allow_degraded_context=kw["allow_degraded_context"],
+        fork=kw["fork"],
     )
     options = FlowOptions(
         resume=seed,
@@ -312,13 +416,13 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     return execute(home, options, as_json=kw["as_json"])
 
 
-@app.command()
+@app.command(epilog=RUNS_EPILOG)
 @click.option("--all", "show_all", is_flag=True, help="List every run, not only the 20 newest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
     """List runs, newest first (a dead run shows as interrupted)."""
-    from steerflow.cli._views import runs_view
+    from steerflow.cli._views import resume_links, runs_view
 
     view = runs_view(_home(ctx), limit=None if show_all else 20)
     if as_json:
@@ -326,43 +430,104 @@ def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
     elif not view["runs"]:
         emit_text("no runs yet: try `steerflow play demo`")
     else:
+        from steerflow.cli._reading import fmt_duration
+
+        header = f"{'RUN':<24} {'STATUS':<12} {'KIND':<5} {'DURATION':>9}  SESSION"
         emit_text(
             "\n".join(
-                f"{r['run_id'] or '-':<24} {r['status']:<12} {r['kind']:<5} {r['session_id']}"
-                for r in view["runs"]
+                [header]
+                + [
+                    f"{r['run_id'] or '-':<24} {r['status']:<12} {r['kind']:<5} "
+                    f"{fmt_duration(r.get('duration_s')):>9}  {r['session_id']}"
+                    + (f"  ({links})" if (links := resume_links(r)) else "")
+                    for r in view["runs"]
+                ]
             )
         )
     return 0
 
 
-@app.command()
+@app.command(epilog=READ_EPILOG)
 @click.argument("target")
+@click.argument("node", required=False)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="With NODE: print only the node's response, byte for byte (for pipes).",
+)
 @click.pass_context
-def show(ctx: click.Context, target: str, as_json: bool) -> int:
-    """Show a run: status, phase and every node's live status."""
-    from steerflow.cli._views import show_view
+def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: bool) -> int:
+    """Show a run: status, phase and every node's live status; or one NODE in full.
+
+    NODE is a planned agent_id or a spawned node's spawn_id (or an unambiguous prefix):
+    its status, model, times, usage, the instruction exactly as the provider received it,
+    the response, error, artifacts and spawn links. Works while the run is still going.
+    """
+    if node is not None:
+        from steerflow.cli._reading import show_node
+
+        return show_node(_home(ctx), target, node, as_json=as_json, raw=raw)
+    if raw:
+        raise UsageError("--raw needs a NODE: steerflow show RUN NODE --raw")
+    from steerflow.cli._views import resume_links, show_view
 
     view = show_view(_home(ctx), target)
     if as_json:
         emit_json(view)
         return 0
+    # A run without a session row or checkpoint says so, never "None" / "(vNone)".
     lines = [
-        f"run: {view['run_id']}  session: {view['session_id']}",
-        f"status: {view['status']}  phase: {view['phase']}",
+        f"run: {view['run_id']}  session: {view['session_id'] or '(none recorded)'}",
+        f"status: {view['status'] or 'unknown'}  phase: {view['phase'] or 'unknown'}",
     ]
+    if links := resume_links(view):
+        lines.append(links)
     ckpt = view.get("checkpoint") or {}
-    if ckpt.get("path"):
+    if ckpt.get("path") and not ckpt.get("exists"):
+        lines.append("checkpoint: none (the run saved no checkpoint; nothing to resume)")
+    elif ckpt.get("path") and ckpt.get("version") is None:
+        lines.append(f"checkpoint: {ckpt['path']} (unreadable)")
+    elif ckpt.get("path"):
         lines.append(f"checkpoint: {ckpt['path']} (v{ckpt.get('version')})")
     report = view.get("checkpoint_recovery") or {}
     if report and report.get("status") != "clean":
         lines.append(f"checkpoint recovery: {report.get('status')} {report.get('refusal') or ''}")
+    from steerflow.cli._reading import fmt_duration, fmt_usage
+
     lines.append("nodes:")
-    for node in view["nodes"]:
-        who = f" ({node['assignee']})" if node.get("assignee") else ""
-        lines.append(f"  {node['status']:<10} {node['kind']:<8} {node['id']}{who}")
+    lines.append(f"  {'STATUS':<10} {'KIND':<8} {'DURATION':>9}  {'MODEL':<16} ID")
+    for item in view["nodes"]:
+        who = f" ({printable(item['assignee'])})" if item.get("assignee") else ""
+        lines.append(
+            f"  {item['status']:<10} {item['kind']:<8} {fmt_duration(item.get('duration_s')):>9}  "
+            f"{printable(item.get('model') or '-'):<16} {printable(item['id'])}{who}"
+        )
+    summary = view["summary"]
+    lines.append(
+        f"summary: {summary['completed']} completed, {summary['failed']} failed, "
+        f"{summary['skipped']} skipped, {summary['pending']} pending"
+        + (f", {summary['running']} running" if summary["running"] else "")
+        + f"; usage: {fmt_usage(summary['usage'])}"
+    )
     emit_text("\n".join(lines))
     return 0
+
+
+@app.command(epilog=RESULT_EPILOG)
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def result(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Print a run's result: the synthesis response, else every sink node's response.
+
+    Sink nodes are the nodes no other node depends on (planned and spawned), in plan
+    order, each under its id. Exit 0 for a completed run, 1 otherwise (what exists is
+    printed), 3 when the run's checkpoint cannot be read.
+    """
+    from steerflow.cli._reading import show_result
+
+    return show_result(_home(ctx), target, as_json=as_json)
 
 
 @app.group()
@@ -381,7 +546,7 @@ def _queued(home: Path, target: str, verb: str, text: str | None = None) -> int:
     return 0
 
 
-@ctl.command("pause", epilog=EXIT_EPILOG)
+@ctl.command("pause", epilog=CTL_EPILOG)
 @click.argument("target")
 @click.pass_context
 def ctl_pause(ctx: click.Context, target: str) -> int:
@@ -389,7 +554,7 @@ def ctl_pause(ctx: click.Context, target: str) -> int:
     return _queued(_home(ctx), target, "pause")
 
 
-@ctl.command("resume", epilog=EXIT_EPILOG)
+@ctl.command("resume", epilog=CTL_EPILOG)
 @click.argument("target")
 @click.pass_context
 def ctl_resume(ctx: click.Context, target: str) -> int:
@@ -397,7 +562,7 @@ def ctl_resume(ctx: click.Context, target: str) -> int:
     return _queued(_home(ctx), target, "resume")
 
 
-@ctl.command("msg", epilog=EXIT_EPILOG)
+@ctl.command("msg", epilog=CTL_EPILOG)
 @click.argument("target")
 @click.argument("text")
 @click.pass_context
@@ -406,7 +571,7 @@ def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
     return _queued(_home(ctx), target, "message", text)
 
 
-@ctl.command("resolve", epilog=EXIT_EPILOG)
+@ctl.command("resolve", epilog=RESOLVE_EPILOG)
 @click.argument("control_id")
 @click.option(
     "--as",
@@ -426,7 +591,7 @@ def ctl_resolve(ctx: click.Context, control_id: str, outcome: str, by: str | Non
     return 0
 
 
-@ctl.command("status")
+@ctl.command("status", epilog=READ_EPILOG)
 @click.argument("target")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
@@ -443,9 +608,20 @@ def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
         f"poller: {view['poller']}"
     ]
     for c in view["controls"]:
-        lines.append(f"  {c['id']}  {c['verb']:<8} {c['result'] or 'pending'}")
+        lines.append(f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}")
     emit_text("\n".join(lines))
     return 0
+
+
+def _emit_error_json(code: str, message: str, exit_code: ExitCode) -> None:
+    """The error object ``--json`` prints for failures outside ``SteerflowError``."""
+    emit_json(
+        {
+            "status": "refused" if exit_code == ExitCode.REFUSED else "error",
+            "exit_code": int(exit_code),
+            "error": {"code": code, "message": message},
+        }
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -458,12 +634,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except click.exceptions.Abort:
         return int(ExitCode.SIGINT)
     except click.ClickException as exc:
-        exc.show()
+        # Parser errors (unknown flag, out-of-range value, --plan naming a directory) are
+        # usage errors like any other: one JSON object with --json, escaped text for humans.
+        if "--json" in args:
+            _emit_error_json(UsageError.code, exc.format_message(), ExitCode.USAGE)
+        shown = io.StringIO()
+        exc.show(file=shown)
+        warn(shown.getvalue())
         return int(ExitCode.USAGE)
     except SteerflowError as exc:
         if "--json" in args:
             emit_json(
                 {
+                    **(exc.source_ids or {}),  # a refused resume names its source run
                     "status": "refused" if exc.exit_code == ExitCode.REFUSED else "error",
                     "exit_code": int(exc.exit_code),
                     "error": {"code": exc.code, "message": str(exc)},
@@ -476,6 +659,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(ExitCode.SIGINT)
     except BrokenPipeError:
         return 0
+    except OSError as exc:  # the environment failed us (disk, permissions): one line
+        if "--json" in args:
+            _emit_error_json("os-error", str(exc), ExitCode.FAILED)
+        warn(f"steerflow: error: {exc}")
+        return int(ExitCode.FAILED)
     return int(code or 0)
 
 

@@ -3,10 +3,31 @@
 from __future__ import annotations
 
 import json
+import re
 import sys
 from typing import Any
 
-__all__ = ["emit_json", "emit_text", "warn"]
+__all__ = ["emit_json", "emit_raw", "emit_text", "printable", "warn"]
+
+# C0 controls except tab and newline, DEL, and C1 controls: the bytes a terminal acts on
+# (ESC sequences clear the screen or set the title; OSC/CSI can hide or forge text).
+_CONTROLS = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+_CONTROLS_AND_NEWLINE = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")
+
+
+def _escape(match: re.Match[str]) -> str:
+    return f"\\x{ord(match.group()):02x}"
+
+
+def printable(text: object, *, keep_newlines: bool = False) -> str:
+    """``text`` with every control character but tab shown visibly (``\\x1b``).
+
+    Anything that came from outside (model replies, server errors, plan values, control
+    payloads) goes through this before it reaches a terminal in human mode; ``--json``
+    output stays exact. ``keep_newlines`` keeps line breaks for multi-line blocks.
+    """
+    pattern = _CONTROLS if keep_newlines else _CONTROLS_AND_NEWLINE
+    return pattern.sub(_escape, str(text))
 
 
 def emit_json(obj: dict[str, Any]) -> None:
@@ -15,13 +36,29 @@ def emit_json(obj: dict[str, Any]) -> None:
     sys.stdout.flush()
 
 
+def emit_raw(text: str) -> None:
+    """Print ``text`` byte for byte (UTF-8, no newline added): ``show --raw`` for pipes."""
+    buffer = getattr(sys.stdout, "buffer", None)
+    if buffer is None:  # an in-memory stream (tests, embedding): it holds text, not bytes
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return
+    sys.stdout.flush()
+    buffer.write(text.encode("utf-8", "surrogatepass"))
+    buffer.flush()
+
+
 def emit_text(text: str) -> None:
-    """Print human-readable text on stdout."""
-    sys.stdout.write(text.rstrip("\n") + "\n")
+    """Print human-readable text on stdout, control characters escaped (newlines kept).
+
+    The last line of defence: callers still pass single-line fields through
+    :func:`printable` so that an embedded newline cannot forge a line of its own.
+    """
+    sys.stdout.write(printable(text.rstrip("\n"), keep_newlines=True) + "\n")
     sys.stdout.flush()
 
 
 def warn(text: str) -> None:
-    """Print a diagnostic on stderr."""
-    sys.stderr.write(text.rstrip("\n") + "\n")
+    """Print a diagnostic on stderr, control characters escaped (newlines kept)."""
+    sys.stderr.write(printable(text.rstrip("\n"), keep_newlines=True) + "\n")
     sys.stderr.flush()

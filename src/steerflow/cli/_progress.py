@@ -7,6 +7,7 @@ import sys
 from rich.console import Console
 from rich.markup import escape
 
+from steerflow.cli._output import printable
 from steerflow.executor import FlowEvent
 
 __all__ = ["Progress"]
@@ -52,7 +53,8 @@ class Progress:
                 f"spawn budget {event.data.get('max_spawn')}"
             )
             if event.data.get("graph"):
-                self.console.print(escape(str(event.data["graph"])))
+                graph = printable(event.data["graph"], keep_newlines=True)
+                self.console.print(escape(graph))
             return
         label, colour = _STYLE.get(event.type, ("", ""))
         if not label:
@@ -75,4 +77,5 @@ class Progress:
         elif event.data.get("error"):
             detail = f": {event.data['error']}"
         name = event.node_key or ""
-        self.console.print(f"[{colour}]{label}[/{colour}] {escape(name + detail)}")
+        # Rich markup escaping does not touch ESC/OSC bytes: those are escaped first.
+        self.console.print(f"[{colour}]{label}[/{colour}] {escape(printable(name + detail))}")

@@ -8,10 +8,18 @@ from typing import Any
 from steerflow.checkpoint import load_checkpoint
 from steerflow.control import open_existing_db
 from steerflow.errors import CheckpointRecoveryError
+from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.resume import resolve_run_target
-from steerflow.state import StateDB
+from steerflow.state import SessionRow, StateDB
 
-__all__ = ["checkpoint_nodes", "ctl_status_view", "runs_view", "show_view"]
+__all__ = [
+    "checkpoint_nodes",
+    "ctl_status_view",
+    "resume_links",
+    "resumed_by_view",
+    "runs_view",
+    "show_view",
+]
 
 
 def runs_view(home: Path, *, limit: int | None) -> dict[str, Any]:
@@ -20,6 +28,7 @@ def runs_view(home: Path, *, limit: int | None) -> dict[str, Any]:
         return {"runs": []}
     with StateDB.open(home, create=False) as db:
         rows = db.list_sessions(limit=limit)
+        by = db.resumed_by([r.run_id for r in rows if r.run_id])
         return {
             "runs": [
                 {
@@ -29,10 +38,22 @@ def runs_view(home: Path, *, limit: int | None) -> dict[str, Any]:
                     "status": db.effective_status(r),
                     "created_at": r.created_at,
                     "phase": r.phase,
+                    "duration_s": _run_duration(r, db.effective_status(r)),
+                    "resumed_from": r.node_metadata.get("resumed_from"),
+                    "resumed_from_run": r.node_metadata.get("resumed_from_run"),
+                    "resumed_by": [b.to_json() for b in by.get(r.run_id or "", [])],
                 }
                 for r in rows
             ]
         }
+
+
+def _run_duration(row: SessionRow, status: str) -> float | None:
+    """Start to finish; a live run to now; a dead one to its last heartbeat."""
+    if status == "running":
+        return elapsed(row.created_at, None, running=True)
+    end = row.node_metadata.get("finished_at") or row.heartbeat_at or row.updated_at
+    return elapsed(row.created_at, end, running=False)
 
 
 def checkpoint_nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
@@ -92,6 +113,7 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
                 view["kind"] = session.kind
                 meta = session.node_metadata
                 view["resumed_from"] = meta.get("resumed_from")
+                view["resumed_from_run"] = meta.get("resumed_from_run")
                 view["usage"] = meta.get("usage")
                 view["nodes"] = [
                     {
@@ -99,10 +121,22 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
                         "kind": n.kind,
                         "status": n.status,
                         "assignee": n.assignee,
-                        **({"detail": n.detail} if n.detail else {}),
+                        "model": (n.detail or {}).get("model"),
+                        "duration_s": elapsed(
+                            (n.detail or {}).get("started_at"),
+                            (n.detail or {}).get("ended_at"),
+                            running=n.status == "running",
+                        ),
+                        # The rendered instruction can be large: `show RUN NODE` has it.
+                        **(
+                            {"detail": {k: v for k, v in n.detail.items() if k != "instruction"}}
+                            if n.detail
+                            else {}
+                        ),
                     }
                     for n in db.list_nodes(run.session_id)
                 ]
+    view["resumed_by"] = resumed_by_view(home, run.run_id)
     if state is not None:
         from_checkpoint = checkpoint_nodes(state)
         if not view["nodes"]:
@@ -110,7 +144,32 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
         else:  # live rows, in plan order (spawned nodes after, as recorded)
             order = {n["id"]: i for i, n in enumerate(from_checkpoint)}
             view["nodes"].sort(key=lambda n: order.get(n["id"], len(order)))
+    view["summary"] = run_summary(view["nodes"], view.get("usage"))
     return view
+
+
+def resumed_by_view(home: Path, run_id: str) -> list[dict[str, Any]]:
+    """Every resume of run ``run_id``, oldest first (``show``'s ``resumed_by``)."""
+    if not (home / "state.db").is_file():
+        return []
+    with StateDB.open(home, create=False) as db:
+        return [b.to_json() for b in db.resumed_by([run_id]).get(run_id, [])]
+
+
+def resume_links(view: dict[str, Any]) -> str:
+    """``resumed from RUN; resumed by RUN (fork), ...`` for a ``runs`` row or ``show`` view."""
+    parts = []
+    source = view.get("resumed_from_run") or view.get("resumed_from")
+    if source:
+        parts.append(f"resumed from {source}")
+    by = [
+        f"{b['run_id'] or b['session_id']}{' (fork)' if b['fork'] else ''}"
+        f"{' (' + b['status'] + ')' if b['status'] == 'running' else ''}"
+        for b in view.get("resumed_by") or []
+    ]
+    if by:
+        parts.append("resumed by " + ", ".join(by))
+    return "; ".join(parts)
 
 
 def ctl_status_view(home: Path, target: str) -> dict[str, Any]:

@@ -14,6 +14,7 @@ from steerflow.control._poller import (
 from steerflow.control._queue import (
     ALLOWED_KINDS,
     DB_BUSY_TIMEOUT_S,
+    MAX_MESSAGE_BYTES,
     Queued,
     enqueue_control,
     open_existing_db,
@@ -25,6 +26,7 @@ __all__ = [
     "CONTROL_LOG_MAX",
     "DB_BUSY_TIMEOUT_S",
     "DEFAULT_POLL_S",
+    "MAX_MESSAGE_BYTES",
     "POLL_ENV",
     "ControlPoller",
     "PollerState",

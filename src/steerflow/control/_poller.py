@@ -15,7 +15,11 @@ Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
 * ``pause``/``resume`` are idempotent and applied without a claim.
 * ``message`` is at most once: claim ``applying:<claimant>``, check that an
   operation is still pending, append, stamp ``applied``. A row already claimed is
-  never touched again, not even by a later poller of the same session.
+  never touched again, not even by a later poller of the same session. A target
+  that defers the stamp (:meth:`SteeringTarget.defers_message_stamp`) has it
+  stamped ``applied`` only once an operation was invoked with the message
+  (:meth:`ControlPoller.messages_delivered`); one no operation took by the end of
+  the run is ``rejected:no-pending-ops`` (decision 36).
 * Any other verb (``stop`` included) is ``rejected:unsupported-verb:<verb>``; an
   exception while applying is ``rejected:error:<message cut to 500>``.
 * The poller state (``pending`` -> ``active`` -> ``stopped``) and a compact log of
@@ -93,6 +97,13 @@ class SteeringTarget(abc.ABC):
     @abc.abstractmethod
     def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
         """Append one message to the shared context's operator messages."""
+
+    def defers_message_stamp(self) -> bool:
+        """True if ``applied`` waits until an operation is invoked with the message.
+
+        The target then reports deliveries to :meth:`ControlPoller.messages_delivered`.
+        """
+        return False
 
     def is_paused(self) -> bool | None:
         """Whether the gate is closed, or ``None`` when the target cannot tell.
@@ -177,6 +188,7 @@ class ControlPoller:
         self._retry_soon = False
         self._draining = False
         self._unstamped: list[_Unstamped] = []
+        self._awaiting: dict[str, ControlRow] = {}  # appended, stamp deferred to delivery
         self._log: list[dict[str, Any]] = []
         self._log_dirty = False
         self._state_written: PollerState | None = None
@@ -207,6 +219,17 @@ class ControlPoller:
         """Whether the gate is closed, as far as the poller can tell."""
         told = self.target.is_paused()
         return self._paused_by_controls if told is None else told
+
+    def messages_delivered(self, control_ids: list[str | None]) -> None:
+        """An operation was invoked with these messages: stamp their rows ``applied``.
+
+        Called on the event loop; the stamps are written by the next tick, in order.
+        """
+        for control_id in control_ids:
+            row = self._awaiting.pop(control_id, None) if control_id else None
+            if row is not None:
+                self._unstamped.append(_Unstamped(row, "applied"))
+                self._wake.set()
 
     @property
     def control_log(self) -> list[dict[str, Any]]:
@@ -329,6 +352,11 @@ class ControlPoller:
 
     async def _tick(self, db: StateDB, *, force: bool) -> int:
         stamped = 0
+        if self._draining and self._awaiting:
+            # The run is over: no operation will take these messages any more.
+            rows = sorted(self._awaiting.values(), key=lambda r: (r.created_at, r.id))
+            self._unstamped += [_Unstamped(r, "rejected:no-pending-ops") for r in rows]
+            self._awaiting.clear()
         while self._unstamped:
             # An earlier effect still lacks its stamp: nothing may overtake it.
             first = self._unstamped[0]
@@ -418,7 +446,7 @@ class ControlPoller:
         # listed again next tick, before any later control.
         raise _ClaimUncertain(row.id)
 
-    def _deliver(self, row: ControlRow) -> str:
+    def _deliver(self, row: ControlRow) -> str | None:
         _faults.seam("control-claim", "after")
         if self._draining:
             return "rejected:no-pending-ops"
@@ -433,6 +461,9 @@ class ControlPoller:
             )
         except Exception as exc:  # the row records any apply failure, the run goes on
             return _error_result(exc)
+        if self.target.defers_message_stamp():
+            self._awaiting[row.id] = row  # stamped when an operation is invoked with it
+            return None
         _faults.seam("control-finalize", "before")
         return "applied"
 

@@ -17,14 +17,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from steerflow.errors import KindNotAllowedError, RefusedError, UsageError
+from steerflow.errors import KindNotAllowedError, RefusedError, UsageError, quote_input
 from steerflow.state import ControlRow, StateDB
 
 __all__ = [
     "ALLOWED_KINDS",
     "DB_BUSY_TIMEOUT_S",
+    "MAX_MESSAGE_BYTES",
     "CliVerb",
     "Queued",
+    "check_message_text",
     "enqueue_control",
     "open_existing_db",
     "resolve_control",
@@ -33,6 +35,8 @@ __all__ = [
 CliVerb = Literal["pause", "resume", "message"]
 
 DB_BUSY_TIMEOUT_S = 10.0
+#: Largest ``ctl msg`` text, in UTF-8 bytes.
+MAX_MESSAGE_BYTES = 64 * 1024
 """Bound on every lock wait of a writer (ADR-0069 D1)."""
 
 # Which invocation kinds have a consumer for each verb (D1, widened for message by ADR-0108).
@@ -62,6 +66,22 @@ def open_existing_db(home: Path, *, busy_timeout_s: float = DB_BUSY_TIMEOUT_S) -
     return StateDB.open(home, create=False, busy_timeout_s=busy_timeout_s)
 
 
+def check_message_text(text: str | None) -> str:
+    """Refuse a steer message that is empty, blank, or over :data:`MAX_MESSAGE_BYTES`.
+
+    A blank message would still consume the next operation's one steer pass; an
+    unbounded one would be copied into every later prompt of the flow.
+    """
+    if text is None or not text.strip():
+        raise UsageError("ctl msg needs a non-empty TEXT (it is empty or only whitespace)")
+    size = len(text.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        raise UsageError(
+            f"ctl msg TEXT is {size} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (64 KiB)"
+        )
+    return text
+
+
 def enqueue_control(
     home: Path,
     target: str,
@@ -86,13 +106,13 @@ def enqueue_control(
     """
     if verb not in ALLOWED_KINDS:
         raise UsageError(f"unknown control verb {verb!r}: expected pause, resume or message")
-    if verb == "message" and text is None:
-        raise UsageError("ctl msg needs a TEXT argument")
+    if verb == "message":
+        check_message_text(text)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
         if session is None:
-            raise RefusedError(f"target {target!r} points at a missing session")
+            raise RefusedError(f"target {quote_input(target)} points at a missing session")
         kind = resolved.invocation_kind or session.kind
         if kind not in ALLOWED_KINDS[verb]:
             allowed = ", ".join(sorted(ALLOWED_KINDS[verb]))

@@ -61,6 +61,14 @@ class Operation:
     artifacts: list[str] = field(default_factory=list)
     replayed: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    # Node ids of the children this operation's spawns created (its checkpoint entry
+    # witnesses them, so a resume can tell when a child's entry went missing).
+    spawned_ids: list[str] = field(default_factory=list)
+    # What ``show RUN NODE`` reports about the call: the model spec that served it and
+    # wall-clock start/end (epoch seconds) of the provider call.
+    model: str | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
 
     @property
     def terminal(self) -> bool:

@@ -1,8 +1,8 @@
 """The dependency-aware executor: one asyncio task per operation inside one TaskGroup.
 
 Each node waits for its dependencies, evaluates its edge conditions, renders its
-instruction, waits at the pause gate, takes capacity, renders late operator
-steers, invokes its provider and reports to completion observers. Admission can
+instruction, waits at the pause gate, takes capacity, claims the operator steers
+not yet claimed, invokes its provider and reports to completion observers. Admission can
 be closed (signals, deadlines): nodes not yet invoked then stay ``pending``.
 """
 
@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,12 +19,19 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from steerflow.errors import ProviderError
+from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._graph import Edge, Graph, NodeStatus, Operation
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
-from steerflow.plan import ReactivePolicy, SpawnSpec
-from steerflow.providers import Message, Provider, ProviderRequest
+from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
+from steerflow.providers import (
+    Message,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    ensure_leg_dir,
+    is_leg_key,
+)
 
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
 
@@ -86,6 +94,7 @@ class FlowExecutor:
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: dict[str, asyncio.Task[Any]] = {}
         self._long_running: set[str] = set()  # in-flight calls a deadline cancels
+        self._claims: dict[str, list[dict[str, Any]]] = {}  # messages claimed, not yet sent
         self.admission_open = True
         self.admission_reason: str | None = None
         self.running = 0
@@ -167,26 +176,31 @@ class FlowExecutor:
             self._emit("node_skipped", op, data={"reason": "edge condition not met"})
             return
         base = self._render_dependencies(op)
-        steers = self.context.take_unrendered(op.key)
         if not await self._admit(op):
-            # Withheld before its provider call: hand its messages to whatever runs next
-            # (on resume) instead of marking them rendered into an operation that never ran.
-            for message in steers:
-                message["rendered_into_op"] = None
             return
         try:
-            steers += self.context.take_unrendered(op.key)
+            # Messages are claimed only now, with capacity in hand, so they go to the
+            # operation that actually starts next, not to one still queued (decision 36).
+            steers = self.context.take_unrendered(op.key)
+            self._claims[op.node_id] = steers
             op.rendered_instruction = render_steer(steers, base)
             if steers:
                 op.extra["steers"] = [m.get("control_id") for m in steers]
             op.status = "running"
+            op.model = self._model_of(op)
+            op.started_at = time.time()
             self._emit("node_started", op)
-            outcome = await self._invoke(op)
+            try:
+                outcome = await self._invoke(op)
+            finally:
+                self._release_claim(op, base)
+            op.ended_at = time.time()
         finally:
             self.running -= 1
             self._limiter.release()
         if outcome == "completed":
             children = self._spawn_children(op)
+            op.spawned_ids = [child.node_id for child in children]
             # Children are recorded (as pending) before they can run and before their
             # emitter's outcome, so no kill point loses an accepted spawn.
             if children:
@@ -197,6 +211,13 @@ class FlowExecutor:
         if outcome != "pending":
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
+
+    def _model_of(self, op: Operation) -> str | None:
+        """The spec of the provider that will serve ``op`` (None if it cannot be built)."""
+        try:
+            return self._provider_for(op).spec
+        except Exception:  # _invoke builds it again and fails the node with the reason
+            return None
 
     def _edge_verdict(self, op: Operation) -> str:
         sources = [self.graph.ops[e.source] for e in op.edges]
@@ -248,9 +269,12 @@ class FlowExecutor:
             timeout_s=self._call_timeout_s,
         )
         try:
-            await asyncio.to_thread(os.makedirs, request.artifact_dir, 0o700, True)
+            if not is_leg_key(op.key):
+                raise UnsafePathError(f"node id {op.key!r} cannot name an artifact directory")
+            leg = request.artifact_dir
+            await asyncio.to_thread(ensure_leg_dir, leg.parent, leg.name)
             provider = self._provider_for(op)
-            call = asyncio.ensure_future(provider.invoke(request))
+            call = asyncio.ensure_future(self._call(op, provider, request))
             self._inflight[op.node_id] = call
             if provider.cancel_at_deadline:
                 self._long_running.add(op.node_id)
@@ -269,7 +293,7 @@ class FlowExecutor:
                 self._withhold(op)
                 return op.status
             raise
-        except ProviderError as exc:
+        except ProviderError as exc:  # UnsafePathError included: the node fails, not the run
             op.status, op.error = "failed", str(exc)
             return op.status
         except Exception as exc:  # a provider bug fails its node, never the whole flow
@@ -286,6 +310,21 @@ class FlowExecutor:
         op.extra["spawn_requests"] = response.spawns
         op.status = "completed"
         return op.status
+
+    async def _call(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse:
+        """The provider call; its operation's messages count as delivered once it runs."""
+        self.context.mark_delivered(self._claims.pop(op.node_id, []))
+        return await provider.invoke(request)
+
+    def _release_claim(self, op: Operation, base: str) -> None:
+        """Messages claimed by an operation whose provider call never ran go back to the queue."""
+        unsent = self._claims.pop(op.node_id, [])
+        if unsent:
+            self.context.release(unsent)
+            op.extra.pop("steers", None)
+            op.rendered_instruction = base
 
     def _history(self, op: Operation) -> list[Message]:
         if op.branch:  # a spawned node starts from its emitter's cloned branch
@@ -333,6 +372,19 @@ class FlowExecutor:
         if raw is None or raw == {}:
             self._reject(emitter, None, "null_child", "the spawn request was empty")
             return None
+        # A spawn id becomes a directory name: one that could name a path component
+        # (``..``, ``.``, a leading dot, a slash) is refused before anything else.
+        if isinstance(raw, dict) and raw.get("agent_id") is not None:
+            agent = raw["agent_id"]
+            if not (isinstance(agent, str) and is_agent_id(agent)):
+                shown = agent if isinstance(agent, str) else repr(agent)
+                self._reject(
+                    emitter,
+                    shown[:100],
+                    "invalid_id",
+                    f"spawn id {shown[:100]!r} must match {AGENT_ID_PATTERN}",
+                )
+                return None
         try:
             spec = SpawnSpec.model_validate(raw)
         except ValidationError as exc:

@@ -29,8 +29,16 @@ def render_steer(messages: list[dict[str, Any]], instruction: str) -> str:
     """Prefix ``instruction`` with one steer block holding ``messages`` in stored order."""
     if not messages:
         return instruction
-    lines = [f"- {_utc(float(m.get('ts', 0.0)))}: {m.get('text', '')}" for m in messages]
+    lines = [_bullet(m) for m in messages]
     return "\n".join([STEER_OPEN, _STEER_EXPLAIN, *lines, STEER_CLOSE, "", instruction])
+
+
+def _bullet(message: dict[str, Any]) -> str:
+    """One bullet per message; its further lines are indented under it, so a message can
+    neither add a bullet of its own nor close the block early."""
+    first, *rest = str(message.get("text", "")).splitlines() or [""]
+    head = f"- {_utc(float(message.get('ts', 0.0)))}: {first}"
+    return "\n".join([head, *(f"  {line}" for line in rest)])
 
 
 class PauseGate:
@@ -80,6 +88,8 @@ class SharedContext:
 
     def __init__(self, content: dict[str, Any] | None = None) -> None:
         self.content: dict[str, Any] = content if content is not None else {}
+        #: Called with the messages an operation's provider call was just invoked with.
+        self.on_delivered: list[Callable[[list[dict[str, Any]]], None]] = []
 
     @property
     def operator_messages(self) -> list[dict[str, Any]]:
@@ -98,10 +108,33 @@ class SharedContext:
         """Claim every unrendered message for ``op_key``; each is rendered exactly once.
 
         Runs synchronously on the event loop, so two operations cannot claim the same entry.
+        A dropped message (see :meth:`drop_unrendered`) is never claimed.
         """
         taken = []
         for message in self.content.get("operator_messages", []):
-            if message.get("rendered_into_op") is None:
+            if message.get("rendered_into_op") is None and "dropped" not in message:
                 message["rendered_into_op"] = op_key
                 taken.append(message)
         return taken
+
+    def release(self, messages: list[dict[str, Any]]) -> None:
+        """Give back messages claimed by an operation that was never invoked with them."""
+        for message in messages:
+            message["rendered_into_op"] = None
+
+    def mark_delivered(self, messages: list[dict[str, Any]]) -> None:
+        """Report that a provider call was invoked with ``messages`` (decision 36)."""
+        if messages:
+            for callback in list(self.on_delivered):
+                callback(messages)
+
+    def drop_unrendered(self, reason: str) -> None:
+        """Mark every unclaimed message as never to be rendered (a resume inherits them).
+
+        Their rows belong to the run that received them, which stamped them
+        ``rejected:no-pending-ops`` (or left them ``applying`` when it died): rendering
+        them here would contradict that stamp.
+        """
+        for message in self.content.get("operator_messages", []):
+            if message.get("rendered_into_op") is None:
+                message.setdefault("dropped", reason)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steerflow.orchestrate._detail import node_detail, read_run, result_of, run_result
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import (
     FlowOptions,
@@ -22,10 +23,14 @@ __all__ = [
     "graph_text",
     "load_branch",
     "mermaid",
+    "node_detail",
     "node_summaries",
     "plan_from_checkpoint",
     "plan_to_checkpoint",
     "prepare_resume",
+    "read_run",
+    "result_of",
     "run_flow",
+    "run_result",
     "usage_total",
 ]

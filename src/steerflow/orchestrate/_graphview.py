@@ -8,6 +8,15 @@ from steerflow.executor import Graph
 
 __all__ = ["graph_text", "mermaid"]
 
+# Assignees come from plan files and planner replies: the terminal tree and graph.mmd
+# (which gets `cat`) show their control characters, newlines included, as ``\xNN``,
+# like the CLI's ``printable`` (which this layer may not import).
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f]")
+
+
+def _visible(text: str) -> str:
+    return _CONTROLS.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
 
 def graph_text(graph: Graph) -> str:
     """One line per node, in plan order, naming its dependencies and edge conditions."""
@@ -20,10 +29,10 @@ def graph_text(graph: Graph) -> str:
             if edge.if_contains:
                 cond += f" [contains {edge.if_contains!r}]"
             deps.append(source + cond)
-        who = f" ({op.assignee})" if op.assignee else ""
+        who = f" ({_visible(op.assignee)})" if op.assignee else ""
         after = f"  <- {', '.join(deps)}" if deps else "  (root)"
         status = "" if op.status == "pending" else f" [{op.status}]"
-        lines.append(f"  {op.key}{who}{status}{after}")
+        lines.append(f"  {_visible(op.key)}{who}{status}{after}")
     return "\n".join(lines)
 
 
@@ -35,7 +44,7 @@ def mermaid(graph: Graph) -> str:
     """The graph as a Mermaid flowchart (``graph.mmd``)."""
     lines = ["flowchart TD"]
     for op in graph:
-        label = op.key + (f"<br/>{op.assignee}" if op.assignee else "")
+        label = _visible(op.key) + (f"<br/>{_visible(op.assignee)}" if op.assignee else "")
         label = label.replace('"', "'")
         lines.append(f'    {_mid(op.key)}["{label}"]')
     for op in graph:

@@ -9,7 +9,7 @@ from typing import Any, Literal
 
 from steerflow.errors import ExitCode
 from steerflow.executor import Graph
-from steerflow.plan import PlanFile
+from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
 
 __all__ = ["FlowOptions", "FlowResult", "ResumeSeed", "node_summaries", "usage_total"]
 
@@ -33,6 +33,8 @@ class ResumeSeed:
     degraded: list[str] = field(default_factory=list)
     checkpoint_recovery: dict[str, Any] | None = None
     notes: list[str] = field(default_factory=list)
+    # ``resume --fork``: an explicit branch, never refused by other resumes of the source.
+    fork: bool = False
 
 
 @dataclass
@@ -59,6 +61,11 @@ class FlowOptions:
     resume: ResumeSeed | None = None
     checkpoint_max_records: int = 128
     checkpoint_max_bytes: int = 8_388_608
+    # Plans (file, playbook, planner reply) over this many entries are refused; resume
+    # does not apply it (the checkpoint's plan was accepted when the run started).
+    max_plan_entries: int = MAX_PLAN_ENTRIES
+    # A plan file or playbook may name claude-code/codex workers only with this consent.
+    allow_agent_workers: bool = False
 
 
 @dataclass

@@ -39,8 +39,10 @@ def plan_to_checkpoint(
 
 def plan_from_checkpoint(items: object, *, source: str) -> PlanFile:
     """Rebuild a validated plan from a checkpoint's ``plan`` list (no planner call)."""
+    # No entry limit here: the plan was accepted under the limit in force when its run
+    # started, and a resume must not refuse (or cut) the run it continues.
     if not isinstance(items, list):
-        return parse_plan({"plan": items}, source=source)
+        return parse_plan({"plan": items}, source=source, max_entries=None)
     entries: list[Any] = []
     for item in items:
         if not isinstance(item, dict):
@@ -62,4 +64,4 @@ def plan_from_checkpoint(items: object, *, source: str) -> PlanFile:
             deps.append({"id": dep_id, **{k: v for k, v in (cond or {}).items() if v is not None}})
         raw["depends_on"] = deps
         entries.append(raw)
-    return parse_plan({"plan": entries}, source=source)
+    return parse_plan({"plan": entries}, source=source, max_entries=None)

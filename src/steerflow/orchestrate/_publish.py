@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 
 from steerflow.errors import SteerflowError
-from steerflow.executor import FlowEvent, Graph
+from steerflow.executor import FlowEvent, Graph, Operation
 from steerflow.state import NodeStatus, NodeUpdate, StateDB
 
 __all__ = ["HEARTBEAT_INTERVAL_S", "NodePublisher", "heartbeat_loop"]
@@ -78,6 +78,9 @@ class NodePublisher:
                 "output_tokens": op.usage.output_tokens,
                 "cost_usd": op.usage.cost_usd,
             }
+        call = _call_detail(op, self._graph)
+        if call:
+            detail = (detail or {}) | call
         self._dirty[key] = NodeUpdate(
             node_key=key,
             kind=op.kind,
@@ -115,6 +118,29 @@ class NodePublisher:
         self._closing = True
         self._wake.set()
         await self.flush()
+
+
+def _call_detail(op: Operation, graph: Graph) -> dict[str, object]:
+    """What ``show RUN NODE`` reads about the call (decision: kept here, not in the checkpoint).
+
+    The rendered instruction is what the provider received (steer block and dependency
+    results included); a replayed node did not run in this session, so it only says so.
+    """
+    out: dict[str, object] = {}
+    if op.replayed:
+        out["replayed"] = True
+    if op.rendered_instruction is not None:
+        out["instruction"] = op.rendered_instruction
+    for name in ("model", "started_at", "ended_at"):
+        value = getattr(op, name)
+        if value is not None:
+            out[name] = value
+    if op.extra.get("steers"):
+        out["steers"] = op.extra["steers"]
+    parent = graph.ops.get(op.parent_id) if op.parent_id else None
+    if parent is not None:
+        out["parent"] = parent.key
+    return out
 
 
 async def heartbeat_loop(db: StateDB, session_id: str) -> None:

@@ -16,7 +16,7 @@ from steerflow.executor import EventBus, FlowEvent, Graph, Operation, SharedCont
 from steerflow.home import RunDir
 from steerflow.orchestrate._resume import BRANCHES_DIR
 
-__all__ = ["CheckpointRecorder", "write_private"]
+__all__ = ["CheckpointRecorder", "replay_entries", "write_private"]
 
 
 #: Reconciliations a run may attempt: enough for transient errors (a full disk that was
@@ -52,19 +52,31 @@ class CheckpointRecorder:
         self.info = info
         self.recovered: list[str] = []  # distinct errors a retry recovered from
         self.reconciles = 0  # reconcile() calls made
+        # Set once an outcome could not be made durable: the run can no longer end
+        # persisted, so ``on_lost`` closes admission rather than pay for more work (decision 35).
+        self.lost = False
+        self.on_lost: Callable[[], None] | None = None
         self._recovery = asyncio.Lock()
 
     async def flush(self) -> None:
-        """Publish the initial snapshot, then re-record rebuilt spawns that still have to run."""
+        """Persist replayed branches, then publish the initial snapshot/base.
+
+        The writer was built with :func:`replay_entries`, so that first publication
+        already holds every replayed outcome and every rebuilt spawn; the branches go
+        first, so no published entry lacks the conversation a resume restores from it.
+        """
+        for op in self.graph:
+            if op.replayed and op.branch:
+                try:
+                    await asyncio.to_thread(_save_branch, self.run_dir.path, op)
+                except OSError as exc:
+                    self._failed(op, exc)
         await self._durably(None, self.writer.flush)
-        rebuilt = [op for op in self.graph if op.kind == "spawned" and op.status == "pending"]
-        if rebuilt:
-            await self.record_intent(rebuilt)
 
     async def record_outcome(self, op: Operation) -> None:
         """Completion observer: persist the branch, then the node's outcome."""
-        if op.status not in ("completed", "failed"):
-            return
+        if op.status not in ("completed", "failed") or op.replayed:
+            return  # a replayed outcome is in the initial publication already
         response = op.response if op.status == "completed" else {"error": op.error}
         if op.branch:
             try:
@@ -77,7 +89,11 @@ class CheckpointRecorder:
             # The context is read at each attempt: a retry restates the current one.
             if op.kind == "planned":
                 await self.writer.record(
-                    op.key, status=op.status, response=response, flow_context=self.context.content
+                    op.key,
+                    status=op.status,
+                    response=response,
+                    flow_context=self.context.content,
+                    spawned_ids=op.spawned_ids or None,
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -134,13 +150,8 @@ class CheckpointRecorder:
             status=status,
             response=response,
             flow_context=flow_context,
-            operation=op.instruction,
-            assignee=op.assignee,
-            instruction=op.instruction,
-            parent_id=op.parent_id,
-            spawn_id=op.key,
-            context=None,
-            depends_on=[self.graph.ops[e.source].key for e in op.edges],
+            spawned_ids=(op.spawned_ids or None) if status != "pending" else None,
+            **_spawn_fields(self.graph, op),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -152,6 +163,51 @@ class CheckpointRecorder:
                 data={"error": str(exc)},
             )
         )
+        if not self.lost:
+            self.lost = True
+            if self.on_lost is not None:
+                self.on_lost()
+
+
+def _spawn_fields(graph: Graph, op: Operation) -> dict[str, Any]:
+    """The members of a spawned entry besides node id, status and response."""
+    return {
+        "operation": op.instruction,
+        "assignee": op.assignee,
+        "instruction": op.instruction,
+        "parent_id": op.parent_id,
+        "spawn_id": op.key,
+        "context": None,
+        "depends_on": [graph.ops[e.source].key for e in op.edges],
+    }
+
+
+def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
+    """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
+
+    Every replayed outcome, and every rebuilt spawn that still has to run (as
+    ``pending`` intent), shaped as :meth:`CheckpointRecorder.record_outcome` and
+    :meth:`~CheckpointRecorder.record_intent` would record them, so the resumed run's
+    first publication holds all of them at once (decision 43).
+    """
+    ops: dict[str, dict[str, Any]] = {}
+    spawned: list[dict[str, Any]] = []
+    for op in graph:
+        done = op.replayed and op.status == "completed"
+        # A replayed emitter witnesses its children by their node ids in this run.
+        witness = {"spawned_ids": list(op.spawned_ids)} if done and op.spawned_ids else {}
+        if op.kind == "planned" and done:
+            ops[op.key] = {
+                "agent_id": op.key,
+                "status": "completed",
+                "response": op.response,
+                **witness,
+            }
+        elif op.kind == "spawned" and (done or op.status == "pending"):
+            entry = {"node_id": op.node_id, "status": "completed" if done else "pending"}
+            entry["response"] = op.response if done else None
+            spawned.append({**entry, **_spawn_fields(graph, op), **witness})
+    return ops, spawned
 
 
 def _save_branch(run_path: Path, op: Operation) -> None:

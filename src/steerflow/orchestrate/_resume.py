@@ -11,14 +11,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steerflow.checkpoint import load_checkpoint, result_digest
-from steerflow.errors import FlowResumeError, PlanValidationError
+from steerflow.checkpoint import entry_digest, load_checkpoint
+from steerflow.errors import FlowResumeError, PlanValidationError, SteerflowError
 from steerflow.executor import Edge, Graph, Operation
+from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
 from steerflow.orchestrate._plan_codec import plan_from_checkpoint
 from steerflow.plan import is_agent_id
 from steerflow.providers import Message
-from steerflow.resume import resolve_run_target
+from steerflow.resume import RunTarget, resolve_run_target
 
 __all__ = ["BRANCHES_DIR", "load_branch", "prepare_resume"]
 
@@ -36,6 +37,7 @@ class _Spawned:
     assignee: str | None
     parent_id: str | None
     depends_on: list[str]
+    spawned_ids: list[str]
 
 
 def load_branch(run_dir: Path, key: str) -> list[Message] | None:
@@ -68,7 +70,7 @@ def _check_digest(where: str, entry: dict[str, Any]) -> None:
     if digest is None:
         return  # older checkpoints carry no digest: nothing independent to check
     try:
-        actual = result_digest(entry.get("response"))
+        actual = entry_digest(entry)
     except ValueError as exc:  # e.g. NaN read from a hand-edited v2 file
         raise FlowResumeError(
             f"{where}: the stored response cannot be encoded canonically ({exc}), so it cannot "
@@ -79,6 +81,38 @@ def _check_digest(where: str, entry: dict[str, Any]) -> None:
             f"{where}: the stored response does not match its result_digest; the checkpoint "
             "was changed after the node completed, so replaying it would not be faithful"
         )
+
+
+def _witnessed(where: str, entry: dict[str, Any]) -> list[str]:
+    """The node ids an entry says its operation spawned (``[]`` without the member)."""
+    ids = entry.get("spawned_ids")
+    if ids is None:
+        return []
+    if not isinstance(ids, list) or not all(isinstance(i, str) and i for i in ids):
+        raise FlowResumeError(f"{where}: spawned_ids is not a list of node ids")
+    return list(ids)
+
+
+def _check_witnesses(ops: dict[str, Any], spawned: object) -> None:
+    """Every child an emitter's entry lists must have an entry of its own.
+
+    An emitter records its accepted spawns' node ids (``spawned_ids``); a listed child
+    with no entry was lost (a deleted spawned entry or pending intent), and replaying
+    the emitter would finish the flow without ever running it.  Entries without the
+    member (older checkpoints) are not checked.
+    """
+    entries = [e for e in spawned if isinstance(e, dict)] if isinstance(spawned, list) else []
+    recorded = {e.get("node_id") for e in entries}
+    emitters = [(f"node {key!r}", e) for key, e in ops.items() if isinstance(e, dict)]
+    emitters += [(f"spawned node {e.get('spawn_id') or e.get('node_id')!r}", e) for e in entries]
+    for where, entry in emitters:
+        for child in _witnessed(where, entry):
+            if child not in recorded:
+                raise FlowResumeError(
+                    f"{where} spawned node_id {child!r}, but the checkpoint has no entry for "
+                    "that child (its spawned entry or pending intent is missing); resuming "
+                    "would finish the flow without ever running it"
+                )
 
 
 def _spawned_entries(
@@ -162,6 +196,7 @@ def _spawned_entries(
                 assignee=assignee,
                 parent_id=parent,
                 depends_on=list(deps),
+                spawned_ids=_witnessed(name, entry),
             )
         )
     return _topological(entries)
@@ -230,10 +265,46 @@ def _topological(entries: list[_Spawned]) -> list[_Spawned]:
 
 
 def prepare_resume(
-    home: Path, target: str, *, retry_failed: bool = False, allow_degraded_context: bool = False
+    home: Path,
+    target: str,
+    *,
+    retry_failed: bool = False,
+    allow_degraded_context: bool = False,
+    fork: bool = False,
 ) -> ResumeSeed:
-    """Resolve ``target``, load and check its checkpoint, and describe the replay."""
+    """Resolve ``target``, load and check its checkpoint, and describe the replay.
+
+    Unless ``fork``, a source that another resume holds or already continued is
+    refused first (``ResumeClaimedError``; docs/decisions.md, one resume per source).
+    A refusal once the target is resolved carries the source's ids in ``source_ids``
+    (``resume --json`` prints them).
+    """
     run = resolve_run_target(home, target)
+    known: dict[str, str | None] = {"session_id": run.session_id, "run_id": run.run_id}
+    try:
+        return _prepare(
+            home,
+            run,
+            known,
+            retry_failed=retry_failed,
+            allow_degraded_context=allow_degraded_context,
+            fork=fork,
+        )
+    except SteerflowError as exc:
+        exc.source_ids = dict(known)
+        raise
+
+
+def _prepare(
+    home: Path,
+    run: RunTarget,
+    known: dict[str, str | None],
+    *,
+    retry_failed: bool,
+    allow_degraded_context: bool,
+    fork: bool,
+) -> ResumeSeed:
+    preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / "checkpoint.json"
     if not checkpoint.is_file():
         raise FlowResumeError(f"run {run.run_id} has no checkpoint.json ({str(checkpoint)!r})")
@@ -241,6 +312,7 @@ def prepare_resume(
     session_id = state.get("session_id") or run.session_id
     if not isinstance(session_id, str) or not session_id:
         raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
+    known["session_id"] = session_id
     raw_plan = state.get("plan")
     if not raw_plan:
         raise FlowResumeError(
@@ -281,6 +353,8 @@ def prepare_resume(
     spawned = _spawned_entries(
         raw_spawned, plan_ids, ops, retry_failed=retry_failed, planned_keys=planned_keys
     )
+    _check_witnesses(ops, raw_spawned)
+    witnesses = {key: _witnessed(f"node {key!r}", ops[key]) for key in completed}
     branches = {
         key: branch
         for key in [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
@@ -302,6 +376,7 @@ def prepare_resume(
             op = graph.by_key[key]
             op.status, op.response, op.replayed = "completed", response, True
             op.branch = list(branches.get(key, []))
+            op.spawned_ids = list(witnesses[key])
         for entry in spawned:
             child = Operation(
                 key=entry.spawn_id,
@@ -309,6 +384,9 @@ def prepare_resume(
                 kind="spawned",
                 assignee=entry.assignee,
                 edges=[Edge(source=graph.by_key[d].node_id) for d in entry.depends_on],
+                # The recorded node id is kept, so the emitter's spawned_ids still name
+                # this child in the resumed run's checkpoint.
+                node_id=entry.node_id,
             )
             if entry.parent_id is not None:
                 parent_key = plan_ids.get(entry.parent_id) or _spawn_of(
@@ -321,6 +399,7 @@ def prepare_resume(
             if entry.status == "completed":
                 child.status, child.response, child.replayed = "completed", entry.response, True
                 child.branch = list(branches.get(entry.spawn_id, []))
+                child.spawned_ids = list(entry.spawned_ids)
             graph.add(child)
 
     flow_context = state.get("flow_context") or {}
@@ -337,6 +416,7 @@ def prepare_resume(
         degraded=degraded,
         checkpoint_recovery=report,
         notes=notes,
+        fork=fork,
     )
 
 

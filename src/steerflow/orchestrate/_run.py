@@ -9,10 +9,12 @@ import time
 from pathlib import Path
 from typing import Any
 
+from steerflow import _faults
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.errors import (
     ExitCode,
+    FlowResumeError,
     PersistenceError,
     PlanValidationError,
     ProviderError,
@@ -29,6 +31,8 @@ from steerflow.executor import (
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
+from steerflow.orchestrate._claim import discard_run_dir, resume_claim
+from steerflow.orchestrate._consent import check_agent_worker_consent
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import (
     FlowOptions,
@@ -38,15 +42,13 @@ from steerflow.orchestrate._options import (
 )
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher, heartbeat_loop
-from steerflow.orchestrate._recorder import CheckpointRecorder, write_private
+from steerflow.orchestrate._recorder import CheckpointRecorder, replay_entries, write_private
 from steerflow.plan import (
-    MAX_PLAN_ENTRIES,
     PlanFile,
     find_playbook,
     load_plan_file,
     parse_plan,
     parse_reactive,
-    truncate_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache
 from steerflow.state import Owner, StateDB
@@ -54,6 +56,8 @@ from steerflow.state import Owner, StateDB
 __all__ = ["FlowRun", "run_flow"]
 
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+#: ``admission_reason`` once an outcome could not be persisted (decision 35).
+CHECKPOINT_LOST = "checkpoint-failed"
 
 
 class _Target(SteeringTarget):
@@ -79,6 +83,9 @@ class _Target(SteeringTarget):
     def is_paused(self) -> bool:
         return self._run.gate.paused
 
+    def defers_message_stamp(self) -> bool:
+        return True  # ``applied`` once an operation is invoked with it (decision 36)
+
 
 class FlowRun:
     """A single run; :meth:`run` never raises for run outcomes, only for refusals before start."""
@@ -90,6 +97,8 @@ class FlowRun:
         self.gate = PauseGate()
         seed = options.resume
         self.context = SharedContext(dict(seed.flow_context) if seed else {})
+        # The source run's leftover messages were stamped (or left applying) by that run.
+        self.context.drop_unrendered("source-run-ended")
         self.executor: FlowExecutor | None = None
         self.finished = False
         self.stop_signal: int | None = None
@@ -123,6 +132,14 @@ class FlowRun:
         opts = self.options
         plan, prompt, source = self._static_plan()
         settings = self._settings(plan)
+        if plan is not None and opts.resume is None:
+            check_agent_worker_consent(
+                plan,
+                source,
+                model=settings["model"],
+                given_model=opts.model,
+                allowed=opts.allow_agent_workers,
+            )
         for spec in {settings["model"], *settings["role_models"].values()}:
             self._providers.get(spec)  # refuses a bad model spec before anything starts
         if opts.dry_run and plan is not None:
@@ -139,9 +156,12 @@ class FlowRun:
         if opts.resume is not None:
             return opts.resume.plan, opts.resume.prompt, "checkpoint"
         if opts.plan_path is not None:
-            return load_plan_file(opts.plan_path), opts.prompt or "", str(opts.plan_path)
+            plan = load_plan_file(opts.plan_path, max_entries=opts.max_plan_entries)
+            return plan, opts.prompt or "", str(opts.plan_path)
         if opts.playbook is not None:
-            plan, where = find_playbook(opts.playbook, home=self.home)
+            plan, where = find_playbook(
+                opts.playbook, home=self.home, max_entries=opts.max_plan_entries
+            )
             return plan, opts.prompt or "", where
         if not opts.prompt:
             raise UsageError("give a PROMPT, --plan FILE or --playbook NAME")
@@ -179,7 +199,6 @@ class FlowRun:
         }
 
     def _dry_result(self, plan: PlanFile, settings: dict[str, Any]) -> FlowResult:
-        plan, _ = self._truncate(plan)
         graph = build_graph(plan)
         if self.options.resume is not None:
             self.options.resume.apply(graph)
@@ -198,15 +217,6 @@ class FlowRun:
             degraded_context=self.options.resume.degraded if self.options.resume else [],
         )
 
-    def _truncate(self, plan: PlanFile) -> tuple[PlanFile, int]:
-        plan, dropped = truncate_plan(plan)
-        if dropped:
-            self.warnings.append(
-                f"plan had {MAX_PLAN_ENTRIES + dropped} entries; "
-                f"cut to the first {MAX_PLAN_ENTRIES}"
-            )
-        return plan, dropped
-
     async def _plan_with_model(self, prompt: str, model: str) -> PlanFile:
         provider = self._providers.get(model)
         schema = PlanFile.model_json_schema()
@@ -217,7 +227,7 @@ class FlowRun:
                     PlanRequest(
                         prompt=prompt,
                         schema=schema,
-                        max_entries=MAX_PLAN_ENTRIES,
+                        max_entries=self.options.max_plan_entries,
                         feedback=feedback,
                     )
                 )
@@ -227,7 +237,10 @@ class FlowRun:
                 feedback = f"your reply could not be read as a plan: {exc}"
                 continue
             try:
-                return parse_plan(raw, source=f"plan from {model}")
+                # Over the limit is an invalid reply like any other: one retry, then refuse.
+                return parse_plan(
+                    raw, source=f"plan from {model}", max_entries=self.options.max_plan_entries
+                )
             except PlanValidationError as exc:
                 feedback = str(exc)
         raise ProviderError(f"the planner returned an invalid plan twice; last error: {feedback}")
@@ -250,15 +263,28 @@ class FlowRun:
             metadata["checkpoint_recovery"] = seed.checkpoint_recovery
             if seed.degraded:
                 metadata["degraded_context"] = seed.degraded
-        session = await asyncio.to_thread(
-            lambda: db.create_session(
-                kind=kind,
-                prompt=prompt,
-                run_id=run_dir.run_id,
-                node_metadata=metadata,
-                owner=Owner.current(),
+            if seed.fork:
+                metadata["fork"] = True
+        # One resume per source (docs/decisions.md): the claim is checked and taken with the insert.
+        claim = resume_claim(self.home, seed.source_run_id, fork=seed.fork) if seed else None
+        try:
+            session = await asyncio.to_thread(
+                lambda: db.create_session(
+                    kind=kind,
+                    prompt=prompt,
+                    run_id=run_dir.run_id,
+                    node_metadata=metadata,
+                    owner=Owner.current(),
+                    resume=claim,
+                )
             )
-        )
+        except SteerflowError:
+            # A refused start (claimed source, busy or read-only state DB) leaves no empty
+            # run directory behind to make short run-id prefixes ambiguous.
+            await asyncio.to_thread(discard_run_dir, run_dir)
+            raise
+        if claim is not None:
+            _faults.seam("resume-claim", "after")
         invocation = await asyncio.to_thread(
             lambda: db.create_invocation(session_id=session.id, kind=kind)
         )
@@ -275,6 +301,9 @@ class FlowRun:
             loop.call_later(opts.timeout_s, self._deadline) if opts.timeout_s is not None else None
         )
         poller = ControlPoller(self.home, session.id, _Target(self))
+        self.context.on_delivered.append(
+            lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
+        )
         poller_task = asyncio.ensure_future(poller.run())
         heartbeat = asyncio.ensure_future(heartbeat_loop(db, session.id))
         try:
@@ -328,7 +357,6 @@ class FlowRun:
             )
             await self._finish_session(db, session_id, status, {})
             return self._result(session_id, run_dir, Graph(), status, checkpoint_info)
-        plan, _ = self._truncate(plan)
         max_ops = settings["max_ops"]
         if seed is not None and seed.max_spawn is not None:
             max_spawn = seed.max_spawn
@@ -368,19 +396,36 @@ class FlowRun:
             "roles": settings["roles"],
             "kind": opts.kind if seed is None else seed.config.get("kind", "flow"),
         }
-        writer = CheckpointWriter(
-            run_dir.checkpoint_path,
-            session_id=session_id,
-            prompt=prompt,
-            plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-            config=config,
-            max_spawn=max_spawn,
-            flow_context=self.context.content,
-            version=opts.checkpoint_version,
-            max_records=opts.checkpoint_max_records,
-            max_bytes=opts.checkpoint_max_bytes,
-            on_saved=lambda *_: self.events.emit(FlowEvent(type="checkpoint_saved")),
-        )
+        # A resume's first publication holds everything it replays (decision 43).
+        replayed_ops, replayed_spawned = replay_entries(graph)
+        try:
+            writer = CheckpointWriter(
+                run_dir.checkpoint_path,
+                session_id=session_id,
+                prompt=prompt,
+                plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
+                config=config,
+                max_spawn=max_spawn,
+                flow_context=self.context.content,
+                version=opts.checkpoint_version,
+                max_records=opts.checkpoint_max_records,
+                max_bytes=opts.checkpoint_max_bytes,
+                on_saved=lambda *_: self.events.emit(FlowEvent(type="checkpoint_saved")),
+                ops=replayed_ops,
+                spawned=replayed_spawned,
+            )
+        except ValueError as exc:
+            if seed is None:
+                raise
+            # A replayed value the new checkpoint cannot hold (a legacy v2 NaN without a
+            # digest): refuse before anything runs rather than replay what cannot be kept.
+            publisher_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await publisher_task
+            await self._finish_session(db, session_id, "failed", {"error": str(exc)})
+            raise FlowResumeError(
+                f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
+            ) from None
         recorder = CheckpointRecorder(
             writer, graph, run_dir, self.context, self.events, checkpoint_info
         )
@@ -409,6 +454,10 @@ class FlowRun:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
         elif self.deadline_hit:
             executor.close_admission("deadline", cancel_long_running=True)
+        # Nothing more can be saved: admit nothing, let the calls already paid for finish.
+        recorder.on_lost = lambda: executor.close_admission(CHECKPOINT_LOST)
+        if recorder.lost:
+            executor.close_admission(CHECKPOINT_LOST)
         await asyncio.to_thread(
             db.set_session_phase, session_id, "paused" if self.gate.paused else "executing"
         )
@@ -445,12 +494,10 @@ class FlowRun:
     def _final_status(self, graph: Graph, checkpoint: dict[str, Any]) -> str:
         if self.stop_signal is not None:
             return "interrupted"
-        if any(op.status == "failed" for op in graph):
-            return "failed"
+        if any(op.status == "failed" for op in graph) or checkpoint["error"]:
+            return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
             return "timed_out" if self.deadline_hit else "interrupted"
-        if checkpoint["error"]:
-            return "failed"
         return "completed"
 
     async def _finish_session(

@@ -10,7 +10,6 @@ from steerflow.plan._load import (
     parse_plan,
     parse_plan_text,
     parse_reactive,
-    truncate_plan,
 )
 from steerflow.plan._model import (
     AGENT_ID_PATTERN,
@@ -41,5 +40,4 @@ __all__ = [
     "parse_plan",
     "parse_plan_text",
     "parse_reactive",
-    "truncate_plan",
 ]

@@ -22,7 +22,6 @@ __all__ = [
     "load_plan_file",
     "parse_plan",
     "parse_reactive",
-    "truncate_plan",
 ]
 
 _PLAYBOOK_NAME = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -65,53 +64,33 @@ def parse_reactive(spec: str | bool | None) -> ReactivePolicy:
     return ReactivePolicy(enabled=True, roles=frozenset(roles), spec=",".join(roles))
 
 
-def truncate_plan(plan: PlanFile) -> tuple[PlanFile, int]:
-    """Cut a plan to MAX_PLAN_ENTRIES; returns the plan and how many were dropped.
+def parse_plan(
+    data: object,
+    *,
+    source: str,
+    text: str | None = None,
+    max_entries: int | None = MAX_PLAN_ENTRIES,
+) -> PlanFile:
+    """Validate already-decoded plan data; errors name ``source`` and the field.
 
-    Dependencies on dropped entries are removed with them, so the cut plan
-    still validates.
+    A plan with more than ``max_entries`` entries is refused whole (``None``: no limit):
+    cutting it would drop entries and the edges that point at them.
     """
-    extra = len(plan.plan) - MAX_PLAN_ENTRIES
-    if extra <= 0:
-        return plan, plan._dropped
-    kept = plan.plan[:MAX_PLAN_ENTRIES]
-    kept_ids = {e.agent_id for e in kept}
-    trimmed = [
-        e.model_copy(update={"depends_on": [d for d in e.dependencies if d.id in kept_ids]})
-        for e in kept
-    ]
-    return plan.model_copy(update={"plan": trimmed}), extra
-
-
-def parse_plan(data: object, *, source: str, text: str | None = None) -> PlanFile:
-    """Validate already-decoded plan data; errors name ``source`` and the field."""
     if not isinstance(data, dict):
         raise PlanValidationError(f"{source}: a plan must be a mapping with a 'plan' list")
-    dropped = 0
-    if isinstance(data.get("plan"), list) and len(data["plan"]) > MAX_PLAN_ENTRIES:
-        dropped = len(data["plan"]) - MAX_PLAN_ENTRIES
-        # Validate only what we keep: a runaway planner should be cut, not refused.
-        data = {**data, "plan": data["plan"][:MAX_PLAN_ENTRIES]}
-        kept = {e.get("agent_id") for e in data["plan"] if isinstance(e, dict)}
-        data["plan"] = [
-            {**e, "depends_on": [d for d in e.get("depends_on", []) if _dep_id(d) in kept]}
-            if isinstance(e, dict) and isinstance(e.get("depends_on"), list)
-            else e
-            for e in data["plan"]
-        ]
+    entries = data.get("plan")
+    if max_entries is not None and isinstance(entries, list) and len(entries) > max_entries:
+        raise PlanValidationError(
+            f"{source}: the plan has {len(entries)} entries, more than the limit of "
+            f"{max_entries}; raise it with --max-plan-entries N"
+        )
     try:
-        plan = PlanFile.model_validate(data)
+        return PlanFile.model_validate(data)
     except ValidationError as exc:
         raise PlanValidationError(_describe(exc, source=source, text=text)) from None
-    plan._dropped = dropped
-    return plan
 
 
-def _dep_id(dep: object) -> object:
-    return dep.get("id") if isinstance(dep, dict) else dep
-
-
-def load_plan_file(path: Path) -> PlanFile:
+def load_plan_file(path: Path, *, max_entries: int | None = MAX_PLAN_ENTRIES) -> PlanFile:
     """Read and validate a YAML or JSON plan file."""
     try:
         text = path.read_text(encoding="utf-8")
@@ -119,10 +98,12 @@ def load_plan_file(path: Path) -> PlanFile:
         raise UsageError(f"plan file not found: {str(path)!r}") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read plan file {str(path)!r}: {exc}") from None
-    return parse_plan_text(text, source=str(path))
+    return parse_plan_text(text, source=str(path), max_entries=max_entries)
 
 
-def parse_plan_text(text: str, *, source: str) -> PlanFile:
+def parse_plan_text(
+    text: str, *, source: str, max_entries: int | None = MAX_PLAN_ENTRIES
+) -> PlanFile:
     """Decode YAML/JSON text and validate it as a plan."""
     try:
         data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
@@ -133,7 +114,7 @@ def parse_plan_text(text: str, *, source: str) -> PlanFile:
         where = f":{mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc)
         raise PlanValidationError(f"{source}{where}: invalid YAML: {problem}") from None
-    return parse_plan(data, source=source, text=text)
+    return parse_plan(data, source=source, text=text, max_entries=max_entries)
 
 
 def bundled_playbooks() -> list[str]:
@@ -142,7 +123,9 @@ def bundled_playbooks() -> list[str]:
     return sorted(p.name[:-5] for p in root.iterdir() if p.name.endswith(".yaml"))
 
 
-def find_playbook(name: str, *, home: Path) -> tuple[PlanFile, str]:
+def find_playbook(
+    name: str, *, home: Path, max_entries: int | None = MAX_PLAN_ENTRIES
+) -> tuple[PlanFile, str]:
     """Find a playbook by name: ``<home>/playbooks/NAME.yaml``, then the bundled ones.
 
     Returns the validated playbook and where it was found.
@@ -151,11 +134,12 @@ def find_playbook(name: str, *, home: Path) -> tuple[PlanFile, str]:
         raise UsageError(f"invalid playbook name {name!r}: use letters, digits, '_', '.', '-'")
     own = home / "playbooks" / f"{name}.yaml"
     if own.is_file():
-        return load_plan_file(own), str(own)
+        return load_plan_file(own, max_entries=max_entries), str(own)
     bundled = resources.files("steerflow.plan") / "playbooks" / f"{name}.yaml"
     if bundled.is_file():
         source = f"<bundled playbook {name}>"
-        return parse_plan_text(bundled.read_text(encoding="utf-8"), source=source), source
+        text = bundled.read_text(encoding="utf-8")
+        return parse_plan_text(text, source=source, max_entries=max_entries), source
     available = ", ".join(bundled_playbooks()) or "none"
     raise UsageError(
         f"playbook {name!r} not found in {str(own.parent)!r} or bundled playbooks ({available})"

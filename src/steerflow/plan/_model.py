@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AGENT_ID_PATTERN",
@@ -23,8 +23,11 @@ __all__ = [
     "SpawnSpec",
 ]
 
-AGENT_ID_PATTERN = r"^[A-Za-z0-9_.-]{1,64}$"
-MAX_PLAN_ENTRIES = 200
+# The first character keeps ids from naming a path component: ``.``, ``..`` and dot-files
+# are refused, because an id becomes its leg's artifact directory name.
+AGENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+# Default of ``--max-plan-entries``: a larger plan is refused, never cut.
+MAX_PLAN_ENTRIES = 1000
 _AGENT_ID_RE = re.compile(AGENT_ID_PATTERN)
 
 EdgeWhen = Literal["completed", "failed", "always"]
@@ -95,8 +98,6 @@ class PlanFile(_Strict):
     concurrency: int | None = Field(default=None, ge=1, le=256)
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
     plan: list[PlanEntry] = Field(min_length=1)
-    # How many entries the loader cut beyond MAX_PLAN_ENTRIES before validating.
-    _dropped: int = PrivateAttr(default=0)
 
     @field_validator("reactive", mode="before")
     @classmethod
@@ -132,33 +133,33 @@ class PlanFile(_Strict):
 
 
 def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
-    """Return one dependency cycle as a list of ids, or None."""
+    """Return one dependency cycle as a list of ids, or None.
+
+    Iterative: a long dependency chain (thousands of entries) must not hit the
+    interpreter's recursion limit.
+    """
     white, grey, black = 0, 1, 2
     colour = dict.fromkeys(edges, white)
-    stack: list[str] = []
-
-    def visit(node: str) -> list[str] | None:
-        colour[node] = grey
-        stack.append(node)
-        for dep in edges.get(node, []):
-            if colour.get(dep) == grey:
-                return [*stack[stack.index(dep) :], dep]
-            if colour.get(dep) == white:
-                found = visit(dep)
-                if found:
-                    return found
-        stack.pop()
-        colour[node] = black
-        return None
-
-    for node in edges:
-        if colour[node] == white:
-            found = visit(node)
-            if found:
-                return found
+    for start in edges:
+        if colour[start] != white:
+            continue
+        colour[start] = grey
+        path = [start]
+        todo = [iter(edges.get(start, []))]
+        while todo:
+            dep = next(todo[-1], None)
+            if dep is None:
+                colour[path.pop()] = black
+                todo.pop()
+            elif colour.get(dep) == grey:
+                return [*path[path.index(dep) :], dep]
+            elif colour.get(dep) == white:
+                colour[dep] = grey
+                path.append(dep)
+                todo.append(iter(edges.get(dep, [])))
     return None
 
 
 def is_agent_id(value: str) -> bool:
-    """True if ``value`` is a valid stable agent id."""
-    return bool(_AGENT_ID_RE.match(value))
+    """True if ``value`` is a valid stable agent id (the whole string: no trailing newline)."""
+    return isinstance(value, str) and _AGENT_ID_RE.fullmatch(value) is not None

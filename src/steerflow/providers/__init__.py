@@ -10,6 +10,7 @@ from steerflow.providers._base import (
     ProviderResponse,
     Usage,
 )
+from steerflow.providers._paths import ensure_leg_dir, is_leg_key, write_leg_file
 from steerflow.providers._registry import KNOWN_PREFIXES, ProviderCache, make_provider
 from steerflow.providers.echo import EchoProvider, echo_plan, echo_text
 from steerflow.providers.script import INVOCATION_LOG, ScriptProvider, load_script
@@ -28,6 +29,9 @@ __all__ = [
     "Usage",
     "echo_plan",
     "echo_text",
+    "ensure_leg_dir",
+    "is_leg_key",
     "load_script",
     "make_provider",
+    "write_leg_file",
 ]

@@ -45,6 +45,7 @@ from steerflow.providers._base import (
     ProviderResponse,
     Usage,
 )
+from steerflow.providers._paths import ensure_leg_dir
 from steerflow.providers._remote import (
     extract_spawns,
     parse_plan_reply,
@@ -137,8 +138,11 @@ class AgentCLIProvider(Provider, abc.ABC):
             ProviderError: Non-zero exit, timeout, or an error result.
             asyncio.CancelledError: Cancelled; the worker was stopped first.
         """
-        workdir = request.artifact_dir
-        await asyncio.to_thread(workdir.mkdir, mode=0o700, parents=True, exist_ok=True)
+        # The worker runs with its leg directory as cwd: it must be that directory itself,
+        # never a symlink to (or a name for) somewhere else.
+        workdir = await asyncio.to_thread(
+            ensure_leg_dir, request.artifact_dir.parent, request.artifact_dir.name
+        )
         system, turns = split_history(request.history)
         system = system_with_spawn(system, request.allow_spawn)
         prompt = _with_transcript(turns, request.instruction)

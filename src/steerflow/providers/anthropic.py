@@ -1,6 +1,7 @@
 """The ``anthropic/MODEL`` provider: the Anthropic Messages API.
 
-Honours ``ANTHROPIC_BASE_URL`` and ``ANTHROPIC_API_KEY`` (or
+Honours ``ANTHROPIC_BASE_URL`` (the server root, with or without a trailing ``/v1``:
+the SDK appends ``/v1/messages`` itself) and ``ANTHROPIC_API_KEY`` (or
 ``ANTHROPIC_AUTH_TOKEN``). With a base URL and no credentials a placeholder key
 is sent. The SDK's own retries are off; :mod:`steerflow.providers._retry`
 decides. ``STEERFLOW_ANTHROPIC_MAX_TOKENS`` sets ``max_tokens`` (default 8192).
@@ -35,11 +36,22 @@ from steerflow.providers._remote import (
 )
 from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error, env_float
 
-__all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider"]
+__all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
 DEFAULT_MAX_TOKENS = 8192
 #: Sent as the API key when only ``ANTHROPIC_BASE_URL`` is set.
 PLACEHOLDER_KEY = "not-set"
+
+
+def normalize_base_url(url: str | None) -> str | None:
+    """``ANTHROPIC_BASE_URL`` as the SDK wants it: the root, without a trailing ``/v1``.
+
+    ``OPENAI_BASE_URL`` conventionally ends in ``/v1`` and users copy that form; the
+    Anthropic SDK adds ``/v1/messages`` itself, so ``.../v1`` would reach ``/v1/v1/messages``.
+    """
+    if url is None:
+        return None
+    return url.rstrip("/").removesuffix("/v1")
 
 
 class AnthropicProvider(Provider):
@@ -66,7 +78,7 @@ class AnthropicProvider(Provider):
         env = os.environ if env is None else env
         self.spec = spec or f"anthropic/{model}"
         self.model = model
-        self.base_url = env.get("ANTHROPIC_BASE_URL") or None
+        self.base_url = normalize_base_url(env.get("ANTHROPIC_BASE_URL") or None)
         self._api_key = env.get("ANTHROPIC_API_KEY") or None
         self._auth_token = env.get("ANTHROPIC_AUTH_TOKEN") or None
         if self._api_key is None and self._auth_token is None:

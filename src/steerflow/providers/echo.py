@@ -6,7 +6,6 @@ import asyncio
 import re
 
 from steerflow.errors import UsageError
-from steerflow.plan import MAX_PLAN_ENTRIES
 from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
 
 __all__ = ["EchoProvider", "echo_plan", "echo_text"]
@@ -42,7 +41,7 @@ def echo_plan(prompt: str) -> dict[str, object]:
                 "instruction": f"Combine both approaches into one answer for: {topic}",
                 "depends_on": ["explore-a", "explore-b"],
             },
-        ][:MAX_PLAN_ENTRIES],
+        ],
     }
 
 

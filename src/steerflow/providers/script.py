@@ -7,7 +7,7 @@ import hashlib
 import json
 import os
 import time
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -15,6 +15,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
+from steerflow.providers._paths import write_leg_file
 from steerflow.providers.echo import echo_plan, echo_text
 
 __all__ = ["INVOCATION_LOG", "NodeScript", "ScriptProvider", "load_script"]
@@ -132,17 +133,4 @@ def _first_time(home: Path, script: Path, key: str) -> bool:
 
 
 def _write_artifacts(root: Path, files: dict[str, str]) -> list[str]:
-    written = []
-    for rel, content in files.items():
-        pure = PurePosixPath(rel)
-        if pure.is_absolute() or ".." in pure.parts or not pure.parts:
-            raise ProviderError(f"artifact path {rel!r} must stay inside the artifact directory")
-        target = root.joinpath(*pure.parts)
-        target.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-        try:
-            os.write(fd, content.encode())
-        finally:
-            os.close(fd)
-        written.append(str(pure))
-    return written
+    return [write_leg_file(root, rel, content.encode()) for rel, content in files.items()]

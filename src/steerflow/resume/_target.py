@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from steerflow.errors import AmbiguousIdError, FlowResumeError, UnknownIdError
+from steerflow.errors import AmbiguousIdError, FlowResumeError, UnknownIdError, quote_input
 from steerflow.home import is_run_id, list_run_dirs
 from steerflow.state import StateDB
 
@@ -32,6 +32,14 @@ def _session_for_run(home: Path, run_id: str) -> str | None:
     return row.id if row is not None else None
 
 
+def _is_dir(path: Path) -> bool:
+    """``is_dir`` that answers False for text no path can be (too long, NUL bytes)."""
+    try:
+        return path.is_dir()
+    except (OSError, ValueError):
+        return False
+
+
 def resolve_run_target(home: Path, target: str) -> RunTarget:
     """An exact run directory; else a run id or unambiguous prefix; else a session,
     invocation or play id (or prefix) through the state DB to ``node_metadata.run_id``.
@@ -40,11 +48,12 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
     """
     runs_root = (home / "runs").resolve()
     candidate = Path(target).expanduser()
-    if ("/" in target or target.startswith(".")) and candidate.is_dir():
+    if ("/" in target or target.startswith(".")) and _is_dir(candidate):
         resolved = candidate.resolve()
         if resolved.parent != runs_root or not is_run_id(resolved.name):
             raise FlowResumeError(
-                f"run directory {target!r} is not a run of this home ({str(runs_root)!r})"
+                f"run directory {quote_input(target)} is not a run of this home "
+                f"({str(runs_root)!r})"
             )
         return RunTarget(resolved, resolved.name, _session_for_run(home, resolved.name))
     if _RUN_PREFIX.match(target):
@@ -54,28 +63,36 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
         if len(matches) > 1:
             names = ", ".join(p.name for p in matches[:10])
             raise AmbiguousIdError(
-                f"ambiguous run id prefix {target!r}: matches {len(matches)} runs: {names}"
-                + (", ..." if len(matches) > 10 else "")
+                f"ambiguous run id prefix {quote_input(target)}: matches {len(matches)} runs: "
+                f"{names}" + (", ..." if len(matches) > 10 else "")
             )
         if matches:
             run = matches[0]
             return RunTarget(run, run.name, _session_for_run(home, run.name))
     if not (home / "state.db").is_file():
-        raise FlowResumeError(f"no run directory or run id matches {target!r}, and no state DB")
+        raise UnknownIdError(
+            f"no run directory or run id matches {quote_input(target)}, and no state DB"
+        )
     with StateDB.open(home, create=False) as db:
         try:
             resolved_id = db.resolve_target(target)
         except UnknownIdError:
-            raise FlowResumeError(
-                f"no run directory, run id, session, invocation or play matches {target!r}"
+            raise UnknownIdError(
+                "no run directory, run id, session, invocation or play matches "
+                f"{quote_input(target)}"
             ) from None
         session = db.get_session(resolved_id.session_id)
     if session is None:
-        raise FlowResumeError(f"target {target!r}: its backing session is missing")
+        raise FlowResumeError(f"target {quote_input(target)}: its backing session is missing")
     run_id = session.run_id or session.node_metadata.get("run_id")
     if not run_id or not isinstance(run_id, str) or not is_run_id(run_id):
         raise FlowResumeError(f"session {session.id} records no run id")
     run_dir = home / "runs" / run_id
+    if run_dir.is_symlink():
+        raise FlowResumeError(
+            f"session {session.id}: {str(run_dir)!r} is a symlink; a run id never leads out "
+            "of the home"
+        )
     if not run_dir.is_dir():
         raise FlowResumeError(f"session {session.id}: run directory {str(run_dir)!r} is missing")
     return RunTarget(run_dir.resolve(), run_id, session.id)

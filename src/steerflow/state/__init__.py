@@ -7,6 +7,7 @@ for how a dead owner turns a ``running`` session into ``interrupted``.
 
 from __future__ import annotations
 
+from steerflow.state._claims import ResumeClaim, ResumedBy
 from steerflow.state._db import DB_FILENAME, STATE_DB_URL_ENV, ResolvedTarget, StateDB
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
@@ -50,6 +51,8 @@ __all__ = [
     "Phase",
     "PlayRow",
     "ResolvedTarget",
+    "ResumeClaim",
+    "ResumedBy",
     "SessionRow",
     "SessionStatus",
     "StateBackend",

@@ -22,14 +22,19 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
+from steerflow import _faults
 from steerflow.errors import (
     AmbiguousIdError,
     ControlNotApplyingError,
     NotRunningError,
     RefusedError,
+    SteerflowError,
     UnknownIdError,
     UsageError,
+    quote_input,
 )
+from steerflow.state._claims import ResumeClaim, ResumedBy, check_claim, record_claim
+from steerflow.state._claims import resumed_by as _resumed_by
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
 from steerflow.state._schema import (
@@ -101,17 +106,24 @@ def _initialize(path: Path, *, busy_timeout_s: float) -> None:
     the race to link simply opens the winner's file.
     """
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex}.init")
-    backend = SqliteBackend.open(tmp, create=True, read_only=False, busy_timeout_s=busy_timeout_s)
     try:
-        migrate(backend)
+        backend = SqliteBackend.open(
+            tmp, create=True, read_only=False, busy_timeout_s=busy_timeout_s
+        )
+        try:
+            _faults.seam("state-init", "after")
+            migrate(backend)
+        finally:
+            backend.close()  # the last connection: SQLite checkpoints and removes -wal/-shm
+        with contextlib.suppress(FileExistsError):
+            os.link(tmp, path)
+    except OSError as exc:
+        raise SteerflowError(
+            f"cannot create the state database {str(path)!r}: {exc.strerror or exc}"
+        ) from exc
     finally:
-        backend.close()  # the last connection: SQLite checkpoints and removes -wal/-shm
-    try:
-        os.link(tmp, path)
-    except FileExistsError:
-        pass
-    finally:
-        for suffix in ("", "-wal", "-shm"):
+        # A failed initialisation leaves nothing behind, not even a half-built file.
+        for suffix in ("", "-wal", "-shm", "-journal"):
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(f"{tmp}{suffix}")
 
@@ -211,10 +223,18 @@ class StateDB:
         node_metadata: Mapping[str, Any] | None = None,
         owner: Owner | None = None,
         phase: Phase = "planning",
+        resume: ResumeClaim | None = None,
     ) -> SessionRow:
         """Insert a ``running`` session owned by ``owner`` (default: this process).
 
-        A ``run_id`` is also mirrored into ``node_metadata["run_id"]``.
+        A ``run_id`` is also mirrored into ``node_metadata["run_id"]``. With
+        ``resume``, the claim on the source run is checked and taken in the same
+        write transaction as the insert (docs/decisions.md, one resume per source),
+        so of two resumes of one source at the same moment exactly one gets a session,
+        and none while the source run's own session still runs.
+
+        Raises:
+            ResumeClaimedError: ``resume`` is refused; nothing was written.
         """
         _check_choice(kind, InvocationKind, "session kind")
         _check_choice(phase, Phase, "phase")
@@ -222,14 +242,19 @@ class StateDB:
         meta = dict(node_metadata or {})
         if run_id is not None:
             meta["run_id"] = run_id
-        sid, now = _new_id(), time.time()
-        self._write(
-            "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
-            " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
-            " heartbeat_at) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-            (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
-             who.host, who.pid, who.started_at, now),
-        )  # fmt: skip
+        sid = _new_id()
+        with self.backend.transaction(write=True) as tx:
+            stale = check_claim(tx, resume) if resume is not None else []
+            now = time.time()
+            tx.execute(
+                "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
+                " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
+                " heartbeat_at) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
+                 who.host, who.pid, who.started_at, now),
+            )  # fmt: skip
+            if resume is not None:
+                record_claim(tx, resume, sid, now, stale)
         return SessionRow(sid, kind, "running", phase, now, now, meta, None, prompt, run_id,
                           who.host, who.pid, who.started_at, now)  # fmt: skip
 
@@ -237,6 +262,22 @@ class StateDB:
         """The session with exactly this id, or ``None``."""
         rows = self.backend.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
         return SessionRow.from_mapping(rows[0]) if rows else None
+
+    def check_resume(self, claim: ResumeClaim) -> None:
+        """Refuse ``claim`` now if it would be refused (a read-only preflight; see
+        :meth:`create_session` for the check that counts).
+
+        Raises:
+            ResumeClaimedError: The source run still runs, or another resume holds
+                or continued it.
+        """
+        with self.backend.transaction(write=False) as tx:
+            check_claim(tx, claim)
+
+    def resumed_by(self, run_ids: Sequence[str]) -> dict[str, list[ResumedBy]]:
+        """Who resumed each of ``run_ids``, oldest first; runs never resumed are absent."""
+        with self.backend.transaction(write=False) as tx:
+            return _resumed_by(tx, run_ids)
 
     def session_for_run(self, run_id: str) -> SessionRow | None:
         """The session that owns run directory ``run_id``, or ``None``."""
@@ -371,7 +412,9 @@ class StateDB:
             AmbiguousIdError: The prefix matches several rows of one table.
         """
         if not isinstance(target, str) or not _HEX_ID.fullmatch(target):
-            raise UnknownIdError(f"unknown id {target!r}: expected 1-32 lowercase hex characters")
+            raise UnknownIdError(
+                f"unknown id {quote_input(target)}: expected 1-32 lowercase hex characters"
+            )
         with self.backend.transaction(write=False) as tx:
             for table, via in _TABLES:
                 if len(target) == _ID_LEN:
@@ -387,10 +430,14 @@ class StateDB:
                         [str(r["id"]) for r in rows[:_MAX_CANDIDATES]]
                         + (["..."] if len(rows) > _MAX_CANDIDATES else [])
                     )
-                    raise AmbiguousIdError(f"ambiguous id {target!r}: matches {table} {shown}")
+                    raise AmbiguousIdError(
+                        f"ambiguous id {quote_input(target)}: matches {table} {shown}"
+                    )
                 if rows:
                     return self._target_for(tx, via, str(rows[0]["id"]))
-        raise UnknownIdError(f"unknown id {target!r}: no session, invocation or play matches")
+        raise UnknownIdError(
+            f"unknown id {quote_input(target)}: no session, invocation or play matches"
+        )
 
     @staticmethod
     def _target_for(tx: StateTransaction, via: TargetVia, matched: str) -> ResolvedTarget:
@@ -511,7 +558,7 @@ class StateDB:
         with self.backend.transaction(write=True) as tx:
             rows = tx.query(_CONTROL_BY_ID_SQL, (control_id,))
             if not rows:
-                raise UnknownIdError(f"unknown control id {control_id!r}")
+                raise UnknownIdError(f"unknown control id {quote_input(control_id)}")
             current = ControlRow.from_mapping(rows[0])
             if not current.is_applying:
                 state = "pending" if current.result is None else f"result {current.result!r}"

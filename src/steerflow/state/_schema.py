@@ -150,6 +150,19 @@ CREATE TABLE session_nodes (
   PRIMARY KEY (session_id, node_key)
 )"""
 
+# One row per resume of a source run, written in the same write transaction as the
+# resumed session, so the check "who already resumes this source" and the claim are
+# one atomic step (docs/decisions.md: one resume per source). The source is a run
+# id, not a session: a run directory may have no session row (a copied or hand-made
+# checkpoint).
+RESUME_CLAIMS_DDL = """\
+CREATE TABLE resume_claims (
+  session_id     TEXT PRIMARY KEY REFERENCES sessions(id) ON DELETE CASCADE,
+  source_run_id  TEXT NOT NULL,
+  fork           INTEGER NOT NULL DEFAULT 0 CHECK(fork IN (0, 1)),
+  created_at     REAL NOT NULL
+)"""
+
 
 @dataclass(frozen=True)
 class Migration:
@@ -181,6 +194,14 @@ MIGRATIONS: tuple[Migration, ...] = (
             SESSION_CONTROLS_DDL,
             SESSION_CONTROLS_PENDING_INDEX_DDL,
             SESSION_NODES_DDL,
+        ),
+    ),
+    Migration(
+        version=2,
+        description="resume_claims: one resume per source run",
+        statements=(
+            RESUME_CLAIMS_DDL,
+            "CREATE INDEX idx_resume_claims_source ON resume_claims(source_run_id, created_at)",
         ),
     ),
 )

@@ -1,0 +1,56 @@
+"""The claim a resume takes on its source run (docs/decisions.md: one resume per source)."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from steerflow.home import RunDir, is_run_id
+from steerflow.state import DB_FILENAME, STATE_DB_URL_ENV, ResumeClaim, StateDB
+
+__all__ = ["discard_run_dir", "preflight_claim", "resume_claim"]
+
+
+def resume_claim(home: Path, source_run_id: str | None, *, fork: bool) -> ResumeClaim | None:
+    """The claim a resume of ``source_run_id`` takes, or ``None`` when it names no run."""
+    if not source_run_id:
+        return None
+
+    def has_checkpoint(run_id: str) -> bool:
+        # The holder's first publication is what makes it the run to resume: before it,
+        # a dead holder had invoked nothing, so it holds nothing a later resume could lose.
+        return is_run_id(run_id) and (home / "runs" / run_id / "checkpoint.json").is_file()
+
+    return ResumeClaim(source_run_id, fork=fork, has_checkpoint=has_checkpoint)
+
+
+def preflight_claim(home: Path, source_run_id: str, *, fork: bool) -> None:
+    """Refuse early (also for ``--dry-run``) a resume that its claim would refuse.
+
+    Only a hint: the check that counts runs again, atomically, when the resumed
+    run creates its session. A fork is checked too: it is refused only while the
+    source run itself still runs.
+
+    Raises:
+        ResumeClaimedError: The source still runs, or (not a fork) another resume
+            holds or continued it.
+    """
+    claim = resume_claim(home, source_run_id, fork=fork)
+    if claim is None:
+        return
+    if not os.environ.get(STATE_DB_URL_ENV) and not (home / DB_FILENAME).is_file():
+        return  # no state DB yet: nobody can have claimed anything
+    with StateDB.open(home, create=False) as db:
+        db.check_resume(claim)
+
+
+def discard_run_dir(run_dir: RunDir) -> None:
+    """Remove the still-empty run directory of a resume its claim refused.
+
+    Only empty directories are removed (``rmdir``), so nothing anyone wrote is lost;
+    an artifact root outside the run directory (``--save``) is left alone.
+    """
+    for path in (run_dir.path / "artifacts", run_dir.path):
+        with contextlib.suppress(OSError):
+            path.rmdir()
