@@ -317,3 +317,196 @@ def test_array_root_documents_work() -> None:
     assert _apply([1], [{"op": "add", "path": "/-", "value": 2}]) == [1, 2]
     with pytest.raises(PatchError, match="not a container"):
         _apply("scalar", [{"op": "add", "path": "/a", "value": 1}])
+
+
+# --------------------------------------------------------------------------- exact refusals
+# The message, index and pointer are what an operator reads when a journal record is refused,
+# so they are pinned whole, not by fragment.
+
+
+@pytest.fixture
+def deep_stack() -> Any:
+    # The nesting check itself recurses; leave room for 900 levels plus the test runner's frames
+    # (and mutation-testing trampolines), so only the 900-level rule decides.
+    import sys
+
+    old = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(old, 10_000))
+    yield
+    sys.setrecursionlimit(old)
+
+
+def _nest_lists(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = [value]
+    return value
+
+
+def _nest_objects(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = {"k": value}
+    return value
+
+
+def _nest_tuples(levels: int) -> object:
+    value: object = 0
+    for _ in range(levels):
+        value = (value,)
+    return value
+
+
+@pytest.mark.usefixtures("deep_stack")
+@pytest.mark.parametrize("nest", [_nest_lists, _nest_objects, _nest_tuples])
+def test_nesting_limit_is_900_levels(nest: Any) -> None:
+    ok = [{"op": "add", "path": "/a", "value": nest(900)}]
+    assert validate_patch(ok)[0]["value"] is ok[0]["value"]
+    too_deep = [
+        {"op": "add", "path": "/ok", "value": 1},
+        {"op": "add", "path": "/a", "value": nest(901)},
+    ]
+    with pytest.raises(PatchError) as info:
+        validate_patch(too_deep)
+    assert str(info.value) == "op 1, path '/a': value nests too deeply"
+    assert (info.value.index, info.value.pointer, info.value.reason) == (
+        1,
+        "/a",
+        "value nests too deeply",
+    )
+
+
+@pytest.mark.parametrize(
+    ("patch", "index", "pointer", "message"),
+    [
+        ({"op": "add"}, None, None, "patch must be an array, not dict"),
+        (
+            [{"op": "add", "path": "/a", "value": 1}, 1],
+            1,
+            None,
+            "op 1: operation must be an object, not int",
+        ),
+        (
+            [{"op": "move", "from": "/a", "path": "/b"}],
+            0,
+            "/b",
+            "op 0, path '/b': operation 'move' is not allowed",
+        ),
+        (
+            [{"op": "add", "path": "/a", "value": 1, "y": 1, "x": 1}],
+            0,
+            "/a",
+            "op 0, path '/a': add operation unexpected member(s) 'x', 'y'",
+        ),
+        (
+            [{"op": "add", "path": "/a", "x": 1}],
+            0,
+            "/a",
+            "op 0, path '/a': add operation unexpected member(s) 'x'; missing member(s) 'value'",
+        ),
+        ([{"op": "add"}], 0, None, "op 0: add operation missing member(s) 'path', 'value'"),
+        ([{"op": "add", "path": 5, "value": 1}], 0, None, "op 0: path must be a string, not int"),
+        (
+            [{"op": "remove", "path": "a"}],
+            0,
+            "a",
+            "op 0, path 'a': pointer must be empty or start with '/'",
+        ),
+        (
+            [{"op": "remove", "path": "/~2"}],
+            0,
+            "/~2",
+            "op 0, path '/~2': pointer has a '~' that is not '~0' or '~1'",
+        ),
+        (
+            [{"op": "remove", "path": "/a"}, {"op": "add", "path": "/a", "value": [float("nan")]}],
+            1,
+            "/a",
+            "op 1, path '/a': value contains a non-finite number (nan)",
+        ),
+        (
+            [{"op": "add", "path": "/a", "value": {"s": {1}}}],
+            0,
+            "/a",
+            "op 0, path '/a': value of type set is not normalized JSON",
+        ),
+    ],
+)
+def test_validate_patch_refusal_is_exact(
+    patch: object, index: int | None, pointer: str | None, message: str
+) -> None:
+    with pytest.raises(PatchError) as info:
+        validate_patch(patch)
+    assert (str(info.value), info.value.index, info.value.pointer) == (message, index, pointer)
+
+
+@pytest.mark.parametrize(
+    ("doc", "op", "message"),
+    [
+        (
+            {"s": "str"},
+            {"op": "add", "path": "/s/x", "value": 1},
+            "token 's' at depth 0 names a str, not an object or array",
+        ),
+        (
+            {"o": {}},
+            {"op": "add", "path": "/o/m/x", "value": 1},
+            "member 'm' at depth 1 does not exist",
+        ),
+        (
+            {"l": []},
+            {"op": "add", "path": "/l/0/x", "value": 1},
+            "array index 0 is out of range for an array of length 0",
+        ),
+        (
+            {"l": [1]},
+            {"op": "remove", "path": "/l/-"},
+            "'-' is only valid as the final token of an add, not of a remove",
+        ),
+        (
+            {"l": [1]},
+            {"op": "replace", "path": "/l/01", "value": 1},
+            "array index '01' is not a canonical non-negative integer",
+        ),
+        (
+            {},
+            {"op": "replace", "path": "", "value": []},
+            "the root may only be replaced by an object",
+        ),
+        ({}, {"op": "remove", "path": ""}, "root remove is not allowed; only replace of the root"),
+        (
+            {"a": 1},
+            {"op": "add", "path": "/a", "value": 2},
+            "add would replace existing member 'a'",
+        ),
+        ({"a": 1}, {"op": "remove", "path": "/b"}, "member 'b' does not exist"),
+        ("scalar", {"op": "add", "path": "/a", "value": 1}, "the document root is not a container"),
+    ],
+)
+def test_apply_patch_refusal_is_exact(doc: Any, op: dict[str, Any], message: str) -> None:
+    patch = [{"op": "add", "path": "/first", "value": 0}] if isinstance(doc, dict) else []
+    patch.append(op)
+    with pytest.raises(PatchError) as info:
+        apply_patch(doc, patch)
+    index = len(patch) - 1
+    assert str(info.value) == f"op {index}, path {op['path']!r}: {message}"
+    assert (info.value.index, info.value.pointer, info.value.reason) == (index, op["path"], message)
+
+
+def test_pointer_helpers_refusal_is_exact() -> None:
+    with pytest.raises(PatchError) as info:
+        parse_pointer(None)  # type: ignore[arg-type]
+    assert (str(info.value), info.value.index, info.value.pointer) == (
+        "pointer must be a string, not NoneType",
+        None,
+        None,
+    )
+    with pytest.raises(PatchError) as info:
+        parse_pointer("a/b")
+    assert (str(info.value), info.value.pointer) == (
+        "path 'a/b': pointer must be empty or start with '/'",
+        "a/b",
+    )
+    with pytest.raises(PatchError) as info:
+        encode_pointer(["a", 1])  # type: ignore[list-item]
+    assert str(info.value) == "pointer token must be a string, not int"
