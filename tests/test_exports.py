@@ -6,6 +6,8 @@ import ast
 import importlib
 import pkgutil
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -88,3 +90,246 @@ def test_star_import_works(package: str) -> None:
     namespace: dict[str, object] = {}
     exec(f"from {package} import *", namespace)
     assert set(_declared_all(package)) <= set(namespace)
+
+
+# The public surface, pinned: adding or removing a name is a decision, made here on purpose
+# (httpx tests/test_exported_members.py, temporal tests/test_client_exports.py).
+EXPECTED: dict[str, set[str]] = {
+    "steerflow": {
+        "AmbiguousIdError",
+        "CheckpointRecoveryError",
+        "CheckpointWriter",
+        "ControlNotApplyingError",
+        "DatabaseBusyError",
+        "EventBus",
+        "ExitCode",
+        "FlowEvent",
+        "FlowOptions",
+        "FlowResult",
+        "FlowResumeError",
+        "FlowRun",
+        "HomeRefusedError",
+        "KindNotAllowedError",
+        "NoResponseError",
+        "NotRunningError",
+        "PersistenceError",
+        "PlanValidationError",
+        "ProviderError",
+        "RefusedError",
+        "ResumeClaimedError",
+        "ResumeSeed",
+        "SteerflowError",
+        "UnknownIdError",
+        "UnsafePathError",
+        "UsageError",
+        "__version__",
+        "load_checkpoint",
+        "prepare_resume",
+        "resolve_home",
+        "run_flow",
+    },
+    "steerflow.checkpoint": {
+        "BRANCHES_DIR",
+        "CHECKPOINT_FILENAME",
+        "CheckpointRecoveryError",
+        "CheckpointState",
+        "CheckpointWriter",
+        "JOURNAL_FILENAME",
+        "LoadedCheckpoint",
+        "PlannedEntry",
+        "SavedHook",
+        "SpawnedEntry",
+        "entry_digest",
+        "load_branch",
+        "load_checkpoint",
+        "load_state",
+        "result_digest",
+        "save_branch",
+    },
+    "steerflow.cli": {
+        "app",
+        "cli_exit",
+        "main",
+    },
+    "steerflow.control": {
+        "CONTROL_LOG_MAX",
+        "ControlPoller",
+        "DB_BUSY_TIMEOUT_S",
+        "DEFAULT_POLL_S",
+        "MAX_MESSAGE_BYTES",
+        "POLL_ENV",
+        "PollerState",
+        "Queued",
+        "SteeringTarget",
+        "enqueue_control",
+        "open_existing_db",
+        "poll_interval",
+        "resolve_control",
+    },
+    "steerflow.executor": {
+        "CLI_DEFAULT_MAX_SPAWN",
+        "CallScope",
+        "Edge",
+        "EventBus",
+        "EventType",
+        "FlowEvent",
+        "FlowExecutor",
+        "Graph",
+        "LIBRARY_DEFAULT_MAX_SPAWN",
+        "NodeKind",
+        "NodeStatus",
+        "Operation",
+        "PauseGate",
+        "STEER_CLOSE",
+        "STEER_OPEN",
+        "SharedContext",
+        "SpawnRejection",
+        "Steering",
+        "TERMINAL",
+        "build_graph",
+        "render_steer",
+    },
+    "steerflow.orchestrate": {
+        "FlowOptions",
+        "FlowResult",
+        "FlowRun",
+        "ResumeSeed",
+        "graph_text",
+        "load_branch",
+        "node_detail",
+        "prepare_resume",
+        "read_run",
+        "result_of",
+        "run_flow",
+        "run_result",
+    },
+    "steerflow.plan": {
+        "AGENT_ID_PATTERN",
+        "Dependency",
+        "EdgeWhen",
+        "MAX_PLAN_ENTRIES",
+        "PlanEntry",
+        "PlanFile",
+        "ReactivePolicy",
+        "RoleSpec",
+        "SpawnSpec",
+        "bundled_playbooks",
+        "find_playbook",
+        "is_agent_id",
+        "load_plan_file",
+        "parse_plan",
+        "parse_plan_text",
+        "parse_reactive",
+        "plan_from_checkpoint",
+        "plan_to_checkpoint",
+    },
+    "steerflow.providers": {
+        "EchoProvider",
+        "INVOCATION_LOG",
+        "Message",
+        "PlanRequest",
+        "Provider",
+        "ProviderCache",
+        "ProviderRequest",
+        "ProviderResponse",
+        "ScriptProvider",
+        "Usage",
+        "echo_text",
+        "ensure_leg_dir",
+        "is_leg_key",
+        "load_script",
+        "make_provider",
+        "write_leg_file",
+    },
+    "steerflow.resume": {
+        "ReplayPlan",
+        "ReplaySpawn",
+        "RunTarget",
+        "plan_replay",
+        "resolve_run_target",
+    },
+    "steerflow.state": {
+        "ControlRow",
+        "ControlVerb",
+        "HEARTBEAT_STALE_S",
+        "InvocationKind",
+        "InvocationRow",
+        "NodeKind",
+        "NodeRow",
+        "NodeStatus",
+        "NodeUpdate",
+        "Owner",
+        "Phase",
+        "PlayRow",
+        "ResolvedTarget",
+        "ResumeClaim",
+        "ResumedBy",
+        "SCHEMA_VERSION",
+        "STATE_DB_URL_ENV",
+        "SessionRow",
+        "SessionStatus",
+        "StateBackend",
+        "StateDB",
+        "StateTransaction",
+        "db_exists",
+        "effective_status",
+        "owner_alive",
+        "process_start_time",
+    },
+}
+
+
+def test_expected_packages_are_pinned() -> None:
+    assert set(EXPECTED) == set(PACKAGES), "pin the __all__ of a new public package in EXPECTED"
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_all_is_pinned(package: str) -> None:
+    declared = set(_declared_all(package))
+    expected = EXPECTED.get(package, set())
+    assert declared == expected, (
+        f"{package}.__all__ changed: added {sorted(declared - expected)}, "
+        f"removed {sorted(expected - declared)}; update EXPECTED if that is intended"
+    )
+
+
+def test_the_root_exports_the_whole_error_tree() -> None:
+    errors = importlib.import_module("steerflow.errors")
+    tree = {
+        name
+        for name in errors.__all__
+        if isinstance(getattr(errors, name), type)
+        and issubclass(getattr(errors, name), steerflow.SteerflowError)
+    }
+    assert tree | {"ExitCode"} <= set(steerflow.__all__)
+    assert all(getattr(steerflow, name) is getattr(errors, name) for name in tree)
+
+
+def test_root_names_are_the_packages_objects() -> None:
+    """A lazy root name is the very object of its public package, resolved on first use."""
+    for name, module in steerflow._LAZY.items():
+        assert not module.rpartition(".")[2].startswith("_"), f"{name} from a private module"
+        assert getattr(steerflow, name) is getattr(importlib.import_module(module), name)
+    with pytest.raises(AttributeError, match="no attribute 'nope'"):
+        _ = steerflow.nope  # type: ignore[attr-defined]
+
+
+def test_importing_a_lower_package_does_not_load_the_orchestrator() -> None:
+    code = "import sys, steerflow.state; print('steerflow.orchestrate' in sys.modules)"
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=60
+    )
+    assert out.stdout.strip() == "False"
+
+
+async def test_a_library_user_runs_and_loads_a_flow_from_the_root(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text("plan:\n  - agent_id: a\n    instruction: say a\n", encoding="utf-8")
+    home = steerflow.resolve_home(tmp_path / "home")
+    options = steerflow.FlowOptions(plan_path=plan, model="echo")
+    result = await steerflow.run_flow(options, home=home)
+    assert isinstance(result, steerflow.FlowResult)
+    assert result.status == "completed" and result.run_dir is not None
+    state, report = steerflow.load_checkpoint(result.run_dir)
+    assert [entry["agent_id"] for entry in state["plan"]] == ["a"]
+    assert report["status"] == "clean"

@@ -10,6 +10,8 @@ import pytest
 from ckpt_support import _disarm_faults  # noqa: F401
 
 from steerflow.checkpoint import CheckpointRecoveryError, load_checkpoint
+from steerflow.checkpoint._load_v3 import _Invalid, check_entry, fold_unit, load_v3
+from steerflow.checkpoint._report import Report
 
 GEN = "0123456789abcdef0123456789abcdef"
 OLD = "fedcba9876543210fedcba9876543210"
@@ -298,3 +300,354 @@ def test_interrupted_reset_old_journal_with_new_base(tmp_path: Path) -> None:
     state, report = load_checkpoint(unit(tmp_path, folded, line(rec(1, gen=OLD))))
     assert report["stale_generation_records"] == 1 and report["status"] == "recovered_prefix"
     assert state["ops"]["a"]["response"] == "r1"
+
+
+# -- the refusal's detail is part of the message an operator reads (issue 20) -------------------
+
+
+def refused_message(path: Path) -> tuple[dict[str, Any], str]:
+    with pytest.raises(CheckpointRecoveryError) as info:
+        load_checkpoint(path)
+    return dict(info.value.report["refusal"]), str(info.value)
+
+
+OK_OP = {"agent_id": "a", "status": "completed", "response": 1}
+
+
+@pytest.mark.parametrize(
+    ("kind", "entry", "detail"),
+    [
+        ("op", ["a"], "entry is not an object"),
+        (
+            "op",
+            {"agent_id": "", "status": "completed", "response": 1},
+            "agent_id missing or not a string",
+        ),
+        (
+            "spawn",
+            {"node_id": 5, "status": "completed", "response": 1},
+            "node_id missing or not a string",
+        ),
+        ("op", {"agent_id": "a", "status": "completed"}, "response missing"),
+        (
+            "op",
+            {"agent_id": "a", "status": "pending", "response": None},
+            "unsupported status 'pending': not completed or failed",
+        ),
+        (
+            "spawn",
+            {"node_id": "n", "status": "done", "response": 1},
+            "unsupported status 'done': not completed or failed, nor pending",
+        ),
+        (
+            "spawn",
+            {"node_id": "n", "status": "pending", "response": "r"},
+            "a pending entry carries a response",
+        ),
+        ({**OK_OP, "result_digest": 5}, None, "result_digest is not a string"),
+        ({**OK_OP, "spawned_ids": "n1"}, None, "spawned_ids is not a list of distinct node ids"),
+        (
+            {**OK_OP, "spawned_ids": ["n1", 2]},
+            None,
+            "spawned_ids is not a list of distinct node ids",
+        ),
+        (
+            {**OK_OP, "spawned_ids": ["n1", ""]},
+            None,
+            "spawned_ids is not a list of distinct node ids",
+        ),
+        (
+            {**OK_OP, "spawned_ids": ["n1", "n1"]},
+            None,
+            "spawned_ids is not a list of distinct node ids",
+        ),
+    ]
+    + [
+        (
+            "spawn",
+            {"node_id": "n", "status": "completed", "response": 1, name: 7},
+            f"{name} is not a string or null",
+        )
+        for name in ("operation", "assignee", "instruction", "parent_id", "spawn_id")
+    ],
+)
+def test_check_entry_refusals_are_exact(kind: Any, entry: Any, detail: str) -> None:
+    if entry is None:  # an op entry given whole in the first column
+        kind, entry = "op", kind
+    with pytest.raises(_Invalid) as info:
+        check_entry(kind, entry)
+    assert (info.value.reason, info.value.detail) == ("invalid-entry", detail)
+
+
+@pytest.mark.parametrize(
+    ("kind", "entry"),
+    [
+        ("op", {"agent_id": "a", "status": "failed", "response": None}),
+        ("spawn", {"node_id": "n", "status": "failed", "response": None}),
+        ("spawn", {"node_id": "n", "status": "pending", "response": None}),
+        ("op", {**OK_OP, "result_digest": "blake2b:00", "spawned_ids": ["n1", "n2"]}),
+        ("op", {**OK_OP, "spawned_ids": []}),
+        ("op", {**OK_OP, "operation": 7}),  # only spawned entries carry the optional text
+        (
+            "spawn",
+            {
+                "node_id": "n",
+                "status": "completed",
+                "response": 1,
+                "operation": None,
+                "spawn_id": "f",
+            },
+        ),
+    ],
+)
+def test_check_entry_accepts(kind: str, entry: dict[str, Any]) -> None:
+    check_entry(kind, entry)
+
+
+def test_a_spawned_ids_member_in_a_journal_entry_is_checked(tmp_path: Path) -> None:
+    bad = rec(2, entry={**OK_OP, "spawned_ids": ["x", "x"]})
+    refusal, message = refused_message(unit(tmp_path, base(), line(rec(1)), line(bad)))
+    assert refusal["reason"] == "invalid-entry"
+    assert message.endswith(": spawned_ids is not a list of distinct node ids")
+
+
+@pytest.mark.parametrize(
+    ("doc", "reason", "entry", "detail"),
+    [
+        (base(version=4), "unsupported-version", None, None),
+        (base(version=True), "unsupported-version", None, None),
+        (base(journal_seq=3), "invalid-base", None, "journal_seq is not 0"),
+        (base(journal_seq=False), "invalid-base", None, "journal_seq is not 0"),
+        (base(ops=[]), "invalid-base", None, "member 'ops' missing or mistyped"),
+        (base(prompt=None), "invalid-base", None, "member 'prompt' missing or mistyped"),
+        (base(max_spawn="20"), "invalid-base", None, "max_spawn mistyped"),
+        (base(max_spawn=True), "invalid-base", None, "max_spawn mistyped"),
+        (
+            base(ops={"a": {**OK_OP, "agent_id": "b"}}),
+            "invalid-base",
+            {"kind": "op", "agent_id": "a"},
+            "an ops key differs from its agent_id",
+        ),
+        (
+            base(ops={"k": {"status": "completed", "response": 1}}),
+            "invalid-entry",
+            {"kind": "op", "agent_id": "k"},
+            "agent_id missing or not a string",
+        ),
+        (
+            base(
+                spawned=[{"node_id": "n", "status": "completed", "response": 1, "spawn_id": "f"}]
+                * 2
+            ),
+            "invalid-base",
+            {"kind": "spawn", "node_id": "n", "spawn_id": "f"},
+            "a spawned node_id repeats",
+        ),
+        (
+            base(spawned=[{"node_id": "n", "status": "completed", "response": 1, "assignee": 3}]),
+            "invalid-entry",
+            {"kind": "spawn", "node_id": "n", "spawn_id": None},
+            "assignee is not a string or null",
+        ),
+        (
+            base(
+                spawned=[{"node_id": "n", "status": "pending", "response": None}, {"status": "x"}]
+            ),
+            "invalid-entry",
+            {"kind": "spawn", "index": 1},
+            "node_id missing or not a string",
+        ),
+    ],
+)
+def test_base_refusal_is_exact(
+    tmp_path: Path, doc: Any, reason: str, entry: Any, detail: str | None
+) -> None:
+    refusal, message = refused_message(unit(tmp_path, doc, line(rec(1))))
+    assert (refusal["reason"], refusal["entry"], refusal["file"]) == (
+        reason,
+        entry,
+        "checkpoint.json",
+    )
+    assert message.startswith(f"checkpoint recovery refused: {reason}")
+    if detail is None:
+        assert message.endswith("(file='checkpoint.json')")
+    else:
+        assert message.endswith(f": {detail}")
+
+
+def test_base_without_max_spawn_or_with_null_loads(tmp_path: Path) -> None:
+    doc = base()
+    del doc["max_spawn"]
+    state, _ = load_checkpoint(unit(tmp_path, doc))
+    assert "max_spawn" not in state
+    state, _ = load_checkpoint(unit(tmp_path, base(max_spawn=None)))
+    assert "max_spawn" not in state
+    state, _ = load_checkpoint(unit(tmp_path, base(max_spawn=0)))
+    assert state["max_spawn"] == 0
+
+
+@pytest.mark.parametrize(
+    ("bad", "reason", "detail"),
+    [
+        (b"[1,2]", "malformed-record", "not an object"),
+        (
+            line(rec(2, flow_context={"patch": [], "x": 1}))[:-1],
+            "invalid-patch",
+            "flow_context must be exactly {patch}",
+        ),
+        (
+            line(rec(2, flow_context=[]))[:-1],
+            "invalid-patch",
+            "flow_context must be exactly {patch}",
+        ),
+        (
+            line(rec(2, flow_context={"patch": [{"op": "move", "from": "/a", "path": "/b"}]}))[:-1],
+            "invalid-patch",
+            "op 0, path '/b': operation 'move' is not allowed",
+        ),
+        (
+            line(rec(2, flow_context={"patch": [{"op": "remove", "path": "/missing"}]}))[:-1],
+            "invalid-transition",
+            "op 0, path '/missing': member 'missing' does not exist",
+        ),
+    ],
+)
+def test_journal_refusal_detail_is_exact(
+    tmp_path: Path, bad: bytes, reason: str, detail: str
+) -> None:
+    refusal, message = refused_message(unit(tmp_path, base(), line(rec(1)), bad + b"\n"))
+    assert (refusal["reason"], refusal["line"], refusal["file"]) == (
+        reason,
+        2,
+        "checkpoint.json.journal",
+    )
+    assert message.endswith(f": {detail}")
+
+
+def test_largest_seq_is_in_range(tmp_path: Path) -> None:
+    # 2**63-1 is a valid seq (here out of order, so a gap); 2**63 is not a seq at all
+    refusal, _ = refused_message(unit(tmp_path, base(), line(rec(2**63 - 1))))
+    assert (refusal["reason"], refusal["seq"]) == ("sequence-gap", 2**63 - 1)
+    refusal, _ = refused_message(unit(tmp_path, base(), line(rec(2**63))))
+    assert (refusal["reason"], refusal["seq"]) == ("invalid-seq", None)
+
+
+def test_base_that_is_not_an_object_is_an_unsupported_version() -> None:
+    report = Report(default_file="checkpoint.json")
+    with pytest.raises(CheckpointRecoveryError) as info:
+        fold_unit(b"[3]", b"", report)
+    assert info.value.report["refusal"]["reason"] == "unsupported-version"
+
+
+def test_unreadable_base_or_journal_names_the_file(tmp_path: Path) -> None:
+    unit(tmp_path, base())
+    (tmp_path / "checkpoint.json.journal").unlink()
+    (tmp_path / "checkpoint.json.journal").mkdir()  # not a regular file: refused, not read
+    refusal, message = refused_message(tmp_path / "checkpoint.json")
+    assert (refusal["reason"], refusal["file"]) == ("unreadable-journal", "checkpoint.json.journal")
+    assert message.endswith("is not a regular file")
+    (tmp_path / "checkpoint.json").unlink()
+    (tmp_path / "checkpoint.json").mkdir()
+    with pytest.raises(CheckpointRecoveryError) as info:  # the loader's own check, behind dispatch
+        load_v3(str(tmp_path / "checkpoint.json"), Report())
+    refusal = info.value.report["refusal"]
+    assert (refusal["reason"], refusal["file"]) == ("unreadable-checkpoint", "checkpoint.json")
+    assert str(info.value).endswith("is not a regular file")
+
+
+def test_missing_journal_names_the_journal_file(tmp_path: Path) -> None:
+    (tmp_path / "checkpoint.json").write_text(json.dumps(base()))
+    refusal, message = refused_message(tmp_path / "checkpoint.json")
+    assert (refusal["reason"], refusal["file"]) == ("missing-journal", "checkpoint.json.journal")
+    assert message == (
+        "checkpoint recovery refused: missing-journal (file='checkpoint.json.journal')"
+    )
+
+
+# -- fold_unit on its own: the loader's checks, not only what dispatch and typing add -----------
+
+
+def _fold_refusal(base_bytes: bytes, journal: bytes = b"") -> tuple[dict[str, Any], str]:
+    with pytest.raises(CheckpointRecoveryError) as info:
+        fold_unit(base_bytes, journal, Report())  # no default file: the loader names it
+    return dict(info.value.report["refusal"]), str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("base_bytes", "reason", "detail"),
+    [
+        (b"{", "malformed-json", None),
+        (json.dumps(base(version=4)).encode(), "unsupported-version", None),
+        (
+            json.dumps(
+                base(spawned=[{"node_id": "n", "status": "failed", "response": 1, "assignee": 3}])
+            ).encode(),
+            "invalid-entry",
+            "assignee is not a string or null",
+        ),
+        (json.dumps(base(journal_seq=1)).encode(), "invalid-base", "journal_seq is not 0"),
+    ],
+)
+def test_fold_unit_refuses_a_bad_base_naming_the_base_file(
+    base_bytes: bytes, reason: str, detail: str | None
+) -> None:
+    refusal, message = _fold_refusal(base_bytes)
+    assert (refusal["reason"], refusal["file"]) == (reason, "checkpoint.json")
+    suffix = f" (file='checkpoint.json'): {detail}" if detail else " (file='checkpoint.json')"
+    assert message.endswith(suffix), message
+
+
+def test_fold_unit_refusal_without_detail_has_no_detail_suffix() -> None:
+    text = '{"version":3,"generation":"G","generation":"G"}'.replace("G", GEN)
+    _, message = _fold_refusal(text.encode())
+    assert message == ("checkpoint recovery refused: duplicate-member (file='checkpoint.json')")
+
+
+def test_refusal_of_the_first_record_reports_an_empty_valid_prefix(tmp_path: Path) -> None:
+    report = refused(unit(tmp_path, base(), b"\n", line(rec(1))))
+    assert (report["refusal"]["reason"], report["refusal"]["line"]) == ("malformed-record", 1)
+    assert (report["valid_prefix_seq"], report["last_seq"], report["records_applied"]) == (0, 0, 0)
+    assert report["discarded_tail_bytes"] == 0
+
+
+def test_largest_seq_is_reported_for_an_otherwise_bad_record(tmp_path: Path) -> None:
+    refusal, _ = refused_message(unit(tmp_path, base(), line(rec(2**63 - 1, kind="note"))))
+    assert (refusal["reason"], refusal["seq"]) == ("unknown-kind", 2**63 - 1)
+
+
+def _spawn(n: int, node: str, status: str, response: object) -> dict[str, Any]:
+    entry = {"node_id": node, "status": status, "response": response, "spawn_id": f"f-{node}"}
+    return rec(n, kind="spawn", entry=entry, flow_context={"patch": []})
+
+
+def test_spawned_entries_are_replaced_in_place_and_appended_in_order(tmp_path: Path) -> None:
+    known = {"node_id": "old", "status": "pending", "response": None}
+    path = unit(
+        tmp_path,
+        base(spawned=[known]),
+        line(_spawn(1, "new", "pending", None)),
+        line(_spawn(2, "old", "completed", "o")),
+        line(_spawn(3, "new", "failed", None)),
+    )
+    state, _ = load_checkpoint(path)
+    assert [(e["node_id"], e["status"]) for e in state["spawned"]] == [
+        ("old", "completed"),
+        ("new", "failed"),
+    ]
+    assert (state["session_id"], state["prompt"], state["plan"], state["config"]) == (
+        "s",
+        "p",
+        base()["plan"],
+        {"max_ops": 0},
+    )
+
+
+def test_loading_closes_every_descriptor_it_opened(tmp_path: Path) -> None:
+    path = unit(tmp_path, base(), line(rec(1)))
+    fds = Path("/proc/self/fd")
+    if not fds.is_dir():
+        pytest.skip("needs /proc/self/fd")
+    before = len(list(fds.iterdir()))
+    for _ in range(5):
+        load_checkpoint(path)
+    assert len(list(fds.iterdir())) == before

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import copy
 import json
+import re
+import sys
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -51,7 +54,7 @@ def test_parse_pointer_refuses(pointer: str) -> None:
 
 
 def test_parse_pointer_refuses_non_string() -> None:
-    with pytest.raises(PatchError):
+    with pytest.raises(PatchError, match="pointer must be a string, not NoneType"):
         parse_pointer(None)  # type: ignore[arg-type]
 
 
@@ -59,7 +62,7 @@ def test_encode_pointer_round_trips_awkward_keys() -> None:
     for tokens in (["~1"], ["/"], ["~"], ["", "-", "~0~1/"], ["a/b", "c~d"]):
         assert parse_pointer(encode_pointer(tokens)) == tokens
     assert encode_pointer(["~1"]) == "/~01"
-    with pytest.raises(PatchError):
+    with pytest.raises(PatchError, match="pointer token must be a string, not int"):
         encode_pointer([1])  # type: ignore[list-item]
 
 
@@ -225,8 +228,14 @@ def test_keys_with_slash_tilde_and_empty() -> None:
 
 def test_intermediate_paths_must_exist_with_the_right_type() -> None:
     doc: dict[str, Any] = {"s": "str", "n": None, "o": {}, "l": []}
-    for path in ("/missing/x", "/s/x", "/n/x", "/o/missing/x", "/l/0/x"):
-        with pytest.raises(PatchError):
+    for path, reason in (
+        ("/missing/x", "member 'missing' at depth 0 does not exist"),
+        ("/s/x", "token 's' at depth 0 names a str, not an object or array"),
+        ("/n/x", "token 'n' at depth 0 names a NoneType, not an object or array"),
+        ("/o/missing/x", "member 'missing' at depth 1 does not exist"),
+        ("/l/0/x", "array index 0 is out of range for an array of length 0"),
+    ):
+        with pytest.raises(PatchError, match=re.escape(f"op 0, path {path!r}: {reason}")):
             _apply(doc, [{"op": "add", "path": path, "value": 1}])
 
 
@@ -325,11 +334,9 @@ def test_array_root_documents_work() -> None:
 
 
 @pytest.fixture
-def deep_stack() -> Any:
+def deep_stack() -> Iterator[None]:
     # The nesting check itself recurses; leave room for 900 levels plus the test runner's frames
     # (and mutation-testing trampolines), so only the 900-level rule decides.
-    import sys
-
     old = sys.getrecursionlimit()
     sys.setrecursionlimit(max(old, 10_000))
     yield
@@ -495,9 +502,9 @@ def test_apply_patch_refusal_is_exact(doc: Any, op: dict[str, Any], message: str
 
 def test_pointer_helpers_refusal_is_exact() -> None:
     with pytest.raises(PatchError) as info:
-        parse_pointer(None)  # type: ignore[arg-type]
+        parse_pointer(5)  # type: ignore[arg-type]
     assert (str(info.value), info.value.index, info.value.pointer) == (
-        "pointer must be a string, not NoneType",
+        "pointer must be a string, not int",
         None,
         None,
     )

@@ -146,14 +146,22 @@ def test_public_exports_are_pinned() -> None:
 
     assert checkpoint.__all__ == sorted(checkpoint.__all__, key=isort_key)
     assert set(checkpoint.__all__) == {
+        "BRANCHES_DIR",
         "CHECKPOINT_FILENAME",
         "JOURNAL_FILENAME",
         "CheckpointRecoveryError",
+        "CheckpointState",
         "CheckpointWriter",
+        "LoadedCheckpoint",
+        "PlannedEntry",
         "SavedHook",
+        "SpawnedEntry",
         "entry_digest",
+        "load_branch",
         "load_checkpoint",
+        "load_state",
         "result_digest",
+        "save_branch",
     }
     assert checkpoint.CHECKPOINT_FILENAME == "checkpoint.json"
     assert checkpoint.JOURNAL_FILENAME == "checkpoint.json.journal"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import sqlite3
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -533,3 +534,97 @@ async def test_deferred_message_is_applied_when_delivered_and_rejected_if_never(
     assert writer.get_control(left.id).result == "rejected:no-pending-ops"  # type: ignore[union-attr]
     assert writer.get_control(taken.id).result == "applied"  # type: ignore[union-attr]
     assert target.calls == ["message:taken", "message:left", "pause"]  # nothing applied twice
+
+
+# -- small rules pinned exactly (issue 20) -----------------------------------------------------
+
+
+def test_poll_interval_keeps_sub_second_values_and_floors_tiny_ones(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    for raw, expected in (("0.5", 0.5), (" 0.2 ", 0.2), ("0.0001", 0.001), ("1", 1.0)):
+        monkeypatch.setenv(POLL_ENV, raw)
+        assert poll_interval() == expected, raw
+
+
+def test_new_poller_starts_idle_with_its_claimant_and_interval(
+    home: Path, sid: str, consumer: FlakyDB, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(POLL_ENV, "0.25")
+    poller = ControlPoller(home, sid, Target(), db=consumer)
+    assert poller.interval == 0.25  # from the environment when not given
+    assert poller.claimant.endswith(f":flow-executor:{sid[:12]}")
+    assert poller.claimant.count(":") == 3
+    assert (poller.state, poller.executing, poller.paused) == ("pending", False, False)
+    assert (poller.ticks, poller.listings, poller.open_failures) == (0, 0, 0)
+    assert ControlPoller(home, sid, Target(), interval=0.3, db=consumer).interval == 0.3
+    assert ControlPoller(home, sid, Target(), interval=0, db=consumer).interval == 0.001
+
+
+async def test_a_given_database_is_left_open(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    poller = _poller(home, sid, Target(), consumer)
+    task = asyncio.ensure_future(poller.run())
+    await _poller_active(writer, sid)
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert poller.state == "stopped"
+    assert consumer.count_controls() == 0  # still usable: the caller owns it
+
+
+async def test_error_without_a_message_is_named_by_its_type(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    target = Target()
+    target.fail_with = RuntimeError()
+    poller = _poller(home, sid, target, consumer)
+    row = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    assert writer.get_control(row.id).result == "rejected:error:RuntimeError"  # type: ignore[union-attr]
+
+
+async def test_message_text_of_another_type_is_delivered_as_text(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    target = Target()
+    poller = _poller(home, sid, target, consumer)
+    writer.insert_control(session_id=sid, verb="message", payload={"text": 5})
+    conn = _raw(writer)
+    try:  # a payload that is not an object at all (written by hand, not by ``ctl``)
+        conn.execute(
+            "INSERT INTO session_controls (id, session_id, verb, payload, created_at) VALUES"
+            " (?, ?, 'message', '[1]', ?)",
+            ("e" * 32, sid, time.time() + 1),
+        )
+    finally:
+        conn.close()
+    before = time.time()
+    await poller.tick()
+    assert [m["text"] for m in target.messages] == ["5", ""]
+    assert all(before <= m["ts"] <= time.time() for m in target.messages)
+
+
+async def test_tick_counts_listings_and_stamps_and_activates_the_poller(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    poller = _poller(home, sid, Target(), consumer)
+    assert await poller.tick() == 0
+    assert (poller.state, poller.ticks, poller.listings) == ("active", 1, 1)
+    assert writer.get_session(sid).node_metadata["poller"] == "active"  # type: ignore[union-attr]
+    writer.insert_control(session_id=sid, verb="pause", payload=None)
+    writer.insert_control(session_id=sid, verb="resume", payload=None)
+    assert await poller.tick() == 2
+    assert (poller.state, poller.ticks, poller.listings) == ("active", 2, 2)
+    assert await poller.tick() == 0  # nothing changed: no listing
+    assert (poller.ticks, poller.listings) == (3, 2)
+
+
+async def test_tick_before_the_database_is_open_is_a_programming_error(
+    home: Path, sid: str
+) -> None:
+    poller = ControlPoller(home, sid, Target())
+    with pytest.raises(
+        RuntimeError, match=r"^ControlPoller\.tick\(\) before the state DB is open$"
+    ):
+        await poller.tick()

@@ -3,13 +3,26 @@
 from __future__ import annotations
 
 import itertools
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from steerflow.control import MAX_MESSAGE_BYTES, enqueue_control, resolve_control
-from steerflow.errors import ControlNotApplyingError, NotRunningError, UsageError
+from steerflow.control._queue import DB_BUSY_TIMEOUT_S, CliVerb, Queued, check_message_text
+from steerflow.errors import (
+    ControlNotApplyingError,
+    DatabaseBusyError,
+    ExitCode,
+    KindNotAllowedError,
+    NotRunningError,
+    RefusedError,
+    UsageError,
+)
 from steerflow.state import ResolvedTarget, StateDB
 
 
@@ -65,12 +78,15 @@ def test_payloads_and_usage(home: Path, sid: str) -> None:
             "text": "line one\n  line two"
         }
     for blank in (None, "", " \n\t "):  # a blank message is refused, not queued
-        with pytest.raises(UsageError, match="non-empty"):
+        with pytest.raises(
+            UsageError,
+            match=r"^ctl msg needs a non-empty TEXT \(it is empty or only whitespace\)$",
+        ):
             enqueue_control(home, sid, "message", blank)
     with pytest.raises(UsageError, match="65536 bytes"):
         enqueue_control(home, sid, "message", "x" * (MAX_MESSAGE_BYTES + 1))
     bad: Any = "stop"
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="unknown control verb 'stop'"):
         enqueue_control(home, sid, bad)
     with StateDB.open(home) as db:
         assert db.count_controls() == 2
@@ -78,11 +94,168 @@ def test_payloads_and_usage(home: Path, sid: str) -> None:
 
 def test_resolve_only_applying_rows(home: Path, sid: str) -> None:
     queued = enqueue_control(home, sid, "message", "x")
-    with pytest.raises(ControlNotApplyingError):
+    with pytest.raises(
+        ControlNotApplyingError, match=r"is not applying \(pending\); nothing changed"
+    ):
         resolve_control(home, queued.control_id, "abandoned", "me")
     with StateDB.open(home) as db:
         assert db.claim_control(queued.control_id, "h:1:flow-executor:s")
     row = resolve_control(home, queued.control_id, "abandoned", "me")
     assert row.result == "abandoned:me" and row.applied_at is not None
-    with pytest.raises(ControlNotApplyingError):
+    with pytest.raises(
+        ControlNotApplyingError, match=r"is not applying \(result 'abandoned:me'\); nothing changed"
+    ):
         resolve_control(home, queued.control_id, "applied", None)
+
+
+# -- the invocation-kind x verb matrix (ADR-0069 D1, message widened to agent by ADR-0108) ------
+
+_ACCEPTS = {
+    ("flow", "pause"): True,
+    ("flow", "resume"): True,
+    ("flow", "message"): True,
+    ("play", "pause"): True,
+    ("play", "resume"): True,
+    ("play", "message"): True,
+    ("agent", "pause"): False,
+    ("agent", "resume"): False,
+    ("agent", "message"): True,
+}
+_ACCEPTED_BY = {
+    "pause": "flow, play",
+    "resume": "flow, play",
+    "message": "agent, flow, play",
+}
+
+
+def _target(home: Path, session_kind: str, via: str, kind: str) -> tuple[str, str]:
+    """A running session and the id ``ctl`` is aimed at; the invocation kind decides."""
+    with StateDB.open(home) as db:
+        session = db.create_session(kind=session_kind)  # type: ignore[arg-type]
+        if via == "session":
+            return session.id, session.id
+        # an invocation of another kind inside the session: its own kind must decide
+        invocation = db.create_invocation(session_id=session.id, kind=kind)  # type: ignore[arg-type]
+        return session.id, invocation.id
+
+
+@pytest.mark.parametrize("via", ["session", "invocation"])
+@pytest.mark.parametrize(("kind", "verb"), sorted(_ACCEPTS))
+def test_kind_verb_matrix(home: Path, kind: str, verb: CliVerb, via: str) -> None:
+    other = "agent" if kind != "agent" else "flow"
+    session_kind = kind if via == "session" else other
+    session_id, target = _target(home, session_kind, via, kind)
+    text = "steer" if verb == "message" else None
+    if _ACCEPTS[(kind, verb)]:
+        queued = enqueue_control(home, target, verb, text)
+        assert queued == Queued(control_id=queued.control_id, session_id=session_id, verb=verb)
+        with StateDB.open(home) as db:
+            (row,) = db.list_controls(session_id)
+        assert (row.id, row.session_id, row.verb, row.is_pending) == (
+            queued.control_id,
+            session_id,
+            verb,
+            True,
+        )
+        assert row.payload == ({"text": "steer"} if verb == "message" else None)
+    else:
+        with pytest.raises(KindNotAllowedError) as info:
+            enqueue_control(home, target, verb, text)
+        assert str(info.value) == (
+            f"{verb} is not accepted by a {kind!r} invocation (accepted: {_ACCEPTED_BY[verb]})"
+        )
+        assert info.value.exit_code == ExitCode.REFUSED
+        with StateDB.open(home) as db:
+            assert db.count_controls() == 0
+
+
+def test_a_play_target_uses_its_session_kind(home: Path) -> None:
+    with StateDB.open(home) as db:
+        agent_session = db.create_session(kind="agent")
+        agent_play = db.create_play(session_id=agent_session.id, invocation_id=None, playbook="p")
+        play_session = db.create_session(kind="play")
+        play = db.create_play(session_id=play_session.id, invocation_id=None, playbook="p")
+    with pytest.raises(KindNotAllowedError, match="pause is not accepted by a 'agent' invocation"):
+        enqueue_control(home, agent_play.id, "pause")
+    queued = enqueue_control(home, play.id, "pause")
+    assert (queued.session_id, queued.verb) == (play_session.id, "pause")
+
+
+def test_unknown_verb_is_refused_before_the_database_is_opened(home: Path) -> None:
+    bad: Any = "stop"
+    with pytest.raises(
+        UsageError, match="unknown control verb 'stop': expected pause, resume or message"
+    ):
+        enqueue_control(home / "missing", "0" * 32, bad)
+
+
+def test_message_size_limit_is_exact(home: Path, sid: str) -> None:
+    assert MAX_MESSAGE_BYTES == 65536
+    at_limit = "é" * (MAX_MESSAGE_BYTES // 2)  # two UTF-8 bytes each: bytes count, not chars
+    assert enqueue_control(home, sid, "message", at_limit).verb == "message"
+    with pytest.raises(
+        UsageError, match=r"ctl msg TEXT is 65537 bytes; the limit is 65536 bytes \(64 KiB\)"
+    ):
+        enqueue_control(home, sid, "message", at_limit + "x")
+    assert check_message_text(" x ") == " x "
+
+
+def test_missing_state_db_is_refused_without_creating_it(home: Path) -> None:
+    with pytest.raises(RefusedError, match="no state database at"):
+        enqueue_control(home, "0" * 32, "pause")
+    assert not home.exists()
+
+
+# -- every lock wait is bounded by the caller's timeout ----------------------------------------
+
+
+@contextmanager
+def _write_lock_held(path: Path) -> Iterator[None]:
+    """Hold ``BEGIN IMMEDIATE`` on ``path`` from another connection until the block ends."""
+    conn = sqlite3.connect(path, isolation_level=None)
+    try:
+        conn.execute("BEGIN IMMEDIATE")
+        yield
+    finally:
+        conn.execute("ROLLBACK")
+        conn.close()
+
+
+def test_enqueue_and_resolve_wait_only_as_long_as_asked(home: Path, sid: str) -> None:
+    queued = enqueue_control(home, sid, "message", "x")
+    with StateDB.open(home) as db:
+        assert db.claim_control(queued.control_id, "h:1:flow-executor:s")
+        assert db.path is not None
+        path = db.path
+    with _write_lock_held(path):
+        for call in (
+            lambda: enqueue_control(home, sid, "pause", busy_timeout_s=0.2),
+            lambda: resolve_control(home, queued.control_id, "applied", None, busy_timeout_s=0.2),
+        ):
+            started = time.monotonic()
+            with pytest.raises(DatabaseBusyError, match="database busy"):
+                call()
+            assert time.monotonic() - started < 5.0  # the default bound is 10 s
+    row = resolve_control(home, queued.control_id, "applied", None)
+    assert (row.id, row.result) == (queued.control_id, "applied")
+    assert DB_BUSY_TIMEOUT_S == 10.0
+
+
+def test_a_target_whose_session_row_is_gone_is_refused(home: Path) -> None:
+    with StateDB.open(home) as db:
+        assert db.path is not None
+        path = db.path
+    orphan = "ab" * 16
+    conn = sqlite3.connect(path, isolation_level=None)  # foreign keys off: an orphan row
+    try:
+        conn.execute(
+            "INSERT INTO invocations (id, session_id, kind, status, created_at, updated_at)"
+            " VALUES (?, ?, 'flow', 'running', 0, 0)",
+            (orphan, "cd" * 16),
+        )
+    finally:
+        conn.close()
+    with pytest.raises(RefusedError, match=f"^target '{orphan[:6]}' points at a missing session$"):
+        enqueue_control(home, orphan[:6], "pause")
+    with StateDB.open(home) as db:
+        assert db.count_controls() == 0

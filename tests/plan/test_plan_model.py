@@ -206,7 +206,7 @@ def test_agent_id_cannot_name_a_path_component(bad: str) -> None:
     assert not is_agent_id(bad)
     with pytest.raises(PlanValidationError, match=r"plan\[0\]\.agent_id"):
         parse_plan({"plan": [{"agent_id": bad, "instruction": "x"}]}, source="t")
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="agent_id"):
         SpawnSpec.model_validate({"agent_id": bad, "instruction": "x"})
 
 
@@ -371,17 +371,282 @@ def test_reactive_policy_allows() -> None:
     assert parse_reactive("all").allows(None)
     coder = parse_reactive("coder")
     assert coder.allows("coder") and not coder.allows("writer") and not coder.allows(None)
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match="empty role name"):
         parse_reactive("coder,,x")
 
 
 def test_spawn_spec_validation() -> None:
     spec = SpawnSpec.model_validate({"agent_id": "fix-1", "instruction": "fix it"})
     assert spec.link_to_emitter is True and spec.depends_on == []
-    for bad in (
-        {"agent_id": "bad id", "instruction": "x"},
-        {"agent_id": "ok"},
-        {"agent_id": "ok", "instruction": "x", "surprise": 1},
+    for bad, field in (
+        ({"agent_id": "bad id", "instruction": "x"}, "agent_id"),
+        ({"agent_id": "ok"}, "instruction"),
+        ({"agent_id": "ok", "instruction": "x", "surprise": 1}, "surprise"),
     ):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=field):
             SpawnSpec.model_validate(bad)
+
+
+# -- field bounds and defaults (issue 20: each pinned at its edge) -----------------------------
+
+
+def _one(**fields: object) -> dict[str, Any]:
+    return {"plan": [{"agent_id": "a", "instruction": "x", **fields}]}
+
+
+def test_empty_instruction_is_refused_with_file_line_and_field(tmp_path: Path) -> None:
+    path, msg = _error(tmp_path, "plan:\n  - agent_id: a\n    instruction: ''\n")
+    assert msg == (
+        f"invalid plan:\n  {path}:3: plan[0].instruction: String should have at least 1 character"
+    )
+    with pytest.raises(ValueError, match="at least 1 character"):
+        SpawnSpec.model_validate({"agent_id": "fix-1", "instruction": ""})
+
+
+def test_inherit_context_defaults_to_false_and_is_kept() -> None:
+    assert parse_plan(_one(), source="t").plan[0].inherit_context is False
+    assert parse_plan(_one(inherit_context=True), source="t").plan[0].inherit_context is True
+
+
+@pytest.mark.parametrize(
+    ("field", "value"), [("concurrency", 1), ("concurrency", 256), ("max_ops", 0)]
+)
+def test_numeric_bounds_are_inclusive(field: str, value: int) -> None:
+    assert getattr(parse_plan({field: value, **_one()}, source="t"), field) == value
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "message"),
+    [
+        ("concurrency", 0, "concurrency: Input should be greater than or equal to 1"),
+        ("concurrency", 257, "concurrency: Input should be less than or equal to 256"),
+        ("max_ops", -1, "max_ops: Input should be greater than or equal to 0"),
+    ],
+)
+def test_numeric_bounds_name_the_field_and_line(field: str, value: int, message: str) -> None:
+    text = f"name: n\n{field}: {value}\nplan: [{{agent_id: a, instruction: x}}]\n"
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text(text, source="p.yaml")
+    assert str(info.value) == f"invalid plan:\n  p.yaml:2: {message}"
+
+
+def test_assignee_is_at_most_128_characters() -> None:
+    assert parse_plan(_one(assignee="r" * 128), source="t").plan[0].assignee == "r" * 128
+    text = "plan:\n  - agent_id: a\n    assignee: " + "r" * 129 + "\n    instruction: x\n"
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text(text, source="p.yaml")
+    assert str(info.value) == (
+        "invalid plan:\n  p.yaml:3: plan[0].assignee: String should have at most 128 characters"
+    )
+
+
+# -- whole-plan refusals name plan[N] and its line ---------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "message"),
+    [
+        (
+            "plan:\n  - agent_id: a\n    instruction: x\n  - agent_id: a\n    instruction: y\n",
+            4,
+            "plan[1]: Value error, plan[1].agent_id 'a' repeats plan[0]",
+        ),
+        (
+            "name: x\nplan:\n  - agent_id: a\n    instruction: x\n    depends_on: [zz]\n",
+            3,
+            "plan[0]: Value error, plan[0] ('a') depends on unknown agent_id 'zz'",
+        ),
+        (
+            "plan:\n  - agent_id: a\n    instruction: x\n"
+            "  - agent_id: b\n    instruction: x\n    depends_on: [b]\n",
+            4,
+            "plan[1]: Value error, plan[1] ('b') depends on itself",
+        ),
+        (
+            "roles:\n  coder: {modle: x}\nplan: [{agent_id: a, instruction: x}]\n",
+            2,
+            "roles.coder.modle: unknown field",
+        ),
+        ("plan:\n  - {agent_id: a, instruction: x, bogus: 1}\n", 2, "plan[0].bogus: unknown field"),
+    ],
+)
+def test_refusal_names_the_entry_and_its_line(text: str, line: int, message: str) -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text(text, source="p.yaml")
+    assert str(info.value) == f"invalid plan:\n  p.yaml:{line}: {message}"
+
+
+def test_refusal_of_decoded_data_names_the_source_without_a_line() -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan({"plan": [{"agent_id": "a", "instruction": "x"}] * 2}, source="planner")
+    assert str(info.value) == (
+        "invalid plan:\n  planner: plan[1]: Value error, plan[1].agent_id 'a' repeats plan[0]"
+    )
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan({"plan": []}, source="planner")
+    assert str(info.value) == (
+        "invalid plan:\n  planner: plan: List should have at least 1 item after validation, not 0"
+    )
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan(["plan"], source="planner")
+    assert str(info.value) == "planner: a plan must be a mapping with a 'plan' list"
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "plan:\n  - agent_id: a\n    instruction: [unclosed\n",
+            "p.yaml:4: invalid YAML: expected ',' or ']', but got '<stream end>'",
+        ),
+        (
+            "plan:\n\t- x\n",
+            "p.yaml:2: invalid YAML: found character '\\t' that cannot start any token",
+        ),
+        ("plan: *nope\n", "p.yaml:1: invalid YAML: found undefined alias 'nope'"),
+        (
+            '{"plan": [\n  {"agent_id": "a",,}\n]}',
+            "p.yaml:2: invalid JSON: Expecting property name enclosed in double quotes",
+        ),
+    ],
+)
+def test_undecodable_text_names_the_line(text: str, message: str) -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text(text, source="p.yaml")
+    assert str(info.value) == message
+
+
+# -- --reactive spellings ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("spec", ["off", "OFF", " Off ", "false", "no", "0", "none", "", "  "])
+def test_reactive_off_spellings(spec: str) -> None:
+    policy = parse_reactive(spec)
+    assert (policy.enabled, policy.roles, policy.spec) == (False, None, "off")
+    assert not policy.allows("coder") and not policy.allows(None)
+
+
+@pytest.mark.parametrize("spec", ["all", "ALL", " all ", "true", "yes", "on", "1", True])
+def test_reactive_all_spellings(spec: str | bool) -> None:
+    policy = parse_reactive(spec)
+    assert (policy.enabled, policy.roles, policy.spec) == (True, None, "all")
+    assert policy.allows(None) and policy.allows("anyone")
+
+
+def test_reactive_role_list_keeps_the_roles_as_written() -> None:
+    policy = parse_reactive(" coder , Reviewer ")
+    assert (policy.enabled, policy.roles, policy.spec) == (
+        True,
+        frozenset({"coder", "Reviewer"}),
+        "coder,Reviewer",
+    )
+    assert policy.allows("Reviewer") and not policy.allows("reviewer")
+    for bad in ("coder,,x", ",coder", "coder,"):
+        with pytest.raises(UsageError, match=re.escape(f"--reactive {bad!r}: empty role name")):
+            parse_reactive(bad)
+
+
+@pytest.mark.parametrize(("yaml_value", "kept"), [("off", "off"), ("on", "all"), ("'on'", "on")])
+def test_plan_reactive_field_keeps_yaml_booleans_as_words(yaml_value: str, kept: str) -> None:
+    text = f"reactive: {yaml_value}\nplan: [{{agent_id: a, instruction: x}}]\n"
+    assert parse_plan_text(text, source="t").reactive == kept
+
+
+def _chain(deps: dict[str, list[str]]) -> dict[str, Any]:
+    return {
+        "plan": [
+            {"agent_id": agent, "instruction": "x", "depends_on": on} for agent, on in deps.items()
+        ]
+    }
+
+
+@pytest.mark.parametrize(
+    ("deps", "cycle"),
+    [
+        # the cycle is only reached after an entry that was already fully explored
+        ({"a": ["b"], "b": [], "c": ["d"], "d": ["c"]}, "c -> d -> c"),
+        # the cycle does not pass through the entry the search started from
+        ({"a": ["b"], "b": ["c"], "c": ["b"]}, "b -> c -> b"),
+    ],
+)
+def test_every_cycle_is_found_and_named(deps: dict[str, list[str]], cycle: str) -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan(_chain(deps), source="t")
+    assert str(info.value) == (
+        f"invalid plan:\n  t: <root>: Value error, plan has a dependency cycle: {cycle}"
+    )
+
+
+def test_a_diamond_is_not_a_cycle() -> None:
+    deps = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": ["d", "a"]}
+    assert [e.agent_id for e in parse_plan(_chain(deps), source="t").plan] == list(deps)
+
+
+# -- decoding and reading errors ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        (
+            "reactive: [1]\nplan: [{agent_id: a, instruction: x}]\n",
+            "invalid plan:\n  p.yaml:1: reactive: Input should be a valid string"
+            "\n  p.yaml:1: reactive: Input should be a valid boolean",
+        ),
+        (
+            "plan:\n  - agent_id: a\n    instruction: x\n  - agent_id: b\n    instruction: y\n"
+            "    depends_on:\n      - {id: a, when: never}\n",
+            "invalid plan:\n  p.yaml:7: plan[1].depends_on[0]: Input should be a valid string"
+            "\n  p.yaml:7: plan[1].depends_on[0].when: Input should be 'completed', 'failed' or "
+            "'always'",
+        ),
+        (
+            "plan:\n  - agent_id: a\n    instruction: x\n    depends_on: [1]\n",
+            "invalid plan:\n  p.yaml:4: plan[0].depends_on[0]: Input should be a valid string"
+            "\n  p.yaml:4: plan[0].depends_on[0]: Input should be a valid dictionary or instance "
+            "of Dependency",
+        ),
+    ],
+)
+def test_union_member_types_are_not_shown_as_fields(text: str, message: str) -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text(text, source="p.yaml")
+    assert str(info.value) == message
+
+
+def test_yaml_error_without_a_position_still_names_the_source() -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text("plan: \x07\n", source="p.yaml")
+    assert str(info.value) == (
+        "p.yaml: invalid YAML: unacceptable character #x0007: special characters are not allowed"
+        '\n  in "<unicode string>", position 6'
+    )
+
+
+def test_json_is_recognised_after_leading_whitespace() -> None:
+    with pytest.raises(PlanValidationError) as info:
+        parse_plan_text('\n  {"plan": [\n  1,,]}', source="p.json")
+    assert str(info.value) == "p.json:3: invalid JSON: Expecting value"
+
+
+def test_unreadable_plan_file_is_a_usage_error_naming_it(tmp_path: Path) -> None:
+    missing = tmp_path / "nope.yaml"
+    with pytest.raises(UsageError) as info:
+        load_plan_file(missing)
+    assert str(info.value) == f"plan file not found: {str(missing)!r}"
+    with pytest.raises(UsageError) as info:
+        load_plan_file(tmp_path)  # a directory
+    assert str(info.value).startswith(f"cannot read plan file {str(tmp_path)!r}: [Errno 21]")
+    binary = tmp_path / "plan.yaml"
+    binary.write_bytes(b"plan: \xff\xfe\n")
+    with pytest.raises(UsageError) as info:
+        load_plan_file(binary)
+    assert str(info.value).startswith(
+        f"cannot read plan file {str(binary)!r}: 'utf-8' codec can't decode byte 0xff"
+    )
+
+
+@pytest.mark.parametrize("spec", [None, False])
+def test_reactive_unset_is_off(spec: bool | None) -> None:
+    policy = parse_reactive(spec)
+    assert (policy.enabled, policy.roles, policy.spec) == (False, None, "off")

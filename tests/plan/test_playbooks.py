@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -67,7 +68,7 @@ def test_unknown_playbook_lists_the_bundled_ones(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("name", ["../demo", "a/b", "", "x" * 65, "with space"])
 def test_bad_playbook_name(tmp_path: Path, name: str) -> None:
-    with pytest.raises(UsageError):
+    with pytest.raises(UsageError, match=re.escape(f"invalid playbook name {name!r}")):
         find_playbook(name, home=tmp_path)
 
 
@@ -97,3 +98,29 @@ def test_play_and_flow_p_run_a_home_playbook(tmp_path: Path) -> None:
         subprocess.run([*base, "runs", "--json"], capture_output=True, text=True, timeout=60).stdout
     )["runs"]
     assert [r["kind"] for r in runs] == ["play", "play"]
+
+
+def test_the_entry_limit_applies_to_home_and_bundled_playbooks(tmp_path: Path) -> None:
+    (tmp_path / "playbooks").mkdir()
+    (tmp_path / "playbooks" / "mine.yaml").write_text(MINE)
+    with pytest.raises(
+        PlanValidationError, match="the plan has 2 entries, more than the limit of 1"
+    ):
+        find_playbook("mine", home=tmp_path, max_entries=1)
+    with pytest.raises(
+        PlanValidationError,
+        match=re.escape(
+            "<bundled playbook demo>: the plan has 7 entries, more than the limit of 6"
+        ),
+    ):
+        find_playbook("demo", home=tmp_path, max_entries=6)
+    assert len(find_playbook("demo", home=tmp_path, max_entries=7)[0].plan) == 7
+
+
+def test_unknown_playbook_message_is_exact(tmp_path: Path) -> None:
+    with pytest.raises(UsageError) as info:
+        find_playbook("nope", home=tmp_path)
+    assert str(info.value) == (
+        f"playbook 'nope' not found in {str(tmp_path / 'playbooks')!r} or bundled playbooks "
+        f"({', '.join(bundled_playbooks())})"
+    )

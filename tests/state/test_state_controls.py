@@ -153,3 +153,12 @@ def test_finalize_never_overwrites_another_consumers_claim(db: StateDB, sid: str
     assert db.finalize_control(row.id, "applied", claimant="host:1:flow-executor") is True
     stored = db.get_control(row.id)
     assert stored is not None and stored.result == "applied"
+
+
+def test_finalize_without_a_claimant_only_stamps_an_unclaimed_row(db: StateDB, sid: str) -> None:
+    # A claimant literally named "None" must not make a claimant-less stamp match its claim.
+    row = db.insert_control(session_id=sid, verb="message", payload={"text": "x"})
+    assert db.claim_control(row.id, "None")
+    assert db.finalize_control(row.id, "applied") is False
+    assert db.get_control(row.id).result == "applying:None"  # type: ignore[union-attr]
+    assert db.finalize_control(row.id, "applied", claimant="None") is True

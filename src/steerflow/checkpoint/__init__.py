@@ -3,24 +3,43 @@
 A checkpoint unit lives in the run directory as ``checkpoint.json`` and, for version
 3, ``checkpoint.json.journal`` beside it; back them up or move them together.
 :class:`CheckpointWriter` produces them and :func:`load_checkpoint` reads either
-version and returns the ``checkpoint_recovery`` report with the state.
+version and returns the ``checkpoint_recovery`` report with the state (a D4 dict);
+:func:`load_state` returns the same state typed (:class:`CheckpointState` with
+:class:`PlannedEntry`/:class:`SpawnedEntry`).  Branch files (``branches/<key>.json``,
+the conversations a resume restores) are saved and loaded here too.
 """
 
 from __future__ import annotations
 
 from steerflow.errors import CheckpointRecoveryError
 
+from ._branches import BRANCHES_DIR, load_branch, save_branch
 from ._digest import entry_digest, result_digest
-from ._load import CHECKPOINT_FILENAME, JOURNAL_FILENAME, load_checkpoint
+from ._entries import CheckpointState, PlannedEntry, SpawnedEntry
+from ._load import (
+    CHECKPOINT_FILENAME,
+    JOURNAL_FILENAME,
+    LoadedCheckpoint,
+    load_checkpoint,
+    load_state,
+)
 from ._writer import CheckpointWriter, SavedHook
 
 __all__ = [
+    "BRANCHES_DIR",
     "CHECKPOINT_FILENAME",
     "JOURNAL_FILENAME",
     "CheckpointRecoveryError",
+    "CheckpointState",
     "CheckpointWriter",
+    "LoadedCheckpoint",
+    "PlannedEntry",
     "SavedHook",
+    "SpawnedEntry",
     "entry_digest",
+    "load_branch",
     "load_checkpoint",
+    "load_state",
     "result_digest",
+    "save_branch",
 ]

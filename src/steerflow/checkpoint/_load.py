@@ -11,14 +11,28 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
+from ._entries import CheckpointState, EntryError, typed_state
 from ._load_v2 import load_v2
 from ._load_v3 import load_v3
 from ._read import CHECKPOINT_FILENAME, JOURNAL_FILENAME, Parsed, parse_json, read_pinned
 from ._report import Report
 
-__all__ = ["CHECKPOINT_FILENAME", "JOURNAL_FILENAME", "load_checkpoint"]
+__all__ = [
+    "CHECKPOINT_FILENAME",
+    "JOURNAL_FILENAME",
+    "LoadedCheckpoint",
+    "load_checkpoint",
+    "load_state",
+]
+
+
+class LoadedCheckpoint(NamedTuple):
+    """What :func:`load_state` returns: the typed state and the recovery report."""
+
+    state: CheckpointState
+    report: dict[str, Any]
 
 
 def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[str, Any]]:
@@ -30,16 +44,42 @@ def load_checkpoint(path: str | os.PathLike[str]) -> tuple[dict[str, Any], dict[
     Returns:
         ``state`` in the D4 shape (for version 3: the base folded with the valid
         journal prefix, carrying ``version: 3`` and its ``generation``), and the
-        recovery report of CONTRACT §8.
+        recovery report of CONTRACT §8.  A version 2 snapshot is read leniently (see
+        :func:`load_state`); :func:`load_state` gives the same state typed.
 
     Raises:
         CheckpointRecoveryError: the checkpoint is missing, unreadable, of an unknown
             or ambiguous version, or fails validation; ``.report`` says where.
     """
+    state, report = load_state(path, v2_lenient=True)
+    return state.as_dict(), report
+
+
+def load_state(path: str | os.PathLike[str], *, v2_lenient: bool = False) -> LoadedCheckpoint:
+    """Load a checkpoint into typed entries; return it with its recovery report.
+
+    Every entry of either version passes one validator (:mod:`._entries`).  With
+    ``v2_lenient``, a version 2 snapshot keeps its historical leniency: entries the
+    validator refuses are set aside in ``state.rejected`` instead of refusing the
+    checkpoint (a resume refuses them itself).  Version 3 is always strict.
+
+    Raises:
+        CheckpointRecoveryError: as :func:`load_checkpoint`; and, unless ``v2_lenient``,
+            a version 2 entry that fails the validator (``invalid-entry``).
+    """
     target = Path(path)
     if target.is_dir():
         target = target / CHECKPOINT_FILENAME
     report = Report(default_file=target.name)
+    doc, report_dict = _load_doc(target, report)
+    try:
+        state = typed_state(doc, lenient=v2_lenient and report.checkpoint_version == 2)
+    except EntryError as bad:
+        raise report.refuse("invalid-entry", detail=bad.detail, entry=bad.ref) from None
+    return LoadedCheckpoint(state, report_dict)
+
+
+def _load_doc(target: Path, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
     try:
         first = read_pinned(os.fspath(target))
     except OSError as exc:

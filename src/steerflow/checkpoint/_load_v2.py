@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._load_v3 import entry_ref
+from ._entries import entry_ref
 from ._read import SNAPSHOT_TYPES, Parsed
 from ._report import Report
 

@@ -31,6 +31,8 @@ import re
 import time
 from typing import Any
 
+from . import _entries as entries
+from ._entries import EntryKind, entry_ref
 from ._patch import PatchError, apply_patch, validate_patch
 from ._read import (
     CHECKPOINT_FILENAME,
@@ -48,10 +50,7 @@ MAX_SEQ = 2**63 - 1
 _GENERATION = re.compile(r"[0-9a-f]{32}")
 _RECORD_REQUIRED = frozenset({"version", "generation", "seq", "kind", "entry"})
 _RECORD_ALLOWED = _RECORD_REQUIRED | {"flow_context"}
-_OPTIONAL_TEXT = ("operation", "assignee", "instruction", "parent_id", "spawn_id")
 _ATTEMPTS = 5
-# Only id-shaped strings are echoed into a report: it must never carry a value.
-_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
 
 class _Invalid(Exception):
@@ -69,24 +68,6 @@ class _Invalid(Exception):
         self.seq: int | None = None
 
 
-def _id(value: object) -> str | None:
-    return value if isinstance(value, str) and _ID.fullmatch(value) else None
-
-
-def entry_ref(kind: object, entry: object, key: object = None) -> dict[str, Any] | None:
-    """The ids naming an entry (``key``: its ``ops`` key), or None if none is readable."""
-    fields = entry if isinstance(entry, dict) else {}
-    if kind == "op":
-        agent_id = _id(fields.get("agent_id")) or _id(key)
-        return None if agent_id is None else {"kind": "op", "agent_id": agent_id}
-    if kind == "spawn":
-        node_id, spawn_id = _id(fields.get("node_id")), _id(fields.get("spawn_id"))
-        if node_id is None and spawn_id is None:
-            return None
-        return {"kind": "spawn", "node_id": node_id, "spawn_id": spawn_id}
-    return None
-
-
 def valid_generation(value: object) -> bool:
     """True for 32 lowercase hexadecimal characters."""
     return isinstance(value, str) and _GENERATION.fullmatch(value) is not None
@@ -96,36 +77,12 @@ def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
 
-def check_entry(kind: str, entry: object) -> None:
-    """Validate one planned (``op``) or spawned (``spawn``) entry; raise ``_Invalid``."""
-    if not isinstance(entry, dict):
-        raise _Invalid("invalid-entry", "entry is not an object")
-    key = "agent_id" if kind == "op" else "node_id"
-    if not isinstance(entry.get(key), str) or not entry[key]:
-        raise _Invalid("invalid-entry", f"{key} missing or not a string")
-    if "response" not in entry:
-        raise _Invalid("invalid-entry", "response missing")
-    status = entry.get("status")
-    allowed = ("completed", "failed") if kind == "op" else ("completed", "failed", "pending")
-    if status not in allowed:
-        raise _Invalid("invalid-entry", "unsupported status")
-    if status == "pending" and entry["response"] is not None:
-        raise _Invalid("invalid-entry", "a pending entry carries a response")
-    digest = entry.get("result_digest")
-    if digest is not None and not isinstance(digest, str):
-        raise _Invalid("invalid-entry", "result_digest is not a string")
-    if "spawned_ids" in entry:
-        ids = entry["spawned_ids"]
-        if (
-            not isinstance(ids, list)
-            or not all(isinstance(i, str) and i for i in ids)
-            or len(set(ids)) != len(ids)
-        ):
-            raise _Invalid("invalid-entry", "spawned_ids is not a list of distinct node ids")
-    if kind == "spawn":
-        for name in _OPTIONAL_TEXT:
-            if entry.get(name) is not None and not isinstance(entry[name], str):
-                raise _Invalid("invalid-entry", f"{name} is not a string or null")
+def check_entry(kind: EntryKind, entry: object) -> None:
+    """:func:`._entries.check_entry`, raising ``_Invalid("invalid-entry")``."""
+    try:
+        entries.check_entry(kind, entry)
+    except entries.EntryError as bad:
+        raise _Invalid("invalid-entry", bad.detail) from None
 
 
 def _check_base(parsed: Parsed) -> dict[str, Any]:

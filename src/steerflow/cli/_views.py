@@ -5,12 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from steerflow.checkpoint import load_checkpoint
+from steerflow.checkpoint import CheckpointState, load_state
 from steerflow.control import open_existing_db
 from steerflow.errors import CheckpointRecoveryError
 from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.resume import resolve_run_target
-from steerflow.state import SessionRow, StateDB
+from steerflow.state import SessionRow, StateDB, db_exists
 
 __all__ = [
     "checkpoint_nodes",
@@ -24,7 +24,7 @@ __all__ = [
 
 def runs_view(home: Path, *, limit: int | None) -> dict[str, Any]:
     """``{"runs": [...]}``, newest first."""
-    if not (home / "state.db").is_file():
+    if not db_exists(home):
         return {"runs": []}
     with StateDB.open(home, create=False) as db:
         rows = db.list_sessions(limit=limit)
@@ -56,27 +56,26 @@ def _run_duration(row: SessionRow, status: str) -> float | None:
     return elapsed(row.created_at, end, running=False)
 
 
-def checkpoint_nodes(state: dict[str, Any]) -> list[dict[str, Any]]:
+def checkpoint_nodes(state: CheckpointState) -> list[dict[str, Any]]:
     """Node rows derived from a loaded checkpoint (used when the state DB has none)."""
-    ops = state.get("ops") or {}
     nodes = []
-    for item in state.get("plan") or []:
-        entry = ops.get(item.get("agent_id")) or {}
+    for item in state.plan:  # plan items are not entries: read as far as readable
+        entry = state.ops.get(item.get("agent_id"))
         nodes.append(
             {
                 "id": item.get("agent_id"),
                 "kind": "planned",
-                "status": entry.get("status", "pending"),
+                "status": entry.status if entry is not None else "pending",
                 "assignee": item.get("assignee"),
             }
         )
-    for entry in state.get("spawned") or []:
+    for spawned in state.spawned:
         nodes.append(
             {
-                "id": entry.get("spawn_id") or entry.get("node_id"),
+                "id": spawned.spawn_id or spawned.node_id,
                 "kind": "spawned",
-                "status": entry.get("status"),
-                "assignee": entry.get("assignee"),
+                "status": spawned.status,
+                "assignee": spawned.assignee,
             }
         )
     return nodes
@@ -96,10 +95,10 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
         "checkpoint": {"path": str(ckpt_path), "version": None, "exists": ckpt_path.exists()},
         "checkpoint_recovery": None,
     }
-    state: dict[str, Any] | None = None
+    state: CheckpointState | None = None
     if ckpt_path.exists():
         try:
-            state, report = load_checkpoint(ckpt_path)
+            state, report = load_state(ckpt_path, v2_lenient=True)
         except CheckpointRecoveryError as exc:
             report = exc.report
         view["checkpoint_recovery"] = report
@@ -150,7 +149,7 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
 
 def resumed_by_view(home: Path, run_id: str) -> list[dict[str, Any]]:
     """Every resume of run ``run_id``, oldest first (``show``'s ``resumed_by``)."""
-    if not (home / "state.db").is_file():
+    if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
         return [b.to_json() for b in db.resumed_by([run_id]).get(run_id, [])]

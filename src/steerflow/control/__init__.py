@@ -12,7 +12,6 @@ from steerflow.control._poller import (
     poll_interval,
 )
 from steerflow.control._queue import (
-    ALLOWED_KINDS,
     DB_BUSY_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
     Queued,
@@ -22,7 +21,6 @@ from steerflow.control._queue import (
 )
 
 __all__ = [
-    "ALLOWED_KINDS",
     "CONTROL_LOG_MAX",
     "DB_BUSY_TIMEOUT_S",
     "DEFAULT_POLL_S",

@@ -23,8 +23,10 @@ Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
 * Any other verb (``stop`` included) is ``rejected:unsupported-verb:<verb>``; an
   exception while applying is ``rejected:error:<message cut to 500>``.
 * The poller state (``pending`` -> ``active`` -> ``stopped``) and a compact log of
-  the controls it stamped live in the session's ``node_metadata``; the session
-  ``phase`` is ``paused`` while the gate is closed.
+  the controls it stamped live in the session's ``node_metadata``.
+* The poller is the only writer of the session ``phase``: ``planning`` until the
+  runner calls :meth:`ControlPoller.start_executing`, then ``executing``, and
+  ``paused`` while the gate is closed.
 * When the run ends, one last pass stamps the rows that arrived too late to have
   any effect, so no row the run accepted stays pending for ever.
 """
@@ -46,7 +48,7 @@ from typing import Any, Literal
 
 from steerflow import _faults
 from steerflow.errors import SteerflowError
-from steerflow.state import ControlRow, StateDB
+from steerflow.state import ControlRow, Phase, StateDB
 
 __all__ = [
     "CONTROL_LOG_MAX",
@@ -71,7 +73,6 @@ CONTROL_LOG_MAX = 50
 """How many of the most recent stamped controls ``node_metadata["control_log"]`` keeps."""
 
 PollerState = Literal["pending", "active", "stopped"]
-Phase = Literal["planning", "executing", "paused"]
 
 
 class SteeringTarget(abc.ABC):
@@ -159,8 +160,8 @@ class ControlPoller:
         state: ``pending`` until the first tick, ``active`` while ticking,
             ``stopped`` once :meth:`run` has returned (mirrored into
             ``node_metadata["poller"]``).
-        executing: Set by the runner once the executor exists (the phase leaves
-            ``planning``).
+        executing: True once the runner called :meth:`start_executing` (the
+            phase leaves ``planning``).
         claimant: What ``applying:<claimant>`` names: host, pid and executor.
     """
 
@@ -193,6 +194,7 @@ class ControlPoller:
         self._log_dirty = False
         self._state_written: PollerState | None = None
         self._phase_written: Phase | None = "planning"  # a session starts out planning
+        self._phase_lock = asyncio.Lock()
         self._last_version: int | None = None
         self._last_list = float("-inf")
         self.ticks = 0
@@ -209,10 +211,26 @@ class ControlPoller:
     @executing.setter
     def executing(self, value: bool) -> None:
         self._executing = value
-        # The runner writes the phase itself when execution starts; write ours again
-        # right away so a pause applied meanwhile is not hidden by that write.
+        # Write the phase again at the next tick even if we think it is current, so
+        # a write by anyone else (an older runner) cannot leave it stale.
         self._phase_written = None
         self._wake.set()
+
+    async def start_executing(self) -> None:
+        """The executor is about to run: publish ``executing`` (or ``paused``) before it does.
+
+        The poller is the only writer of ``sessions.phase``; the runner calls this
+        instead of writing it. Before the poller's database is open, its first tick
+        writes the phase.
+        """
+        self.executing = True
+        db = self._db
+        if db is not None and not self._draining and self.state != "stopped":
+            try:
+                await self._sync_phase(db)
+            except SteerflowError as exc:  # the next tick writes it again
+                _log.warning("control poller could not write the phase: %s", exc)
+                self._retry_soon = True
 
     @property
     def paused(self) -> bool:
@@ -512,12 +530,19 @@ class ControlPoller:
         await self._sync_phase(db)
 
     async def _sync_phase(self, db: StateDB) -> None:
-        if self._draining or self.state == "stopped":
-            return  # the runner owns the phase once the run is over
-        phase = self._desired_phase()
-        if phase != self._phase_written:
-            await asyncio.to_thread(db.set_session_phase, self.session_id, phase)
-            self._phase_written = phase
+        if self.state == "stopped":
+            return
+        if self._draining and not (self._executing and self._phase_written is None):
+            # Once the run is over the phase stays as last published, unless the run
+            # ended before the poller could publish that execution had started.
+            return
+        # A tick and start_executing may both sync: deciding and writing under one lock
+        # means the last write always carries the freshest phase.
+        async with self._phase_lock:
+            phase = self._desired_phase()
+            if phase != self._phase_written:
+                await asyncio.to_thread(db.set_session_phase, self.session_id, phase)
+                self._phase_written = phase
 
 
 class _Watcher:

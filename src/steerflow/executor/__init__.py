@@ -18,11 +18,13 @@ from steerflow.executor._scheduler import (
     FlowExecutor,
     SpawnRejection,
 )
+from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import (
     STEER_CLOSE,
     STEER_OPEN,
     PauseGate,
     SharedContext,
+    Steering,
     render_steer,
 )
 
@@ -32,6 +34,7 @@ __all__ = [
     "STEER_CLOSE",
     "STEER_OPEN",
     "TERMINAL",
+    "CallScope",
     "Edge",
     "EventBus",
     "EventType",
@@ -44,6 +47,7 @@ __all__ = [
     "PauseGate",
     "SharedContext",
     "SpawnRejection",
+    "Steering",
     "build_graph",
     "render_steer",
 ]

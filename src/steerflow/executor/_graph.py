@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass, field
-from typing import Literal
 
 from steerflow.plan import Dependency, EdgeWhen, PlanFile
 from steerflow.providers import Message, Usage
+from steerflow.state import NodeKind, NodeStatus
 
 __all__ = [
     "TERMINAL",
@@ -19,8 +19,6 @@ __all__ = [
     "build_graph",
 ]
 
-NodeStatus = Literal["pending", "running", "completed", "failed", "skipped"]
-NodeKind = Literal["planned", "spawned"]
 TERMINAL: frozenset[str] = frozenset({"completed", "failed", "skipped"})
 
 

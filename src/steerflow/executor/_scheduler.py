@@ -9,7 +9,6 @@ be closed (signals, deadlines): nodes not yet invoked then stay ``pending``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import time
 from collections.abc import Awaitable, Callable
@@ -22,6 +21,7 @@ from pydantic import ValidationError
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._graph import Edge, Graph, NodeStatus, Operation
+from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
 from steerflow.providers import (
@@ -39,6 +39,14 @@ LIBRARY_DEFAULT_MAX_SPAWN = 50
 CLI_DEFAULT_MAX_SPAWN = 20
 
 Observer = Callable[[Operation], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class _Call:
+    """A provider call in flight: its cancel scope, and whether a deadline stops it."""
+
+    scope: CallScope
+    stops_at_deadline: bool
 
 
 @dataclass(frozen=True)
@@ -92,8 +100,7 @@ class FlowExecutor:
         self._call_timeout_s = call_timeout_s
         self._done: dict[str, asyncio.Event] = {}
         self._tg: asyncio.TaskGroup | None = None
-        self._inflight: dict[str, asyncio.Task[Any]] = {}
-        self._long_running: set[str] = set()  # in-flight calls a deadline cancels
+        self._inflight: dict[str, _Call] = {}
         self._claims: dict[str, list[dict[str, Any]]] = {}  # messages claimed, not yet sent
         self.admission_open = True
         self.admission_reason: str | None = None
@@ -123,7 +130,8 @@ class FlowExecutor:
 
         ``cancel_inflight`` cancels every call in flight (signals);
         ``cancel_long_running`` only those whose provider sets ``cancel_at_deadline``
-        (a deadline: agent workers stop, model calls already invoked finish).
+        (a deadline: agent workers stop, model calls already invoked finish). A cancelled
+        call's node records ``reason`` as its canceller (``extra["cancelled"]``).
         """
         if self.admission_open:
             self.admission_open = False
@@ -131,9 +139,9 @@ class FlowExecutor:
             self._emit("admission_closed", data={"reason": reason})
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
-        for node_id, task in list(self._inflight.items()):
-            if cancel_inflight or (cancel_long_running and node_id in self._long_running):
-                task.cancel()
+        for call in list(self._inflight.values()):
+            if cancel_inflight or (cancel_long_running and call.stops_at_deadline):
+                call.scope.cancel(reason)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -271,28 +279,27 @@ class FlowExecutor:
         try:
             if not is_leg_key(op.key):
                 raise UnsafePathError(f"node id {op.key!r} cannot name an artifact directory")
-            leg = request.artifact_dir
-            await asyncio.to_thread(ensure_leg_dir, leg.parent, leg.name)
             provider = self._provider_for(op)
-            call = asyncio.ensure_future(self._call(op, provider, request))
+            # In flight from here on: admission was checked without a pause since, so a
+            # signal or deadline either withheld this node or reaches its scope.
+            call = _Call(CallScope(), stops_at_deadline=provider.cancel_at_deadline)
             self._inflight[op.node_id] = call
-            if provider.cancel_at_deadline:
-                self._long_running.add(op.node_id)
+            response: ProviderResponse | None = None
             try:
-                response = await call
+                with call.scope:
+                    leg = request.artifact_dir
+                    await asyncio.to_thread(ensure_leg_dir, leg.parent, leg.name)
+                    response = await self._call(op, provider, request)
             finally:
                 self._inflight.pop(op.node_id, None)
-                self._long_running.discard(op.node_id)
-        except asyncio.CancelledError:
-            if call_cancelled_by_us(op, self):
-                # The node stays pending (it reruns on resume); keep a note of what the
-                # cancelled worker had already produced in its artifact directory.
+            if response is None:
+                # Cancelled by close_admission: the node stays pending (it reruns on
+                # resume); keep a note of what the cancelled worker had already produced.
                 op.status = "pending"
                 op.artifacts = _files_under(request.artifact_dir)
-                op.extra["cancelled"] = self.admission_reason or "cancelled"
+                op.extra["cancelled"] = call.scope.cancelled_by
                 self._withhold(op)
                 return op.status
-            raise
         except ProviderError as exc:  # UnsafePathError included: the node fails, not the run
             op.status, op.error = "failed", str(exc)
             return op.status
@@ -457,12 +464,3 @@ def _files_under(root: Path) -> list[str]:
             if path.is_file() and not path.is_symlink():
                 found.append(str(path.relative_to(root)))
     return sorted(found)
-
-
-def call_cancelled_by_us(op: Operation, executor: FlowExecutor) -> bool:
-    """True if the provider call was cancelled by ``close_admission`` (not by our caller)."""
-    current = asyncio.current_task()
-    with contextlib.suppress(AttributeError):
-        if current is not None and current.cancelling():
-            return False
-    return not executor.admission_open

@@ -11,7 +11,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-__all__ = ["STEER_CLOSE", "STEER_OPEN", "PauseGate", "SharedContext", "render_steer"]
+from steerflow.control import SteeringTarget
+
+__all__ = [
+    "STEER_CLOSE",
+    "STEER_OPEN",
+    "PauseGate",
+    "SharedContext",
+    "Steering",
+    "render_steer",
+]
 
 STEER_OPEN = "[OPERATOR STEER]"
 STEER_CLOSE = "[/OPERATOR STEER]"
@@ -138,3 +147,56 @@ class SharedContext:
         for message in self.content.get("operator_messages", []):
             if message.get("rendered_into_op") is None:
                 message.setdefault("dropped", reason)
+
+
+class Steering(SteeringTarget):
+    """The one owner of a run's live steering state: what the control poller may touch.
+
+    It holds the pause gate and the shared context from before the plan exists, and
+    answers whether an operation is still to start: while planning the first one is
+    (until the run finishes), and once :meth:`attach` hands it the executor's probe,
+    the executor answers. It never writes ``sessions.phase``: the poller alone does.
+
+    Args:
+        context: The shared context (a resume seeds it from the checkpoint).
+    """
+
+    def __init__(self, context: SharedContext | None = None) -> None:
+        self.gate = PauseGate()
+        self.context = context if context is not None else SharedContext()
+        self.finished = False
+        self._pending: Callable[[], bool] | None = None
+
+    def attach(self, pending: Callable[[], bool]) -> None:
+        """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
+        self._pending = pending
+
+    def finish(self) -> None:
+        """The run is over: no operation will start any more."""
+        self.finished = True
+
+    def pause(self) -> None:
+        """Close the pause gate (idempotent)."""
+        self.gate.pause()
+
+    def resume(self) -> None:
+        """Open the pause gate (idempotent)."""
+        self.gate.resume()
+
+    def has_pending_operation(self) -> bool:
+        """True if an operation has not started yet (or the plan is still being made)."""
+        if self._pending is not None:
+            return self._pending()
+        return not self.finished
+
+    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
+        """Append one message to the shared context's operator messages."""
+        self.context.add_operator_message(text, ts=ts, control_id=control_id)
+
+    def is_paused(self) -> bool:
+        """Whether the gate is closed."""
+        return self.gate.paused
+
+    def defers_message_stamp(self) -> bool:
+        """Always: ``applied`` once an operation is invoked with the message (decision 36)."""
+        return True

@@ -3,11 +3,10 @@
 from __future__ import annotations
 
 import contextlib
-import os
 from pathlib import Path
 
 from steerflow.home import RunDir, is_run_id
-from steerflow.state import DB_FILENAME, STATE_DB_URL_ENV, ResumeClaim, StateDB
+from steerflow.state import ResumeClaim, StateDB, db_exists
 
 __all__ = ["discard_run_dir", "preflight_claim", "resume_claim"]
 
@@ -39,7 +38,7 @@ def preflight_claim(home: Path, source_run_id: str, *, fork: bool) -> None:
     claim = resume_claim(home, source_run_id, fork=fork)
     if claim is None:
         return
-    if not os.environ.get(STATE_DB_URL_ENV) and not (home / DB_FILENAME).is_file():
+    if not db_exists(home):
         return  # no state DB yet: nobody can have claimed anything
     with StateDB.open(home, create=False) as db:
         db.check_resume(claim)

@@ -1,7 +1,7 @@
 """Read what a run produced: one node in full, and the run's result.
 
 The readers behind ``show RUN NODE`` and ``result RUN`` (and the Studio later). Outcomes
-come from the checkpoint, read with ``load_checkpoint`` like every other reader; facts
+come from the checkpoint, read into typed entries with ``load_state`` (v2 leniently); facts
 about each call (rendered instruction, model, times, usage) come from the state DB's
 ``session_nodes`` rows, which a run publishes while it runs, so a live run can be read
 half-way. Nothing here writes.
@@ -16,10 +16,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steerflow.checkpoint import load_checkpoint
+from steerflow.checkpoint import CheckpointState, PlannedEntry, SpawnedEntry, load_state
 from steerflow.errors import AmbiguousIdError, CheckpointRecoveryError, UnknownIdError
 from steerflow.resume import resolve_run_target
-from steerflow.state import StateDB
+from steerflow.state import NodeKind, NodeStatus, Phase, StateDB, db_exists
 
 __all__ = [
     "NodeInfo",
@@ -47,23 +47,33 @@ class NodeInfo:
     """One node as the readers see it: its place in the graph, its outcome and its call."""
 
     key: str
-    kind: str
+    kind: NodeKind
     node_id: str | None = None
     assignee: str | None = None
     instruction: str | None = None  # as planned/requested, before rendering
     depends_on: list[str] = field(default_factory=list)
     parent: str | None = None
-    entry: dict[str, Any] | None = None  # the checkpoint entry, when recorded
-    row_status: str | None = None
+    entry: PlannedEntry | SpawnedEntry | None = None  # the checkpoint entry, when recorded
+    row_status: NodeStatus | None = None
     call: dict[str, Any] = field(default_factory=dict)  # session_nodes.detail
 
     @property
     def status(self) -> str:
         """A recorded outcome wins over a published status the publisher has not caught up on."""
-        recorded = (self.entry or {}).get("status")
+        recorded = self.entry.status if self.entry is not None else None
         if recorded in ("completed", "failed"):
             return str(recorded)
         return self.row_status or (str(recorded) if recorded else "pending")
+
+    def extra(self, name: str) -> object:
+        """A member the writer keeps verbatim (``artifacts``, ``escalated_from``), or None."""
+        return None if self.entry is None else self.entry.raw.get(name)
+
+    @property
+    def response(self) -> object:
+        """The recorded response of a completed node, else None."""
+        done = self.entry is not None and self.entry.status == "completed"
+        return self.entry.response if done and self.entry is not None else None
 
 
 @dataclass
@@ -74,9 +84,9 @@ class RunRecord:
     run_dir: Path
     session_id: str | None
     status: str | None
-    phase: str | None
+    phase: Phase | None
     metadata: dict[str, Any]
-    state: dict[str, Any] | None
+    state: CheckpointState | None
     report: dict[str, Any] | None
     load_error: CheckpointRecoveryError | None
     nodes: list[NodeInfo]
@@ -106,11 +116,11 @@ class RunRecord:
 def read_run(home: Path, target: str) -> RunRecord:
     """Resolve ``target`` (as ``show`` does) and read its checkpoint and live node rows."""
     run = resolve_run_target(home, target)
-    state: dict[str, Any] | None = None
+    state: CheckpointState | None = None
     report: dict[str, Any] | None = None
     error: CheckpointRecoveryError | None = None
     try:
-        state, report = load_checkpoint(run.run_dir / "checkpoint.json")
+        state, report = load_state(run.run_dir / "checkpoint.json", v2_lenient=True)
     except CheckpointRecoveryError as exc:
         error, report = exc, exc.report
     record = RunRecord(
@@ -125,16 +135,15 @@ def read_run(home: Path, target: str) -> RunRecord:
         load_error=error,
         nodes=_checkpoint_nodes(state) if state is not None else [],
     )
-    if run.session_id is not None and (home / "state.db").is_file():
+    if run.session_id is not None and db_exists(home):
         with StateDB.open(home, create=False) as db:
             _add_live(db, record)
     return record
 
 
-def _checkpoint_nodes(state: dict[str, Any]) -> list[NodeInfo]:
-    plan = [i for i in state.get("plan") or [] if isinstance(i, dict)]
-    ops = state.get("ops") or {}
-    spawned = [e for e in state.get("spawned") or [] if isinstance(e, dict)]
+def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
+    # Plan items are not entries: a viewer reads them as far as they are readable.
+    plan = [i for i in state.plan if isinstance(i, dict)]
     keys_by_id: dict[str, str] = {}
     nodes: list[NodeInfo] = []
     for item in plan:
@@ -146,7 +155,6 @@ def _checkpoint_nodes(state: dict[str, Any]) -> list[NodeInfo]:
             for i in item.get("dep_indices") or []
             if isinstance(i, int) and 0 <= i < len(plan)
         ]
-        entry = ops.get(key)
         nodes.append(
             NodeInfo(
                 key=key,
@@ -155,21 +163,21 @@ def _checkpoint_nodes(state: dict[str, Any]) -> list[NodeInfo]:
                 assignee=item.get("assignee"),
                 instruction=item.get("instruction"),
                 depends_on=deps,
-                entry=entry if isinstance(entry, dict) else None,
+                entry=state.ops.get(key),
             )
         )
-    for entry in spawned:
-        keys_by_id[str(entry.get("node_id"))] = str(entry.get("spawn_id") or entry.get("node_id"))
-    for entry in spawned:
-        parent = keys_by_id.get(str(entry.get("parent_id"))) if entry.get("parent_id") else None
-        recorded = entry.get("depends_on")
+    for entry in state.spawned:
+        keys_by_id[entry.node_id] = entry.spawn_id or entry.node_id
+    for entry in state.spawned:
+        parent = keys_by_id.get(entry.parent_id) if entry.parent_id else None
+        recorded = entry.depends_on
         nodes.append(
             NodeInfo(
-                key=str(entry.get("spawn_id") or entry.get("node_id")),
+                key=entry.spawn_id or entry.node_id,
                 kind="spawned",
-                node_id=entry.get("node_id"),
-                assignee=entry.get("assignee"),
-                instruction=entry.get("instruction") or entry.get("operation"),
+                node_id=entry.node_id,
+                assignee=entry.assignee,
+                instruction=entry.instruction or entry.operation,
                 # Older entries carry no depends_on: they depended on their emitter.
                 depends_on=[str(d) for d in recorded]
                 if isinstance(recorded, list)
@@ -248,7 +256,7 @@ def _duration(call: dict[str, Any]) -> float | None:
 
 
 def _artifacts(node: NodeInfo) -> list[Any]:
-    recorded = (node.entry or {}).get("artifacts")
+    recorded = node.extra("artifacts")
     if isinstance(recorded, list):
         return recorded
     listed = node.call.get("artifacts")
@@ -256,9 +264,9 @@ def _artifacts(node: NodeInfo) -> list[Any]:
 
 
 def _error(node: NodeInfo) -> str | None:
-    entry = node.entry or {}
-    if entry.get("status") == "failed":
-        response = entry.get("response")
+    entry = node.entry
+    if entry is not None and entry.status == "failed":
+        response = entry.response
         if isinstance(response, dict) and "error" in response:
             return str(response["error"])
         return None if response is None else response_text(response)
@@ -269,7 +277,7 @@ def _error(node: NodeInfo) -> str | None:
 def _escalation_attempt(node: NodeInfo) -> int | None:
     """N of an escalation retry (spawn id ``<agent_id>.esc<N>``, CONTRACT §10), else None."""
     match = _ESCALATION.search(node.key)
-    if match is None or not (node.entry or {}).get("escalated_from"):
+    if match is None or not node.extra("escalated_from"):
         return None
     return int(match.group(1))
 
@@ -317,9 +325,8 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
                 "session_id": record.metadata.get("resumed_from"),
                 "run_id": record.metadata.get("resumed_from_run"),
             }
-    entry = info.entry or {}
-    response = entry.get("response") if entry.get("status") == "completed" else None
-    ran = "instruction" in call or entry.get("status") in ("completed", "failed")
+    recorded = info.entry.status if info.entry is not None else None
+    ran = "instruction" in call or recorded in ("completed", "failed")
     return {
         "run_id": record.run_id,
         "session_id": record.session_id,
@@ -336,7 +343,7 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "usage": _usage(call),
         "instruction": call.get("instruction"),
         "planned_instruction": info.instruction,
-        "response": response,
+        "response": info.response,
         "error": _error(info) if status == "failed" else None,
         "artifacts": _artifacts(info),
         "parent": info.parent,
@@ -364,9 +371,7 @@ def response_text(response: object) -> str:
 
 def _synthesis(record: RunRecord) -> NodeInfo | None:
     """The synthesis node, when the run's plan declared one (CONTRACT §10 ``synthesis``)."""
-    state = record.state or {}
-    config = state.get("config") or {}
-    if not (isinstance(config, dict) and config.get("synthesis")):
+    if record.state is None or not record.state.config.get("synthesis"):
         return None
     for node in record.nodes:
         if node.key == "synthesis":
@@ -409,14 +414,13 @@ def result_of(record: RunRecord) -> dict[str, Any]:
     # node, and a wide plan has thousands of sinks.
     items = []
     for node in picked:
-        entry = node.entry or {}
         status = node.status
         items.append(
             {
                 "id": node.key,
                 "kind": node.kind,
                 "status": status,
-                "response": entry.get("response") if entry.get("status") == "completed" else None,
+                "response": node.response,
                 "error": _error(node) if status == "failed" else None,
             }
         )

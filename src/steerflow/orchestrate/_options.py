@@ -11,7 +11,20 @@ from steerflow.errors import ExitCode
 from steerflow.executor import Graph
 from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
 
-__all__ = ["FlowOptions", "FlowResult", "ResumeSeed", "node_summaries", "usage_total"]
+__all__ = [
+    "EndStatus",
+    "FlowOptions",
+    "FlowResult",
+    "ResumeSeed",
+    "RunStatus",
+    "node_summaries",
+    "usage_total",
+]
+
+#: How a run that started ended; stored as the session status.
+EndStatus = Literal["completed", "failed", "timed_out", "interrupted"]
+#: ``FlowResult.status``: an end status, or ``planned`` for a dry run (CONTRACT §3).
+RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted"]
 
 
 @dataclass
@@ -74,7 +87,7 @@ class FlowResult:
 
     session_id: str | None
     run_id: str | None
-    status: str
+    status: RunStatus
     exit_code: ExitCode
     checkpoint: dict[str, Any]
     checkpoint_recovery: dict[str, Any] | None

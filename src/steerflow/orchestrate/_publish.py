@@ -93,12 +93,10 @@ class NodePublisher:
 
     async def run(self) -> None:
         """Write batches until :meth:`close`; a failed write is retried with the next batch."""
-        while True:
+        while not self._closing:
             await self._wake.wait()
             self._wake.clear()
             await self.flush()
-            if self._closing and not self._dirty:
-                return
 
     async def flush(self) -> None:
         """Write every queued update now."""
@@ -114,7 +112,7 @@ class NodePublisher:
                     self._dirty.setdefault(row.node_key, row)
 
     async def close(self) -> None:
-        """Flush what is left and stop."""
+        """Flush what is left once more and end :meth:`run`."""
         self._closing = True
         self._wake.set()
         await self.flush()
@@ -143,9 +141,11 @@ def _call_detail(op: Operation, graph: Graph) -> dict[str, object]:
     return out
 
 
-async def heartbeat_loop(db: StateDB, session_id: str) -> None:
-    """Refresh the session heartbeat until cancelled."""
-    while True:
+async def heartbeat_loop(db: StateDB, session_id: str, stop: asyncio.Event) -> None:
+    """Refresh the session heartbeat until ``stop`` is set."""
+    while not stop.is_set():
         with contextlib.suppress(SteerflowError):
             await asyncio.to_thread(db.heartbeat, session_id)
-        await asyncio.sleep(HEARTBEAT_INTERVAL_S)
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(HEARTBEAT_INTERVAL_S):
+                await stop.wait()

@@ -4,24 +4,49 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import json
 import os
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from steerflow.checkpoint import CheckpointWriter
+from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
 from steerflow.executor import EventBus, FlowEvent, Graph, Operation, SharedContext
 from steerflow.home import RunDir
-from steerflow.orchestrate._resume import BRANCHES_DIR
 
-__all__ = ["CheckpointRecorder", "replay_entries", "write_private"]
+__all__ = ["CheckpointOutcome", "CheckpointRecorder", "replay_entries", "write_private"]
 
 
 #: Reconciliations a run may attempt: enough for transient errors (a full disk that was
 #: cleared, an EIO on a network filesystem), few enough that a dead disk fails fast.
 MAX_RECONCILES = 3
+
+
+@dataclass(frozen=True)
+class CheckpointOutcome:
+    """How a run's checkpoint ended; :meth:`CheckpointRecorder.close` is its only author.
+
+    ``error`` is the first failure that could not be recovered from; ``recovered`` the
+    distinct failures a reconcile recovered from (warnings, not losses: decision 27).
+    """
+
+    path: str
+    version: int
+    persisted: bool = False
+    error: str | None = None
+    reconciled: int = 0
+    recovered: tuple[str, ...] = field(default=())
+
+    def to_json(self) -> dict[str, Any]:
+        """The result's ``checkpoint`` object (CONTRACT §3)."""
+        return {
+            "path": self.path,
+            "version": self.version,
+            "persisted": self.persisted,
+            "error": self.error,
+            "reconciled": self.reconciled,
+        }
 
 
 class CheckpointRecorder:
@@ -30,9 +55,7 @@ class CheckpointRecorder:
     After a write error the writer refuses records until it reconciles (Amendment 2 §3);
     the recorder reconciles (the durable prefix is reloaded and republished) and records
     the same outcome again, so one transient error does not leave every later outcome
-    unpersisted (decision 27).  ``info`` is the result's ``checkpoint`` object; its
-    ``error`` keeps the first failure that could not be recovered this way, ``recovered``
-    lists the ones that were.
+    unpersisted (decision 27).  :meth:`close` sums it up as a :class:`CheckpointOutcome`.
     """
 
     def __init__(
@@ -42,14 +65,13 @@ class CheckpointRecorder:
         run_dir: RunDir,
         context: SharedContext,
         events: EventBus,
-        info: dict[str, Any],
     ) -> None:
         self.writer = writer
         self.graph = graph
         self.run_dir = run_dir
         self.context = context
         self.events = events
-        self.info = info
+        self._error: str | None = None  # the first failure no reconcile recovered from
         self.recovered: list[str] = []  # distinct errors a retry recovered from
         self.reconciles = 0  # reconcile() calls made
         # Set once an outcome could not be made durable: the run can no longer end
@@ -57,6 +79,26 @@ class CheckpointRecorder:
         self.lost = False
         self.on_lost: Callable[[], None] | None = None
         self._recovery = asyncio.Lock()
+
+    async def close(self) -> CheckpointOutcome:
+        """Close the writer; what the checkpoint holds and what went wrong on the way."""
+        writer = self.writer
+        try:
+            await writer.close()
+        except PersistenceError as exc:
+            self._error = self._error or str(exc)
+        # ``writer.persisted`` remembers every failure; one the recorder recovered from
+        # by reconciling is a warning, not a loss (decision 27).
+        healthy = writer.persisted or (bool(self.recovered) and not writer.stopped)
+        error = self._error if self._error is not None or healthy else writer.error
+        return CheckpointOutcome(
+            path=str(writer.path),
+            version=writer.version,
+            persisted=healthy and self._error is None,
+            error=error,
+            reconciled=self.reconciles,
+            recovered=tuple(self.recovered),
+        )
 
     async def flush(self) -> None:
         """Persist replayed branches, then publish the initial snapshot/base.
@@ -155,7 +197,7 @@ class CheckpointRecorder:
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
-        self.info["error"] = self.info["error"] or str(exc)
+        self._error = self._error or str(exc)
         self.events.emit(
             FlowEvent(
                 type="checkpoint_failed",
@@ -212,12 +254,7 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
 
 def _save_branch(run_path: Path, op: Operation) -> None:
     """Persist a node's conversation so a resume can restore what it inherits."""
-    branches = run_path / BRANCHES_DIR
-    branches.mkdir(mode=0o700, exist_ok=True)
-    data = json.dumps([{"role": m.role, "content": m.content} for m in op.branch])
-    tmp = branches / f".{op.key}.{os.getpid()}.tmp"
-    write_private(tmp, data)
-    os.replace(tmp, branches / f"{op.key}.json")
+    save_branch(run_path, op.key, op.branch)
 
 
 def write_private(path: Path, text: str) -> None:

@@ -3,31 +3,31 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import signal
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from steerflow import _faults
 from steerflow.checkpoint import CheckpointWriter
-from steerflow.control import ControlPoller, SteeringTarget
+from steerflow.control import ControlPoller
 from steerflow.errors import (
     ExitCode,
     FlowResumeError,
-    PersistenceError,
     PlanValidationError,
     ProviderError,
     SteerflowError,
     UsageError,
 )
 from steerflow.executor import (
+    CallScope,
     EventBus,
     FlowEvent,
     FlowExecutor,
     Graph,
-    PauseGate,
     SharedContext,
+    Steering,
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
@@ -35,6 +35,7 @@ from steerflow.orchestrate._claim import discard_run_dir, resume_claim
 from steerflow.orchestrate._consent import check_agent_worker_consent
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import (
+    EndStatus,
     FlowOptions,
     FlowResult,
     node_summaries,
@@ -42,13 +43,18 @@ from steerflow.orchestrate._options import (
 )
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher, heartbeat_loop
-from steerflow.orchestrate._recorder import CheckpointRecorder, replay_entries, write_private
+from steerflow.orchestrate._recorder import (
+    CheckpointOutcome,
+    CheckpointRecorder,
+    replay_entries,
+    write_private,
+)
+from steerflow.orchestrate._settings import RunSettings
 from steerflow.plan import (
     PlanFile,
     find_playbook,
     load_plan_file,
     parse_plan,
-    parse_reactive,
 )
 from steerflow.providers import PlanRequest, ProviderCache
 from steerflow.state import Owner, StateDB
@@ -60,52 +66,41 @@ _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM
 CHECKPOINT_LOST = "checkpoint-failed"
 
 
-class _Target(SteeringTarget):
-    """What the control poller may touch: the gate and the shared context."""
+@dataclass(frozen=True)
+class _Session:
+    """What the steps of a run share once its session row exists."""
 
-    def __init__(self, run: FlowRun) -> None:
-        self._run = run
-
-    def pause(self) -> None:
-        self._run.gate.pause()
-
-    def resume(self) -> None:
-        self._run.gate.resume()
-
-    def has_pending_operation(self) -> bool:
-        executor = self._run.executor
-        # While planning, the first operation is still to come.
-        return executor.has_pending() if executor is not None else not self._run.finished
-
-    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
-        self._run.context.add_operator_message(text, ts=ts, control_id=control_id)
-
-    def is_paused(self) -> bool:
-        return self._run.gate.paused
-
-    def defers_message_stamp(self) -> bool:
-        return True  # ``applied`` once an operation is invoked with it (decision 36)
+    db: StateDB
+    session_id: str
+    run_dir: RunDir
+    tasks: asyncio.TaskGroup  # the run's services: poller, heartbeat, publisher
+    poller: ControlPoller
 
 
 class FlowRun:
-    """A single run; :meth:`run` never raises for run outcomes, only for refusals before start."""
+    """A single run; :meth:`run` never raises for run outcomes, only for refusals before start.
+
+    The run is a pipeline of steps, each with one concern: plan, build the graph, open
+    the checkpoint, execute, conclude (see :meth:`_plan_and_execute`).
+    """
 
     def __init__(self, options: FlowOptions, *, home: Path, events: EventBus | None = None) -> None:
         self.options = options
         self.home = home
         self.events = events or EventBus()
-        self.gate = PauseGate()
         seed = options.resume
-        self.context = SharedContext(dict(seed.flow_context) if seed else {})
+        # The steering state exists before the plan, so controls sent while planning count.
+        self.steering = Steering(SharedContext(dict(seed.flow_context) if seed else {}))
+        self.gate = self.steering.gate
+        self.context = self.steering.context
         # The source run's leftover messages were stamped (or left applying) by that run.
         self.context.drop_unrendered("source-run-ended")
         self.executor: FlowExecutor | None = None
-        self.finished = False
         self.stop_signal: int | None = None
         self.deadline_hit = False
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
-        self._planning: asyncio.Task[PlanFile] | None = None
+        self._planning: CallScope | None = None  # the planner call, while it runs
 
     # -- signals and deadlines ---------------------------------------------------------
 
@@ -113,17 +108,18 @@ class FlowRun:
         """SIGINT/SIGTERM: admit nothing new, cancel in-flight calls, persist, exit 130/143."""
         if self.stop_signal is None:
             self.stop_signal = signum
+        reason = signal.Signals(signum).name
         if self.executor is not None:
-            self.executor.close_admission(signal.Signals(signum).name, cancel_inflight=True)
+            self.executor.close_admission(reason, cancel_inflight=True)
         if self._planning is not None:
-            self._planning.cancel()
+            self._planning.cancel(reason)
 
     def _deadline(self) -> None:
         self.deadline_hit = True
         if self.executor is not None:
             self.executor.close_admission("deadline", cancel_long_running=True)
         if self._planning is not None:
-            self._planning.cancel()
+            self._planning.cancel("deadline")
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -136,14 +132,14 @@ class FlowRun:
             check_agent_worker_consent(
                 plan,
                 source,
-                model=settings["model"],
+                model=settings.model,
                 given_model=opts.model,
                 allowed=opts.allow_agent_workers,
             )
-        for spec in {settings["model"], *settings["role_models"].values()}:
+        for spec in {settings.model, *settings.role_models.values()}:
             self._providers.get(spec)  # refuses a bad model spec before anything starts
         if opts.dry_run and plan is not None:
-            return self._dry_result(plan, settings)
+            return self._dry_result(plan)
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
             return await self._run_with_db(db, plan, prompt, source, settings)
@@ -167,38 +163,14 @@ class FlowRun:
             raise UsageError("give a PROMPT, --plan FILE or --playbook NAME")
         return None, opts.prompt, "planner"
 
-    def _settings(self, plan: PlanFile | None) -> dict[str, Any]:
-        opts, seed = self.options, self.options.resume
+    def _settings(self, plan: PlanFile | None) -> RunSettings:
+        # A resume runs with the settings its source recorded, not today's options.
+        seed = self.options.resume
         if seed is not None:
-            cfg = seed.config
-            return {
-                "model": cfg.get("model_spec") or "echo",
-                "reactive": parse_reactive(cfg.get("reactive_spec") or "off"),
-                "max_ops": int(cfg.get("max_ops") or 0),
-                "concurrency": int(cfg.get("concurrency") or 4),
-                "save": Path(cfg["save_dir"]) if cfg.get("save_dir") else None,
-                "roles": dict(cfg.get("roles") or {}),
-                "role_models": {
-                    k: v["model"] for k, v in (cfg.get("roles") or {}).items() if v.get("model")
-                },
-                "playbook": cfg.get("playbook"),
-            }
-        roles = {k: v.model_dump() for k, v in (plan.roles if plan else {}).items()}
-        reactive = opts.reactive if opts.reactive is not None else (plan.reactive if plan else None)
-        return {
-            "model": opts.model or (plan.model if plan else None) or "echo",
-            "reactive": parse_reactive(reactive),
-            "max_ops": opts.max_ops
-            if opts.max_ops is not None
-            else (plan.max_ops or 0 if plan else 0),
-            "concurrency": opts.concurrency or (plan.concurrency if plan else None) or 4,
-            "save": opts.save,
-            "roles": roles,
-            "role_models": {k: v["model"] for k, v in roles.items() if v.get("model")},
-            "playbook": opts.playbook,
-        }
+            return RunSettings.from_checkpoint_config(seed.config)
+        return RunSettings.from_options(self.options, plan)
 
-    def _dry_result(self, plan: PlanFile, settings: dict[str, Any]) -> FlowResult:
+    def _dry_result(self, plan: PlanFile) -> FlowResult:
         graph = build_graph(plan)
         if self.options.resume is not None:
             self.options.resume.apply(graph)
@@ -251,11 +223,44 @@ class FlowRun:
         plan: PlanFile | None,
         prompt: str,
         source: str,
-        settings: dict[str, Any],
+        settings: RunSettings,
     ) -> FlowResult:
-        opts, seed = self.options, self.options.resume
-        kind = opts.kind if seed is None else seed.config.get("kind", "flow")
-        run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=settings["save"])
+        """Open the session, then run the pipeline inside the run's one task group.
+
+        The group owns the control poller, the heartbeat and (once there is a graph)
+        the node publisher; each ends on its own stop signal when the pipeline returns.
+        """
+        run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=settings.save)
+        session_id = await self._open_session(db, run_dir, prompt, source, settings)
+        poller = ControlPoller(self.home, session_id, self.steering)
+        self.context.on_delivered.append(
+            lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
+        )
+        stop_heartbeat = asyncio.Event()
+        result: FlowResult | None = None
+        error: Exception | None = None
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(poller.run(), name="control-poller")
+            tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
+            try:
+                session = _Session(db, session_id, run_dir, tasks, poller)
+                result = await self._under_deadline(session, plan, prompt, settings)
+            except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
+                error = exc
+            finally:
+                self.steering.finish()
+                await poller.stop()
+                stop_heartbeat.set()
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
+
+    async def _open_session(
+        self, db: StateDB, run_dir: RunDir, prompt: str, source: str, settings: RunSettings
+    ) -> str:
+        """Insert the session row (and its invocation and play); its id."""
+        seed = self.options.resume
         metadata: dict[str, Any] = {"run_id": run_dir.run_id, "poller": "pending", "source": source}
         if seed is not None:
             metadata["resumed_from"] = seed.resumed_from
@@ -270,7 +275,7 @@ class FlowRun:
         try:
             session = await asyncio.to_thread(
                 lambda: db.create_session(
-                    kind=kind,
+                    kind=settings.kind,
                     prompt=prompt,
                     run_id=run_dir.run_id,
                     node_metadata=metadata,
@@ -286,84 +291,89 @@ class FlowRun:
         if claim is not None:
             _faults.seam("resume-claim", "after")
         invocation = await asyncio.to_thread(
-            lambda: db.create_invocation(session_id=session.id, kind=kind)
+            lambda: db.create_invocation(session_id=session.id, kind=settings.kind)
         )
-        if settings["playbook"]:
+        if settings.playbook:
+            playbook = settings.playbook
             await asyncio.to_thread(
                 lambda: db.create_play(
-                    session_id=session.id,
-                    invocation_id=invocation.id,
-                    playbook=settings["playbook"],
+                    session_id=session.id, invocation_id=invocation.id, playbook=playbook
                 )
             )
+        return session.id
+
+    async def _under_deadline(
+        self, s: _Session, plan: PlanFile | None, prompt: str, settings: RunSettings
+    ) -> FlowResult:
+        timeout_s = self.options.timeout_s
         loop = asyncio.get_running_loop()
-        deadline = (
-            loop.call_later(opts.timeout_s, self._deadline) if opts.timeout_s is not None else None
-        )
-        poller = ControlPoller(self.home, session.id, _Target(self))
-        self.context.on_delivered.append(
-            lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
-        )
-        poller_task = asyncio.ensure_future(poller.run())
-        heartbeat = asyncio.ensure_future(heartbeat_loop(db, session.id))
+        deadline = loop.call_later(timeout_s, self._deadline) if timeout_s is not None else None
         try:
-            return await self._plan_and_execute(
-                db, session.id, run_dir, plan, prompt, settings, poller
-            )
+            return await self._plan_and_execute(s, plan, prompt, settings)
         finally:
-            self.finished = True
             if deadline is not None:
                 deadline.cancel()
-            await poller.stop()
-            heartbeat.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await heartbeat
-            with contextlib.suppress(asyncio.CancelledError):
-                await poller_task
 
     async def _plan_and_execute(
-        self,
-        db: StateDB,
-        session_id: str,
-        run_dir: RunDir,
-        plan: PlanFile | None,
-        prompt: str,
-        settings: dict[str, Any],
-        poller: ControlPoller,
+        self, s: _Session, plan: PlanFile | None, prompt: str, settings: RunSettings
     ) -> FlowResult:
-        opts, seed = self.options, self.options.resume
-        checkpoint_info: dict[str, Any] = {
-            "path": str(run_dir.checkpoint_path),
-            "version": opts.checkpoint_version,
-            "persisted": False,
-            "error": None,
-            "reconciled": 0,
-        }
-        interrupted_planning = False
+        """The pipeline: plan → build graph → open checkpoint → execute → result."""
         if plan is None:
-            self._planning = asyncio.ensure_future(self._plan_with_model(prompt, settings["model"]))
-            try:
-                plan = await self._planning
-            except asyncio.CancelledError:
-                interrupted_planning = True
-            except SteerflowError as exc:
-                await self._finish_session(db, session_id, "failed", {"error": str(exc)})
-                raise
-            finally:
-                self._planning = None
-        if plan is None or interrupted_planning:
-            status = (
-                "timed_out" if self.deadline_hit and self.stop_signal is None else "interrupted"
-            )
-            await self._finish_session(db, session_id, status, {})
-            return self._result(session_id, run_dir, Graph(), status, checkpoint_info)
-        max_ops = settings["max_ops"]
+            plan = await self._plan(s, prompt, settings.model)
+            if plan is None:
+                return await self._stopped_while_planning(s)
+        graph, max_spawn = await self._prepare_graph(s.run_dir, plan, settings)
+        writer = await self._open_writer(s, graph, plan, prompt, settings, max_spawn)
+        publisher = self._start_publisher(s, graph)
+        try:
+            recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.events)
+            await recorder.flush()
+            executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
+            await self._execute(s, executor, recorder)
+            checkpoint = await recorder.close()
+        finally:
+            await publisher.close()
+        return await self._conclude(s, graph, executor, checkpoint)
+
+    async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
+        """The planner's plan; None if a signal or the deadline stopped planning."""
+        if self.stop_signal is not None or self.deadline_hit:
+            return None
+        self._planning = scope = CallScope()
+        try:
+            with scope:
+                return await self._plan_with_model(prompt, model)
+        except SteerflowError as exc:
+            await self._finish_session(s, "failed", {"error": str(exc)})
+            raise
+        finally:
+            self._planning = None
+        return None  # the scope caught the cancellation request_stop/_deadline made
+
+    async def _stopped_while_planning(self, s: _Session) -> FlowResult:
+        status: EndStatus = (
+            "timed_out" if self.deadline_hit and self.stop_signal is None else "interrupted"
+        )
+        await self._finish_session(s, status, {})
+        checkpoint = CheckpointOutcome(
+            path=str(s.run_dir.checkpoint_path), version=self.options.checkpoint_version
+        )
+        return self._result(s, Graph(), status, checkpoint)
+
+    def _spawn_budget(self, plan: PlanFile, settings: RunSettings) -> int:
+        seed = self.options.resume
         if seed is not None and seed.max_spawn is not None:
-            max_spawn = seed.max_spawn
-        elif max_ops > 0:
-            max_spawn = max(0, max_ops - len(plan.plan))
-        else:
-            max_spawn = opts.default_max_spawn
+            return seed.max_spawn
+        if settings.max_ops > 0:
+            return max(0, settings.max_ops - len(plan.plan))
+        return self.options.default_max_spawn
+
+    async def _prepare_graph(
+        self, run_dir: RunDir, plan: PlanFile, settings: RunSettings
+    ) -> tuple[Graph, int]:
+        """The graph to run (a resume's replay applied) and its spawn budget, announced."""
+        opts, seed = self.options, self.options.resume
+        max_spawn = self._spawn_budget(plan, settings)
         graph = build_graph(plan)
         if seed is not None:
             seed.apply(graph)
@@ -381,30 +391,28 @@ class FlowRun:
         )
         if opts.show_graph:
             await asyncio.to_thread(write_private, run_dir.path / "graph.mmd", mermaid(graph))
-        publisher = NodePublisher(db, session_id, graph)
-        self.gate.on_change.append(publisher.on_gate)
-        self.events.subscribe(publisher.on_event)
-        publisher.snapshot_all()
-        publisher_task = asyncio.ensure_future(publisher.run())
-        config = {
-            "model_spec": settings["model"],
-            "reactive_spec": settings["reactive"].spec,
-            "max_ops": max_ops,
-            "concurrency": settings["concurrency"],
-            "save_dir": str(settings["save"]) if settings["save"] else None,
-            "playbook": settings["playbook"],
-            "roles": settings["roles"],
-            "kind": opts.kind if seed is None else seed.config.get("kind", "flow"),
-        }
+        return graph, max_spawn
+
+    async def _open_writer(
+        self,
+        s: _Session,
+        graph: Graph,
+        plan: PlanFile,
+        prompt: str,
+        settings: RunSettings,
+        max_spawn: int,
+    ) -> CheckpointWriter:
+        """The run's checkpoint writer; a resume whose replay it cannot hold is refused."""
+        opts = self.options
         # A resume's first publication holds everything it replays (decision 43).
         replayed_ops, replayed_spawned = replay_entries(graph)
         try:
-            writer = CheckpointWriter(
-                run_dir.checkpoint_path,
-                session_id=session_id,
+            return CheckpointWriter(
+                s.run_dir.checkpoint_path,
+                session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=config,
+                config=settings.to_checkpoint_config(),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -415,32 +423,40 @@ class FlowRun:
                 spawned=replayed_spawned,
             )
         except ValueError as exc:
-            if seed is None:
+            if opts.resume is None:
                 raise
             # A replayed value the new checkpoint cannot hold (a legacy v2 NaN without a
             # digest): refuse before anything runs rather than replay what cannot be kept.
-            publisher_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await publisher_task
-            await self._finish_session(db, session_id, "failed", {"error": str(exc)})
+            await self._finish_session(s, "failed", {"error": str(exc)})
             raise FlowResumeError(
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
-        recorder = CheckpointRecorder(
-            writer, graph, run_dir, self.context, self.events, checkpoint_info
-        )
-        await recorder.flush()
+
+    def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:
+        publisher = NodePublisher(s.db, s.session_id, graph)
+        self.gate.on_change.append(publisher.on_gate)
+        self.events.subscribe(publisher.on_event)
+        publisher.snapshot_all()
+        s.tasks.create_task(publisher.run(), name="node-publisher")
+        return publisher
+
+    def _build_executor(
+        self,
+        run_dir: RunDir,
+        graph: Graph,
+        settings: RunSettings,
+        max_spawn: int,
+        recorder: CheckpointRecorder,
+    ) -> FlowExecutor:
         executor = FlowExecutor(
             graph,
-            provider_for=lambda op: self._providers.get(
-                settings["role_models"].get(op.assignee or "", settings["model"])
-            ),
+            provider_for=lambda op: self._providers.get(settings.model_for(op.assignee)),
             run_id=run_dir.run_id,
             home=self.home,
             artifact_dir=run_dir.leg_artifact_dir,
-            system_prompt=lambda op: (settings["roles"].get(op.assignee or "") or {}).get("system"),
-            concurrency=settings["concurrency"],
-            reactive=settings["reactive"],
+            system_prompt=lambda op: settings.system_for(op.assignee),
+            concurrency=settings.concurrency,
+            reactive=settings.reactive,
             max_spawn=max_spawn,
             gate=self.gate,
             context=self.context,
@@ -449,6 +465,12 @@ class FlowRun:
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
+        return executor
+
+    async def _execute(
+        self, s: _Session, executor: FlowExecutor, recorder: CheckpointRecorder
+    ) -> None:
+        """Run the graph; a stop that came before the executor existed applies first."""
         self.executor = executor
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
@@ -458,87 +480,65 @@ class FlowRun:
         recorder.on_lost = lambda: executor.close_admission(CHECKPOINT_LOST)
         if recorder.lost:
             executor.close_admission(CHECKPOINT_LOST)
-        await asyncio.to_thread(
-            db.set_session_phase, session_id, "paused" if self.gate.paused else "executing"
-        )
-        poller.executing = True
+        self.steering.attach(executor.has_pending)
+        await s.poller.start_executing()  # the poller alone writes sessions.phase
         await executor.run()
-        try:
-            await writer.close()
-        except PersistenceError as exc:
-            checkpoint_info["error"] = checkpoint_info["error"] or str(exc)
-        # ``writer.persisted`` remembers every failure; one the recorder recovered from
-        # by reconciling is a warning, not a loss (decision 27).
-        healthy = writer.persisted or (bool(recorder.recovered) and not writer.stopped)
-        checkpoint_info["persisted"] = healthy and checkpoint_info["error"] is None
-        if not healthy and checkpoint_info["error"] is None:
-            checkpoint_info["error"] = writer.error
-        checkpoint_info["reconciled"] = recorder.reconciles
+
+    async def _conclude(
+        self, s: _Session, graph: Graph, executor: FlowExecutor, checkpoint: CheckpointOutcome
+    ) -> FlowResult:
         self.warnings += [
             f"checkpoint write failed, recovered from the durable prefix: {error}"
-            for error in recorder.recovered
+            for error in checkpoint.recovered
         ]
-        await publisher.close()
-        publisher_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await publisher_task
-        status = self._final_status(graph, checkpoint_info)
+        status = self._final_status(graph, checkpoint)
         extra = {
-            "checkpoint": checkpoint_info,
+            "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
             "usage": usage_total(graph),
         }
-        await self._finish_session(db, session_id, status, extra)
-        return self._result(session_id, run_dir, graph, status, checkpoint_info)
+        await self._finish_session(s, status, extra)
+        return self._result(s, graph, status, checkpoint)
 
-    def _final_status(self, graph: Graph, checkpoint: dict[str, Any]) -> str:
+    def _final_status(self, graph: Graph, checkpoint: CheckpointOutcome) -> EndStatus:
         if self.stop_signal is not None:
             return "interrupted"
-        if any(op.status == "failed" for op in graph) or checkpoint["error"]:
+        if any(op.status == "failed" for op in graph) or checkpoint.error:
             return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
             return "timed_out" if self.deadline_hit else "interrupted"
         return "completed"
 
-    async def _finish_session(
-        self, db: StateDB, session_id: str, status: str, extra: dict[str, Any]
-    ) -> None:
+    async def _finish_session(self, s: _Session, status: EndStatus, extra: dict[str, Any]) -> None:
         def finish() -> None:
-            db.update_node_metadata(session_id, {**extra, "finished_at": time.time()})
-            db.set_session_status(session_id, status)  # type: ignore[arg-type]
+            s.db.update_node_metadata(s.session_id, {**extra, "finished_at": time.time()})
+            s.db.set_session_status(s.session_id, status)
 
         await asyncio.to_thread(finish)
 
+    def _exit_code(self, status: EndStatus) -> ExitCode:
+        if status == "completed":
+            return ExitCode.OK
+        if status == "timed_out":
+            return ExitCode.DEADLINE
+        if status == "interrupted" and self.stop_signal:
+            return _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
+        return ExitCode.FAILED
+
     def _result(
-        self,
-        session_id: str,
-        run_dir: RunDir,
-        graph: Graph,
-        status: str,
-        checkpoint: dict[str, Any],
+        self, s: _Session, graph: Graph, status: EndStatus, checkpoint: CheckpointOutcome
     ) -> FlowResult:
-        exit_code = {
-            "completed": ExitCode.OK,
-            "failed": ExitCode.FAILED,
-            "timed_out": ExitCode.DEADLINE,
-        }.get(status)
-        if exit_code is None:
-            exit_code = (
-                _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
-                if self.stop_signal
-                else ExitCode.FAILED
-            )
         seed = self.options.resume
         executor = self.executor
         return FlowResult(
-            session_id=session_id,
-            run_id=run_dir.run_id,
+            session_id=s.session_id,
+            run_id=s.run_dir.run_id,
             status=status,
-            exit_code=exit_code,
-            checkpoint=checkpoint,
+            exit_code=self._exit_code(status),
+            checkpoint=checkpoint.to_json(),
             checkpoint_recovery=seed.checkpoint_recovery if seed else None,
             nodes=node_summaries(graph),
-            run_dir=str(run_dir.path),
+            run_dir=str(s.run_dir.path),
             warnings=self.warnings,
             spawn_rejections=[
                 {

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steerflow.plan._codec import plan_from_checkpoint, plan_to_checkpoint
 from steerflow.plan._load import (
     ReactivePolicy,
     bundled_playbooks,
@@ -40,4 +41,6 @@ __all__ = [
     "parse_plan",
     "parse_plan_text",
     "parse_reactive",
+    "plan_from_checkpoint",
+    "plan_to_checkpoint",
 ]

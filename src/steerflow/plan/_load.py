@@ -162,12 +162,18 @@ def _describe(exc: ValidationError, *, source: str, text: str | None) -> str:
     return "invalid plan:\n  " + "\n  ".join(lines)
 
 
+# Union members pydantic names in a location; the user wrote a field, not a type.
+_TYPE_LABELS = frozenset(
+    {"str", "bool", "constrained-str", "Dependency", "function-after[_graph_is_sound(), PlanFile]"}
+)
+
+
 def _format_loc(loc: tuple[Any, ...]) -> str:
     out = ""
     for part in loc:
         if isinstance(part, int):
             out += f"[{part}]"
-        elif part in {"str", "Dependency", "function-after[_graph_is_sound(), PlanFile]"}:
+        elif part in _TYPE_LABELS:
             continue
         else:
             out += ("." if out else "") + str(part)

@@ -11,13 +11,12 @@ from steerflow.providers._base import (
     Usage,
 )
 from steerflow.providers._paths import ensure_leg_dir, is_leg_key, write_leg_file
-from steerflow.providers._registry import KNOWN_PREFIXES, ProviderCache, make_provider
-from steerflow.providers.echo import EchoProvider, echo_plan, echo_text
+from steerflow.providers._registry import ProviderCache, make_provider
+from steerflow.providers.echo import EchoProvider, echo_text
 from steerflow.providers.script import INVOCATION_LOG, ScriptProvider, load_script
 
 __all__ = [
     "INVOCATION_LOG",
-    "KNOWN_PREFIXES",
     "EchoProvider",
     "Message",
     "PlanRequest",
@@ -27,7 +26,6 @@ __all__ = [
     "ProviderResponse",
     "ScriptProvider",
     "Usage",
-    "echo_plan",
     "echo_text",
     "ensure_leg_dir",
     "is_leg_key",

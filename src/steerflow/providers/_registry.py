@@ -1,4 +1,9 @@
-"""Turn a ``--model`` spec into a provider."""
+"""Turn a ``--model`` spec into a provider: the one dispatch over every vendor.
+
+Network and agent-worker vendors are imported only when a spec names them, so a
+missing SDK is a usage error naming the extra to install, and the vendor modules
+(which import :mod:`steerflow.providers._conventions`) never import this one back.
+"""
 
 from __future__ import annotations
 
@@ -7,9 +12,7 @@ from steerflow.providers._base import Provider
 from steerflow.providers.echo import EchoProvider
 from steerflow.providers.script import ScriptProvider
 
-__all__ = ["KNOWN_PREFIXES", "ProviderCache", "make_provider"]
-
-KNOWN_PREFIXES = ("echo", "script:", "openai/", "anthropic/", "claude-code/", "codex/")
+__all__ = ["EXTRAS", "ProviderCache", "make_provider", "make_remote_provider", "missing_sdk_error"]
 
 
 def make_provider(spec: str) -> Provider:
@@ -20,19 +23,82 @@ def make_provider(spec: str) -> Provider:
         return ScriptProvider(spec)
     vendor, sep, model = spec.partition("/")
     if sep and model:
-        return _make_remote(vendor, model, spec)
+        return make_remote_provider(vendor, model, spec)
     raise UsageError(
         f"unknown model spec {spec!r}: use echo, echo:delay=S, script:PATH, openai/MODEL, "
         "anthropic/MODEL, claude-code/MODEL or codex/MODEL"
     )
 
 
-def _make_remote(vendor: str, model: str, spec: str) -> Provider:
-    try:
-        from steerflow.providers import _remote
-    except ImportError:  # pragma: no cover - the remote module ships with the package
-        raise UsageError(f"model spec {spec!r} is not supported in this build") from None
-    return _remote.make_remote_provider(vendor, model, spec)
+#: The pip extra that installs each SDK-backed vendor.
+EXTRAS = {"openai": "openai", "anthropic": "anthropic"}
+
+_VENDORS = ("openai", "anthropic", "claude-code", "codex")
+
+
+def missing_sdk_error(spec: str, package: str) -> UsageError:
+    """The usage error for a model spec whose vendor SDK is not installed.
+
+    Args:
+        spec: The ``--model`` spec that needed the SDK.
+        package: The import name of the missing SDK (``openai`` or ``anthropic``).
+
+    Returns:
+        A :class:`UsageError` whose message names the pip extra to install.
+    """
+    extra = EXTRAS.get(package, package)
+    return UsageError(
+        f"model spec {spec!r} needs the {package!r} Python package, which is not installed: "
+        f"pip install 'steerflow[{extra}]'"
+    )
+
+
+def _sdk_missing(exc: ImportError, package: str) -> bool:
+    name = exc.name or ""
+    return name == package or name.startswith(package + ".")
+
+
+def make_remote_provider(vendor: str, model: str, spec: str) -> Provider:
+    """Build an ``openai/``, ``anthropic/``, ``claude-code/`` or ``codex/`` provider.
+
+    Args:
+        vendor: The part of the spec before the first ``/``.
+        model: The model name after it (passed to the vendor unchanged).
+        spec: The complete spec, for messages.
+
+    Returns:
+        The provider; clients are created lazily on first use.
+
+    Raises:
+        UsageError: Unknown vendor, missing SDK, or missing credentials.
+    """
+    if vendor == "openai":
+        try:
+            from steerflow.providers.openai import OpenAIProvider
+        except ImportError as exc:
+            if _sdk_missing(exc, "openai"):
+                raise missing_sdk_error(spec, "openai") from None
+            raise
+        return OpenAIProvider(model, spec)
+    if vendor == "anthropic":
+        try:
+            from steerflow.providers.anthropic import AnthropicProvider
+        except ImportError as exc:
+            if _sdk_missing(exc, "anthropic"):
+                raise missing_sdk_error(spec, "anthropic") from None
+            raise
+        return AnthropicProvider(model, spec)
+    if vendor == "claude-code":
+        from steerflow.providers.agent_cli import ClaudeCodeProvider
+
+        return ClaudeCodeProvider(model, spec)
+    if vendor == "codex":
+        from steerflow.providers.agent_cli import CodexProvider
+
+        return CodexProvider(model, spec)
+    raise UsageError(
+        f"model spec {spec!r}: unknown provider {vendor!r} (known: {', '.join(_VENDORS)})"
+    )
 
 
 class ProviderCache:

@@ -1,28 +1,23 @@
-"""Network and agent-worker providers: dispatch, and the conventions they share.
+"""Where the remote-provider conventions and dispatch used to live; kept as an alias.
 
-``make_remote_provider`` maps the vendor part of a ``--model`` spec to its
-provider class, importing the vendor SDK only then; a missing SDK is a usage
-error that names the extra to install.
-
-The conventions shared by every remote provider live here too:
-
-* **Spawn requests.** When a node may spawn, the system prompt asks the model
-  to end its reply with one fenced ``json`` block holding
-  ``{"spawn": [...]}``. :func:`extract_spawns` takes the last such block out of
-  the reply and returns its raw items; the executor validates each.
-* **Planning.** :func:`plan_system_prompt` and :func:`plan_user_prompt` ask for
-  one JSON object matching the plan schema (with the previous validation error
-  when there is one); :func:`parse_plan_reply` turns the reply into a dict.
+The conventions are :mod:`steerflow.providers._conventions` and the dispatch is
+:mod:`steerflow.providers._registry`. This module only re-exports them for code
+that still imports it; nothing imports it from inside ``providers``, so it adds
+no cycle.
 """
 
 from __future__ import annotations
 
-import json
-import re
-from collections.abc import Sequence
-
-from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import Message, PlanRequest, Provider
+from steerflow.providers._conventions import (
+    SPAWN_GUIDANCE,
+    extract_spawns,
+    parse_plan_reply,
+    plan_system_prompt,
+    plan_user_prompt,
+    split_history,
+    system_with_spawn,
+)
+from steerflow.providers._registry import EXTRAS, make_remote_provider, missing_sdk_error
 
 __all__ = [
     "EXTRAS",
@@ -36,198 +31,3 @@ __all__ = [
     "split_history",
     "system_with_spawn",
 ]
-
-#: The pip extra that installs each SDK-backed vendor.
-EXTRAS = {"openai": "openai", "anthropic": "anthropic"}
-
-_VENDORS = ("openai", "anthropic", "claude-code", "codex")
-
-SPAWN_GUIDANCE = (
-    "You may hand follow-up work to new agents. To do so, end your reply with exactly one "
-    'fenced code block tagged json that holds an object {"spawn": [...]}. Each item is an '
-    'object with "agent_id" (1-64 characters from letters, digits, "_", "." and "-"), '
-    '"instruction" (a self-contained task), and optionally "assignee" (a role name) and '
-    '"depends_on" (a list of agent ids). Leave the block out when no follow-up work is needed.'
-)
-
-_FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n(.*?)```", re.DOTALL)
-
-
-def missing_sdk_error(spec: str, package: str) -> UsageError:
-    """The usage error for a model spec whose vendor SDK is not installed.
-
-    Args:
-        spec: The ``--model`` spec that needed the SDK.
-        package: The import name of the missing SDK (``openai`` or ``anthropic``).
-
-    Returns:
-        A :class:`UsageError` whose message names the pip extra to install.
-    """
-    extra = EXTRAS.get(package, package)
-    return UsageError(
-        f"model spec {spec!r} needs the {package!r} Python package, which is not installed: "
-        f"pip install 'steerflow[{extra}]'"
-    )
-
-
-def _sdk_missing(exc: ImportError, package: str) -> bool:
-    name = exc.name or ""
-    return name == package or name.startswith(package + ".")
-
-
-def make_remote_provider(vendor: str, model: str, spec: str) -> Provider:
-    """Build an ``openai/``, ``anthropic/``, ``claude-code/`` or ``codex/`` provider.
-
-    Args:
-        vendor: The part of the spec before the first ``/``.
-        model: The model name after it (passed to the vendor unchanged).
-        spec: The complete spec, for messages.
-
-    Returns:
-        The provider; clients are created lazily on first use.
-
-    Raises:
-        UsageError: Unknown vendor, missing SDK, or missing credentials.
-    """
-    if vendor == "openai":
-        try:
-            from steerflow.providers.openai import OpenAIProvider
-        except ImportError as exc:
-            if _sdk_missing(exc, "openai"):
-                raise missing_sdk_error(spec, "openai") from None
-            raise
-        return OpenAIProvider(model, spec)
-    if vendor == "anthropic":
-        try:
-            from steerflow.providers.anthropic import AnthropicProvider
-        except ImportError as exc:
-            if _sdk_missing(exc, "anthropic"):
-                raise missing_sdk_error(spec, "anthropic") from None
-            raise
-        return AnthropicProvider(model, spec)
-    if vendor == "claude-code":
-        from steerflow.providers.agent_cli import ClaudeCodeProvider
-
-        return ClaudeCodeProvider(model, spec)
-    if vendor == "codex":
-        from steerflow.providers.agent_cli import CodexProvider
-
-        return CodexProvider(model, spec)
-    raise UsageError(
-        f"model spec {spec!r}: unknown provider {vendor!r} (known: {', '.join(_VENDORS)})"
-    )
-
-
-def split_history(history: Sequence[Message]) -> tuple[str | None, list[Message]]:
-    """Separate system messages from the conversation turns.
-
-    Args:
-        history: The branch before this turn.
-
-    Returns:
-        The system messages joined by blank lines (None if there are none), and
-        the remaining user/assistant turns in order.
-    """
-    system = [m.content for m in history if m.role == "system"]
-    turns = [m for m in history if m.role != "system"]
-    return ("\n\n".join(system) if system else None), turns
-
-
-def system_with_spawn(system: str | None, allow_spawn: bool) -> str | None:
-    """Append the spawn guidance to a system prompt when spawning is allowed."""
-    if not allow_spawn:
-        return system
-    return SPAWN_GUIDANCE if not system else f"{system}\n\n{SPAWN_GUIDANCE}"
-
-
-def extract_spawns(text: str) -> tuple[str, list[object]]:
-    """Take the spawn block out of a reply.
-
-    The last fenced block whose content is a JSON object with a ``spawn`` key
-    is the spawn block. It is removed from the text; its ``spawn`` value is
-    returned as a list of raw items (a non-list value becomes a one-item list,
-    so the executor can reject it with a reason).
-
-    Args:
-        text: The model's reply.
-
-    Returns:
-        The reply without the spawn block, and the raw spawn items (empty when
-        the reply carries no spawn block).
-    """
-    for match in reversed(list(_FENCE.finditer(text))):
-        try:
-            data = json.loads(match.group(1))
-        except ValueError:
-            continue
-        if not isinstance(data, dict) or "spawn" not in data:
-            continue
-        value = data["spawn"]
-        items: list[object] = list(value) if isinstance(value, list) else [value]
-        rest = (text[: match.start()] + text[match.end() :]).strip()
-        return rest, items
-    return text, []
-
-
-def plan_system_prompt(request: PlanRequest) -> str:
-    """The system prompt of a planning call: reply with JSON matching the schema."""
-    schema = json.dumps(request.schema, sort_keys=True, separators=(",", ":"))
-    return (
-        "You are the planner of a workflow engine that runs a graph of agents. Break the "
-        "user's task into operations and reply with a single JSON object and nothing else "
-        "(no prose, no code fences). The object must validate against this JSON Schema:\n"
-        f"{schema}\n"
-        f'Use at most {request.max_entries} entries in "plan". Give every entry a unique '
-        '"agent_id", an "assignee" role, a self-contained "instruction", and "depends_on" '
-        "listing the agent ids whose results it needs. The dependencies must not form a cycle."
-    )
-
-
-def plan_user_prompt(request: PlanRequest) -> str:
-    """The user turn of a planning call, with the previous rejection when there is one."""
-    if not request.feedback:
-        return request.prompt
-    return (
-        f"{request.prompt}\n\nYour previous plan was rejected: {request.feedback}\n"
-        "Reply again with a corrected JSON object."
-    )
-
-
-def parse_plan_reply(text: str, label: str) -> dict[str, object]:
-    """Parse a planner reply into plan data.
-
-    Accepts a bare JSON object, one wrapped in a code fence, or one surrounded
-    by prose (the outermost ``{...}``). A bare JSON list is taken as the
-    ``plan`` entries.
-
-    Args:
-        text: The model's reply.
-        label: Prefix of error messages (the model spec).
-
-    Returns:
-        The decoded object (validated later by the caller).
-
-    Raises:
-        ProviderError: The reply holds no JSON object.
-    """
-    candidates = [text.strip()]
-    candidates += [m.group(1).strip() for m in _FENCE.finditer(text)]
-    first, last = text.find("{"), text.rfind("}")
-    if 0 <= first < last:
-        candidates.append(text[first : last + 1])
-    error = "empty reply"
-    for candidate in candidates:
-        if not candidate:
-            continue
-        try:
-            data = json.loads(candidate)
-        except ValueError as exc:
-            error = str(exc)
-            continue
-        if isinstance(data, dict):
-            return {str(k): v for k, v in data.items()}
-        if isinstance(data, list):
-            return {"plan": data}
-        error = f"expected a JSON object, got {type(data).__name__}"
-    head = " ".join(text.split())[:200]
-    raise ProviderError(f"{label}: planner reply is not a JSON object ({error}): {head!r}")

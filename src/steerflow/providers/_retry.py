@@ -31,13 +31,13 @@ from types import ModuleType
 from typing import Any, TypeVar
 
 from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._env import env_float
 
 __all__ = [
     "Failure",
     "RetryPolicy",
     "call_with_retry",
     "classify_sdk_error",
-    "env_float",
     "is_transient_status",
 ]
 
@@ -116,33 +116,6 @@ class RetryPolicy:
         """
         ceiling = min(self.max_backoff_s, self.backoff_s * (2 ** min(retry - 1, 60)))
         return (rng or random).uniform(0.0, ceiling)
-
-
-def env_float(env: Mapping[str, str], name: str, default: float, *, minimum: float = 0.0) -> float:
-    """Read a non-negative number from the environment.
-
-    Args:
-        env: The environment mapping.
-        name: Variable name.
-        default: Value when the variable is unset or empty.
-        minimum: Smallest accepted value.
-
-    Returns:
-        The parsed value, or ``default``.
-
-    Raises:
-        UsageError: The value is not a finite number >= ``minimum``.
-    """
-    raw = env.get(name, "").strip()
-    if not raw:
-        return default
-    try:
-        value = float(raw)
-    except ValueError:
-        raise UsageError(f"{name}={raw!r} is not a number") from None
-    if not math.isfinite(value) or value < minimum:
-        raise UsageError(f"{name}={raw!r} must be a finite number >= {minimum:g}")
-    return value
 
 
 def is_transient_status(status: int) -> bool:

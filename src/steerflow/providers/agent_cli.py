@@ -45,8 +45,7 @@ from steerflow.providers._base import (
     ProviderResponse,
     Usage,
 )
-from steerflow.providers._paths import ensure_leg_dir
-from steerflow.providers._remote import (
+from steerflow.providers._conventions import (
     extract_spawns,
     parse_plan_reply,
     plan_system_prompt,
@@ -54,7 +53,8 @@ from steerflow.providers._remote import (
     split_history,
     system_with_spawn,
 )
-from steerflow.providers._retry import env_float
+from steerflow.providers._env import env_float
+from steerflow.providers._paths import ensure_leg_dir
 
 __all__ = [
     "AgentCLIProvider",

@@ -9,7 +9,6 @@ decides. ``STEERFLOW_ANTHROPIC_MAX_TOKENS`` sets ``max_tokens`` (default 8192).
 
 from __future__ import annotations
 
-import functools
 import os
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -18,23 +17,10 @@ import anthropic
 from anthropic.types import MessageParam
 
 from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import (
-    Message,
-    PlanRequest,
-    Provider,
-    ProviderRequest,
-    ProviderResponse,
-    Usage,
-)
-from steerflow.providers._remote import (
-    extract_spawns,
-    parse_plan_reply,
-    plan_system_prompt,
-    plan_user_prompt,
-    split_history,
-    system_with_spawn,
-)
-from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error, env_float
+from steerflow.providers._base import Message, Usage
+from steerflow.providers._env import env_float
+from steerflow.providers._retry import RetryPolicy
+from steerflow.providers._sdk import SDKProvider
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
@@ -54,7 +40,7 @@ def normalize_base_url(url: str | None) -> str | None:
     return url.rstrip("/").removesuffix("/v1")
 
 
-class AnthropicProvider(Provider):
+class AnthropicProvider(SDKProvider):
     """Messages through the official ``anthropic`` SDK.
 
     Args:
@@ -107,53 +93,11 @@ class AnthropicProvider(Provider):
             )
         return self._client
 
-    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
-        """Send history + instruction as one Messages call.
-
-        Args:
-            request: The rendered operation.
-
-        Returns:
-            The reply text (without a spawn block), raw spawn items and usage.
-
-        Raises:
-            ProviderError: The call failed (see :func:`call_with_retry`).
-        """
-        system, turns = split_history(request.history)
-        system = system_with_spawn(system, request.allow_spawn)
-        messages = _messages([*turns, Message(role="user", content=request.instruction)])
-        text, usage = await self._create(system, messages, timeout_s=request.timeout_s)
-        spawns: list[object] = []
-        if request.allow_spawn:
-            text, spawns = extract_spawns(text)
-        return ProviderResponse(text=text, spawns=spawns, usage=usage)
-
-    async def plan(self, request: PlanRequest) -> object:
-        """Ask for a plan as one JSON object.
-
-        Args:
-            request: Prompt, schema, entry limit and the previous rejection.
-
-        Returns:
-            The decoded plan object.
-
-        Raises:
-            ProviderError: The call failed or the reply is not a JSON object.
-        """
-        messages = _messages([Message(role="user", content=plan_user_prompt(request))])
-        text, _ = await self._create(plan_system_prompt(request), messages, timeout_s=None)
-        return parse_plan_reply(text, self.spec)
-
-    async def aclose(self) -> None:
-        """Close the HTTP client, if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()
-
     async def _create(
-        self, system: str | None, messages: list[MessageParam], *, timeout_s: float | None
+        self, system: str | None, turns: Sequence[Message], *, timeout_s: float | None
     ) -> tuple[str, Usage | None]:
-        per_call = timeout_s if timeout_s and timeout_s > 0 else self.policy.timeout_s
+        messages = _messages(turns)
+        per_call = self._per_call_s(timeout_s)
         extra: dict[str, Any] = {"system": system} if system else {}
 
         async def attempt() -> Any:
@@ -165,13 +109,7 @@ class AnthropicProvider(Provider):
                 **extra,
             )
 
-        reply = await call_with_retry(
-            attempt,
-            classify=functools.partial(classify_sdk_error, anthropic),
-            policy=self.policy,
-            label=self.spec,
-            timeout_s=per_call,
-        )
+        reply = await self._retried(anthropic, attempt, timeout_s=per_call)
         blocks = getattr(reply, "content", None)
         if blocks is None:
             raise ProviderError(f"{self.spec}: the server returned no content")

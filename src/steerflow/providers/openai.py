@@ -7,9 +7,8 @@ retries are off; :mod:`steerflow.providers._retry` decides.
 
 from __future__ import annotations
 
-import functools
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import openai
@@ -21,22 +20,9 @@ from openai.types.chat import (
 )
 
 from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import (
-    PlanRequest,
-    Provider,
-    ProviderRequest,
-    ProviderResponse,
-    Usage,
-)
-from steerflow.providers._remote import (
-    extract_spawns,
-    parse_plan_reply,
-    plan_system_prompt,
-    plan_user_prompt,
-    split_history,
-    system_with_spawn,
-)
-from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error
+from steerflow.providers._base import Message, Usage
+from steerflow.providers._retry import RetryPolicy
+from steerflow.providers._sdk import SDKProvider
 
 __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 
@@ -44,7 +30,7 @@ __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 PLACEHOLDER_KEY = "not-set"
 
 
-class OpenAIProvider(Provider):
+class OpenAIProvider(SDKProvider):
     """Chat completions through the official ``openai`` SDK.
 
     Args:
@@ -91,80 +77,31 @@ class OpenAIProvider(Provider):
             )
         return self._client
 
-    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
-        """Send history + instruction as one chat completion.
-
-        Args:
-            request: The rendered operation.
-
-        Returns:
-            The reply text (without a spawn block), raw spawn items and usage.
-
-        Raises:
-            ProviderError: The call failed (see :func:`call_with_retry`).
-        """
-        system, turns = split_history(request.history)
-        system = system_with_spawn(system, request.allow_spawn)
-        messages: list[ChatCompletionMessageParam] = []
-        if system:
-            messages.append(ChatCompletionSystemMessageParam(role="system", content=system))
-        for turn in turns:
-            if turn.role == "assistant":
-                messages.append(
-                    ChatCompletionAssistantMessageParam(role="assistant", content=turn.content)
-                )
-            else:
-                messages.append(ChatCompletionUserMessageParam(role="user", content=turn.content))
-        messages.append(ChatCompletionUserMessageParam(role="user", content=request.instruction))
-        text, usage = await self._complete(messages, timeout_s=request.timeout_s)
-        spawns: list[object] = []
-        if request.allow_spawn:
-            text, spawns = extract_spawns(text)
-        return ProviderResponse(text=text, spawns=spawns, usage=usage)
-
-    async def plan(self, request: PlanRequest) -> object:
-        """Ask for a plan as one JSON object (JSON mode where the server supports it).
-
-        Args:
-            request: Prompt, schema, entry limit and the previous rejection.
-
-        Returns:
-            The decoded plan object.
-
-        Raises:
-            ProviderError: The call failed or the reply is not a JSON object.
-        """
-        messages: list[ChatCompletionMessageParam] = [
-            ChatCompletionSystemMessageParam(role="system", content=plan_system_prompt(request)),
-            ChatCompletionUserMessageParam(role="user", content=plan_user_prompt(request)),
-        ]
+    async def _plan_text(self, system: str, turns: Sequence[Message]) -> str:
+        """Ask in JSON mode where the server supports it, and remember when it does not."""
         if self._json_mode:
             try:
-                text, _ = await self._complete(messages, timeout_s=None, json_mode=True)
+                text, _ = await self._create(system, turns, timeout_s=None, json_mode=True)
             except ProviderError as exc:
                 if exc.retryable or not _rejects_json_mode(exc):
                     raise
                 # The server refused response_format: ask again without it, and remember.
                 self._json_mode = False
-                text, _ = await self._complete(messages, timeout_s=None)
-        else:
-            text, _ = await self._complete(messages, timeout_s=None)
-        return parse_plan_reply(text, self.spec)
+            else:
+                return text
+        text, _ = await self._create(system, turns, timeout_s=None)
+        return text
 
-    async def aclose(self) -> None:
-        """Close the HTTP client, if one was created."""
-        if self._client is not None:
-            client, self._client = self._client, None
-            await client.close()
-
-    async def _complete(
+    async def _create(
         self,
-        messages: list[ChatCompletionMessageParam],
+        system: str | None,
+        turns: Sequence[Message],
         *,
         timeout_s: float | None,
         json_mode: bool = False,
     ) -> tuple[str, Usage | None]:
-        per_call = timeout_s if timeout_s and timeout_s > 0 else self.policy.timeout_s
+        messages = _messages(system, turns)
+        per_call = self._per_call_s(timeout_s)
         extra: dict[str, Any] = {}
         if json_mode:
             extra["response_format"] = {"type": "json_object"}
@@ -174,13 +111,7 @@ class OpenAIProvider(Provider):
                 model=self.model, messages=messages, timeout=per_call, **extra
             )
 
-        completion = await call_with_retry(
-            attempt,
-            classify=functools.partial(classify_sdk_error, openai),
-            policy=self.policy,
-            label=self.spec,
-            timeout_s=per_call,
-        )
+        completion = await self._retried(openai, attempt, timeout_s=per_call)
         choices = getattr(completion, "choices", None)
         if not choices:
             raise ProviderError(f"{self.spec}: the server returned no choices")
@@ -192,6 +123,20 @@ class OpenAIProvider(Provider):
                 raise ProviderError(f"{self.spec}: the model refused: {refusal}")
             content = ""
         return str(content), _usage(getattr(completion, "usage", None))
+
+
+def _messages(system: str | None, turns: Sequence[Message]) -> list[ChatCompletionMessageParam]:
+    messages: list[ChatCompletionMessageParam] = []
+    if system:
+        messages.append(ChatCompletionSystemMessageParam(role="system", content=system))
+    for turn in turns:
+        if turn.role == "assistant":
+            messages.append(
+                ChatCompletionAssistantMessageParam(role="assistant", content=turn.content)
+            )
+        else:
+            messages.append(ChatCompletionUserMessageParam(role="user", content=turn.content))
+    return messages
 
 
 def _rejects_json_mode(exc: ProviderError) -> bool:

@@ -1,7 +1,14 @@
-"""Resume: resolve a target, check the checkpoint, rebuild a faithful graph (D5)."""
+"""Resume (D5): resolve a target, and check a checkpoint into a replay plan.
+
+:func:`resolve_run_target` finds the run a ``resume``/``show`` target names;
+:func:`plan_replay` applies the D5 refusal rules, the spawned reconstruction and the
+Amendment 1 settle check to a loaded checkpoint and returns a pure :class:`ReplayPlan`
+(no executor types): ``orchestrate`` applies it to a graph.
+"""
 
 from __future__ import annotations
 
+from steerflow.resume._plan import ReplayPlan, ReplaySpawn, plan_replay
 from steerflow.resume._target import RunTarget, resolve_run_target
 
-__all__ = ["RunTarget", "resolve_run_target"]
+__all__ = ["ReplayPlan", "ReplaySpawn", "RunTarget", "plan_replay", "resolve_run_target"]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from steerflow.errors import AmbiguousIdError, FlowResumeError, UnknownIdError, quote_input
 from steerflow.home import is_run_id, list_run_dirs
-from steerflow.state import StateDB
+from steerflow.state import StateDB, db_exists
 
 __all__ = ["RunTarget", "resolve_run_target"]
 
@@ -25,7 +25,7 @@ class RunTarget:
 
 
 def _session_for_run(home: Path, run_id: str) -> str | None:
-    if not (home / "state.db").is_file():
+    if not db_exists(home):
         return None
     with StateDB.open(home, create=False) as db:
         row = db.session_for_run(run_id)
@@ -69,7 +69,7 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
         if matches:
             run = matches[0]
             return RunTarget(run, run.name, _session_for_run(home, run.name))
-    if not (home / "state.db").is_file():
+    if not db_exists(home):
         raise UnknownIdError(
             f"no run directory or run id matches {quote_input(target)}, and no state DB"
         )

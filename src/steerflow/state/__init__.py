@@ -8,7 +8,7 @@ for how a dead owner turns a ``running`` session into ``interrupted``.
 from __future__ import annotations
 
 from steerflow.state._claims import ResumeClaim, ResumedBy
-from steerflow.state._db import DB_FILENAME, STATE_DB_URL_ENV, ResolvedTarget, StateDB
+from steerflow.state._db import STATE_DB_URL_ENV, ResolvedTarget, StateDB, db_exists
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
     Owner,
@@ -35,7 +35,6 @@ from steerflow.state._schema import (
 )
 
 __all__ = [
-    "DB_FILENAME",
     "HEARTBEAT_STALE_S",
     "SCHEMA_VERSION",
     "STATE_DB_URL_ENV",
@@ -58,6 +57,7 @@ __all__ = [
     "StateBackend",
     "StateDB",
     "StateTransaction",
+    "db_exists",
     "effective_status",
     "owner_alive",
     "process_start_time",

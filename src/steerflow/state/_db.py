@@ -64,6 +64,8 @@ __all__ = [
     "STATE_DB_URL_ENV",
     "ResolvedTarget",
     "StateDB",
+    "db_exists",
+    "db_path",
 ]
 
 DB_FILENAME = "state.db"
@@ -71,6 +73,26 @@ DB_FILENAME = "state.db"
 
 STATE_DB_URL_ENV = "STEERFLOW_STATE_DB_URL"
 """Environment variable naming another state database by URL."""
+
+
+def db_path(home: Path) -> Path:
+    """The state database of ``home``: ``STEERFLOW_STATE_DB_URL``, else ``<home>/state.db``.
+
+    Raises:
+        UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
+    """
+    url = os.environ.get(STATE_DB_URL_ENV, "").strip()  # only sqlite:///PATH for now
+    return sqlite_path_from_url(url) if url else Path(home) / DB_FILENAME
+
+
+def db_exists(home: Path) -> bool:
+    """Whether the state database of ``home`` exists, so a reader can skip it when it does not.
+
+    Raises:
+        UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
+    """
+    return db_path(home).is_file()
+
 
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _ID_LEN = 32
@@ -181,8 +203,7 @@ class StateDB:
             DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
             UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
         """
-        url = os.environ.get(STATE_DB_URL_ENV, "").strip()  # only sqlite:///PATH for now
-        path = sqlite_path_from_url(url) if url else Path(home) / DB_FILENAME
+        path = db_path(home)
         if create and not read_only and not path.exists():
             _initialize(path, busy_timeout_s=busy_timeout_s)
         backend = SqliteBackend.open(

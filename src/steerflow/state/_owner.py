@@ -20,14 +20,14 @@ import os
 import socket
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-if TYPE_CHECKING:
-    from steerflow.state._schema import SessionRow, SessionStatus
+from steerflow.state._vocab import SessionStatus
 
 __all__ = [
     "HEARTBEAT_STALE_S",
     "START_TIME_TOLERANCE_S",
+    "OwnedRow",
     "Owner",
     "effective_status",
     "owner_alive",
@@ -128,6 +128,21 @@ def this_host() -> str:
     return socket.gethostname()
 
 
+class OwnedRow(Protocol):
+    """What :func:`effective_status` reads of a session row (``SessionRow`` has it all)."""
+
+    @property
+    def status(self) -> SessionStatus: ...
+    @property
+    def owner_host(self) -> str | None: ...
+    @property
+    def owner_pid(self) -> int | None: ...
+    @property
+    def owner_started(self) -> float | None: ...
+    @property
+    def heartbeat_at(self) -> float | None: ...
+
+
 @dataclass(frozen=True)
 class Owner:
     """The process that owns a session.
@@ -187,7 +202,7 @@ def owner_alive(
     return current - heartbeat_at <= HEARTBEAT_STALE_S
 
 
-def effective_status(row: SessionRow, *, now: float | None = None) -> SessionStatus:
+def effective_status(row: OwnedRow, *, now: float | None = None) -> SessionStatus:
     """The status to report for a session, accounting for a dead owner.
 
     A row stored as ``running`` whose owner is no longer alive (see

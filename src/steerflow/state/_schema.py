@@ -19,10 +19,19 @@ import time
 from collections.abc import Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
-from typing import Any, Literal, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from steerflow.errors import RefusedError
 from steerflow.state._owner import Owner
+from steerflow.state._vocab import (
+    ControlVerb,
+    InvocationKind,
+    NodeKind,
+    NodeStatus,
+    Phase,
+    SessionStatus,
+    TargetVia,
+)
 
 __all__ = [
     "MIGRATIONS",
@@ -51,27 +60,6 @@ __all__ = [
     "load_json",
     "migrate",
 ]
-
-SessionStatus = Literal["running", "completed", "failed", "timed_out", "interrupted"]
-"""Stored status of a session (and of an invocation)."""
-
-Phase = Literal["planning", "executing", "paused"]
-"""Where a running flow is: still planning, executing nodes, or paused by an operator."""
-
-InvocationKind = Literal["flow", "play", "agent"]
-"""Kind of a session or an invocation."""
-
-ControlVerb = Literal["pause", "resume", "message", "stop"]
-"""Verbs the ``session_controls`` CHECK accepts (``stop`` is reserved, never consumed)."""
-
-NodeKind = Literal["planned", "spawned"]
-"""A node from the plan, or one spawned at run time by a reactive node."""
-
-TargetVia = Literal["session", "invocation", "play"]
-"""Which table a ``ctl`` target matched."""
-
-NodeStatus = Literal["pending", "running", "paused", "completed", "failed", "skipped"]
-"""Live status of one node as published by the flow process."""
 
 SCHEMA_VERSION_DDL = """\
 CREATE TABLE IF NOT EXISTS schema_version (

@@ -1,0 +1,96 @@
+"""A run's settings, and their one translation to and from the checkpoint ``config``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from steerflow.orchestrate._options import FlowOptions
+from steerflow.plan import PlanFile, ReactivePolicy, parse_reactive
+from steerflow.state import InvocationKind
+
+__all__ = ["RunSettings"]
+
+
+@dataclass(frozen=True)
+class RunSettings:
+    """What a run uses after options, plan values and defaults were resolved.
+
+    A fresh run takes them from :class:`FlowOptions` and its plan; a resume takes them
+    from the source checkpoint's ``config``, which :meth:`to_checkpoint_config` wrote,
+    so a resumed run keeps the settings it started with.
+    """
+
+    model: str
+    reactive: ReactivePolicy
+    max_ops: int
+    concurrency: int
+    save: Path | None
+    playbook: str | None
+    kind: InvocationKind
+    #: Per-role settings as stored (``model``, ``system``, ...).
+    roles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+
+    @classmethod
+    def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
+        """Options first, then the plan's values, then the defaults."""
+        reactive: str | bool | None = options.reactive
+        if reactive is None and plan is not None:
+            reactive = plan.reactive
+        max_ops = options.max_ops
+        if max_ops is None:
+            max_ops = (plan.max_ops or 0) if plan is not None else 0
+        return cls(
+            model=options.model or (plan.model if plan else None) or "echo",
+            reactive=parse_reactive(reactive),
+            max_ops=max_ops,
+            concurrency=options.concurrency or (plan.concurrency if plan else None) or 4,
+            save=options.save,
+            playbook=options.playbook,
+            kind=options.kind,
+            roles={k: v.model_dump() for k, v in (plan.roles if plan else {}).items()},
+        )
+
+    @classmethod
+    def from_checkpoint_config(cls, config: Mapping[str, Any]) -> RunSettings:
+        """The settings a checkpoint's ``config`` records (missing keys take defaults)."""
+        save_dir = config.get("save_dir")
+        return cls(
+            model=config.get("model_spec") or "echo",
+            reactive=parse_reactive(config.get("reactive_spec") or "off"),
+            max_ops=int(config.get("max_ops") or 0),
+            concurrency=int(config.get("concurrency") or 4),
+            save=Path(save_dir) if save_dir else None,
+            playbook=config.get("playbook"),
+            kind=config.get("kind", "flow"),
+            roles=dict(config.get("roles") or {}),
+        )
+
+    def to_checkpoint_config(self) -> dict[str, Any]:
+        """The checkpoint's ``config`` object (CONTRACT §5); key order is part of the bytes."""
+        return {
+            "model_spec": self.model,
+            "reactive_spec": self.reactive.spec,
+            "max_ops": self.max_ops,
+            "concurrency": self.concurrency,
+            "save_dir": str(self.save) if self.save else None,
+            "playbook": self.playbook,
+            "roles": dict(self.roles),
+            "kind": self.kind,
+        }
+
+    @property
+    def role_models(self) -> dict[str, str]:
+        """Roles that name their own model."""
+        return {k: v["model"] for k, v in self.roles.items() if v.get("model")}
+
+    def model_for(self, assignee: str | None) -> str:
+        """The model spec that serves an operation assigned to ``assignee``."""
+        return self.role_models.get(assignee or "", self.model)
+
+    def system_for(self, assignee: str | None) -> str | None:
+        """The role's system prompt, if it has one."""
+        system = (self.roles.get(assignee or "") or {}).get("system")
+        return system if isinstance(system, str) else None

@@ -1,0 +1,123 @@
+"""The shared shape of the two SDK-backed providers (``openai/`` and ``anthropic/``).
+
+Both turn a request into the same steps: split the history into a system prompt
+and turns, add the spawn guidance, make one retried SDK call, and take the spawn
+block out of the reply. :class:`SDKProvider` does those steps once; a vendor
+implements :meth:`SDKProvider._create` (one call with its SDK's message shape)
+and builds its client lazily in ``_client``.
+"""
+
+from __future__ import annotations
+
+import abc
+import functools
+from collections.abc import Awaitable, Callable, Sequence
+from types import ModuleType
+from typing import Any, Protocol
+
+from steerflow.providers._base import (
+    Message,
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+)
+from steerflow.providers._conventions import (
+    extract_spawns,
+    parse_plan_reply,
+    plan_system_prompt,
+    plan_user_prompt,
+    split_history,
+    system_with_spawn,
+)
+from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error
+
+__all__ = ["SDKProvider"]
+
+
+class _Closeable(Protocol):
+    async def close(self) -> None: ...
+
+
+class SDKProvider(Provider):
+    """A provider whose every call is one retried request through a vendor SDK.
+
+    Subclasses set ``spec``, ``model`` and ``policy`` in ``__init__`` and leave
+    ``_client`` None until first use.
+    """
+
+    spec: str
+    model: str
+    policy: RetryPolicy
+    _client: _Closeable | None
+
+    async def invoke(self, request: ProviderRequest) -> ProviderResponse:
+        """Send history + instruction as one call.
+
+        Args:
+            request: The rendered operation.
+
+        Returns:
+            The reply text (without a spawn block), raw spawn items and usage.
+
+        Raises:
+            ProviderError: The call failed (see :func:`call_with_retry`).
+        """
+        system, turns = split_history(request.history)
+        system = system_with_spawn(system, request.allow_spawn)
+        turns = [*turns, Message(role="user", content=request.instruction)]
+        text, usage = await self._create(system, turns, timeout_s=request.timeout_s)
+        spawns: list[object] = []
+        if request.allow_spawn:
+            text, spawns = extract_spawns(text)
+        return ProviderResponse(text=text, spawns=spawns, usage=usage)
+
+    async def plan(self, request: PlanRequest) -> object:
+        """Ask for a plan as one JSON object.
+
+        Args:
+            request: Prompt, schema, entry limit and the previous rejection.
+
+        Returns:
+            The decoded plan object.
+
+        Raises:
+            ProviderError: The call failed or the reply is not a JSON object.
+        """
+        turns = [Message(role="user", content=plan_user_prompt(request))]
+        text = await self._plan_text(plan_system_prompt(request), turns)
+        return parse_plan_reply(text, self.spec)
+
+    async def aclose(self) -> None:
+        """Close the SDK client, if one was created."""
+        if self._client is not None:
+            client, self._client = self._client, None
+            await client.close()
+
+    async def _plan_text(self, system: str, turns: Sequence[Message]) -> str:
+        """The reply text of a planning call; a vendor may ask for JSON mode here."""
+        text, _ = await self._create(system, turns, timeout_s=None)
+        return text
+
+    @abc.abstractmethod
+    async def _create(
+        self, system: str | None, turns: Sequence[Message], *, timeout_s: float | None
+    ) -> tuple[str, Usage | None]:
+        """One retried SDK call: the reply text and its usage."""
+
+    def _per_call_s(self, timeout_s: float | None) -> float:
+        """The request's own timeout when it has one, else the policy's."""
+        return timeout_s if timeout_s and timeout_s > 0 else self.policy.timeout_s
+
+    async def _retried(
+        self, sdk: ModuleType, attempt: Callable[[], Awaitable[Any]], *, timeout_s: float
+    ) -> Any:
+        """Run ``attempt`` under the retry policy, classifying ``sdk``'s errors."""
+        return await call_with_retry(
+            attempt,
+            classify=functools.partial(classify_sdk_error, sdk),
+            policy=self.policy,
+            label=self.spec,
+            timeout_s=timeout_s,
+        )

@@ -1,0 +1,412 @@
+"""D5 and the Amendment 1 settle check: what a faithful resume replays, or a refusal.
+
+:func:`plan_replay` checks a loaded checkpoint against every resume rule before any graph
+exists and returns a pure :class:`ReplayPlan` (no executor types); ``orchestrate`` only
+applies it to a graph.  One bad entry refuses the whole resume, naming the node.
+
+Rules, in the order they are checked:
+
+1. planned entries: recorded in the plan; ``completed`` passes the settle check (its
+   ``result_digest``); ``failed`` needs ``--retry-failed``;
+2. spawn intent (``pending``) under an emitter whose own outcome was never recorded is
+   dropped (Amendment 3): the emitter runs again and requests it again;
+3. spawned entries: the format validator's verdict on a leniently read v2 entry; a unique
+   node id; an ``operation`` to rebuild from; a valid, unused ``spawn_id`` (required with
+   an ``assignee``); a parent that is terminal or another spawned entry; ``failed`` needs
+   ``--retry-failed``; ``completed`` passes the settle check; dependencies that exist;
+4. witnesses: every child an emitter's ``spawned_ids`` lists has an entry;
+5. the spawned entries form no cycle (they are returned in topological order);
+6. degraded context: a node that will run and inherits a replayed conversation whose
+   branch file is lost needs ``--allow-degraded-context``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+from steerflow.checkpoint import (
+    CheckpointState,
+    PlannedEntry,
+    SpawnedEntry,
+    entry_digest,
+    load_branch,
+)
+from steerflow.errors import FlowResumeError, PlanValidationError
+from steerflow.plan import PlanEntry, PlanFile, is_agent_id, plan_from_checkpoint
+from steerflow.providers import Message
+
+__all__ = ["ReplayPlan", "ReplaySpawn", "plan_replay"]
+
+_TERMINAL = ("completed", "failed")
+
+
+@dataclass(frozen=True)
+class ReplaySpawn:
+    """A spawned node to rebuild: replayed if ``completed``, else run again."""
+
+    node_id: str
+    spawn_id: str
+    status: str
+    response: object
+    instruction: str
+    assignee: str | None
+    parent_id: str | None
+    #: The leg key of the emitter ``parent_id`` names, if it is a node of the plan or a
+    #: recorded spawn.
+    parent_key: str | None
+    depends_on: tuple[str, ...]
+    spawned_ids: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class ReplayPlan:
+    """Everything a resumed graph needs from the source checkpoint, checked."""
+
+    plan: PlanFile
+    #: Planned leg key -> recorded response, for every completed planned node.
+    completed: dict[str, object]
+    #: Planned leg key -> node ids its spawns had (completed planned nodes only).
+    witnesses: dict[str, tuple[str, ...]]
+    #: Failed planned nodes that run again (``--retry-failed``).
+    rerun: tuple[str, ...]
+    #: Spawned nodes in dependency order.
+    spawned: tuple[ReplaySpawn, ...]
+    #: Restored conversations by leg key (replayed nodes whose branch file was readable).
+    branches: dict[str, list[Message]]
+    #: Nodes that run with an empty branch instead of a lost inherited one.
+    degraded: tuple[str, ...]
+    notes: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class _Ids:
+    """Lookups the spawned rules share."""
+
+    plan_ids: dict[str, str]  # planned node id -> leg key
+    planned_keys: frozenset[str]
+    node_ids: frozenset[str]  # recorded spawned node ids (after dropping intent)
+    spawn_ids: frozenset[str | None]
+
+
+def plan_replay(
+    state: CheckpointState,
+    run_dir: Path,
+    *,
+    retry_failed: bool = False,
+    allow_degraded_context: bool = False,
+) -> ReplayPlan:
+    """Check ``state`` (the checkpoint in ``run_dir``) and describe its faithful replay.
+
+    Raises:
+        FlowResumeError: a D5 rule refuses the resume; the message names the node.
+    """
+    plan = _rebuild_plan(state, run_dir)
+    plan_ids = {
+        item["node_id"]: item["agent_id"]
+        for item in state.plan
+        if isinstance(item, dict) and isinstance(item.get("node_id"), str)
+    }
+    planned_keys = frozenset(e.agent_id for e in plan.plan)
+    completed, rerun = _check_planned(state, planned_keys, retry_failed=retry_failed)
+    kept, notes = _drop_unanchored_intent(state.spawned, plan_ids, state.ops)
+    _refuse_rejected_spawns(state)
+    ids = _Ids(
+        plan_ids,
+        planned_keys,
+        frozenset(e.node_id for e in kept),
+        frozenset(e.spawn_id for e in kept),
+    )
+    spawned = _check_spawned(kept, ids, state, retry_failed=retry_failed)
+    _check_witnesses(state.ops, kept)
+    replayed = [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
+    branches = {
+        key: branch for key in replayed if (branch := load_branch(run_dir, key)) is not None
+    }
+    degraded = _degraded(plan.plan, completed, spawned, branches, planned_keys)
+    if degraded and not allow_degraded_context:
+        raise FlowResumeError(
+            "these nodes inherit a conversation that the checkpoint cannot restore: "
+            + ", ".join(degraded)
+            + ". Pass --allow-degraded-context to run them with an empty branch"
+        )
+    return ReplayPlan(
+        plan=plan,
+        completed=completed,
+        witnesses={key: state.ops[key].spawned_ids or () for key in completed},
+        rerun=tuple(rerun),
+        spawned=tuple(spawned),
+        branches=branches,
+        degraded=tuple(degraded),
+        notes=tuple(notes),
+    )
+
+
+def _rebuild_plan(state: CheckpointState, run_dir: Path) -> PlanFile:
+    if not state.plan:
+        raise FlowResumeError(
+            f"checkpoint of run {run_dir.name} has an empty plan: nothing to replay"
+        )
+    source = f"checkpoint {str(run_dir / 'checkpoint.json')!r}"
+    try:
+        return plan_from_checkpoint(state.plan, source=source)
+    except PlanValidationError as exc:
+        raise FlowResumeError(f"the checkpoint's plan cannot be rebuilt: {exc}") from None
+
+
+def _check_planned(
+    state: CheckpointState, planned_keys: frozenset[str], *, retry_failed: bool
+) -> tuple[dict[str, object], list[str]]:
+    """Completed planned nodes (settle-checked) and failed ones to run again."""
+    rejected = {r.ref["agent_id"]: r.detail for r in state.rejected if r.kind == "op" and r.ref}
+    completed: dict[str, object] = {}
+    rerun: list[str] = []
+    for key in state.as_dict()["ops"]:
+        entry = state.ops.get(key)
+        if key not in planned_keys:
+            raise FlowResumeError(f"checkpoint records node {key!r}, which is not in its plan")
+        if entry is None:
+            raise FlowResumeError(f"node {key!r}: {rejected.get(key, 'malformed entry')}")
+        if entry.status == "completed":
+            _check_digest(f"node {key!r}", entry)
+            completed[key] = entry.response
+        elif not retry_failed:
+            raise FlowResumeError(
+                f"node {key!r} failed in the recorded run; resuming would skip it and "
+                "everything after it. Re-run it with --retry-failed (this repeats its "
+                "side effects)"
+            )
+        else:
+            rerun.append(key)
+    return completed, rerun
+
+
+def _check_digest(where: str, entry: PlannedEntry | SpawnedEntry) -> None:
+    """The Amendment 1 settle check: the stored response still matches its digest."""
+    if entry.result_digest is None:
+        return  # older checkpoints carry no digest: nothing independent to check
+    try:
+        actual = entry_digest(dict(entry.raw))
+    except ValueError as exc:  # e.g. NaN read from a hand-edited v2 file
+        raise FlowResumeError(
+            f"{where}: the stored response cannot be encoded canonically ({exc}), so it cannot "
+            "be checked against its result_digest"
+        ) from None
+    if entry.result_digest != actual:
+        raise FlowResumeError(
+            f"{where}: the stored response does not match its result_digest; the checkpoint "
+            "was changed after the node completed, so replaying it would not be faithful"
+        )
+
+
+def _drop_unanchored_intent(
+    spawned: tuple[SpawnedEntry, ...],
+    plan_ids: Mapping[str, str],
+    ops: Mapping[str, PlannedEntry],
+) -> tuple[list[SpawnedEntry], list[str]]:
+    """Drop ``pending`` spawned entries whose emitter's own outcome was never recorded.
+
+    Spawn intent is recorded before the emitter's outcome, so a kill in between leaves
+    pending children under an emitter that will run again and emit them again. They were
+    never invoked, so dropping them loses no work; keeping them would duplicate the spawn.
+    """
+    dropped: set[str] = set()
+    notes: list[str] = []
+    changed = True
+    while changed:
+        changed = False
+        for entry in spawned:
+            if entry.status != "pending" or entry.node_id in dropped:
+                continue
+            parent = entry.parent_id
+            parent_key = plan_ids.get(parent) if parent is not None else None
+            if (parent_key is not None and parent_key not in ops) or parent in dropped:
+                dropped.add(entry.node_id)
+                changed = True
+                notes.append(
+                    f"spawn intent {entry.spawn_id!r} dropped: its emitter's outcome was "
+                    "not recorded, so the emitter runs again and will request it again"
+                )
+    return [e for e in spawned if e.node_id not in dropped], notes
+
+
+def _refuse_rejected_spawns(state: CheckpointState) -> None:
+    """A leniently read v2 spawned entry that fails the format validator."""
+    for rejected in state.rejected:
+        if rejected.kind == "spawn":
+            ref = rejected.ref or {}
+            name = ref.get("spawn_id") or ref.get("node_id")
+            where = f"spawned node {name!r}" if name else f"spawned[{ref.get('index')}]"
+            raise FlowResumeError(f"{where}: {rejected.detail}")
+
+
+def _check_spawned(
+    entries: list[SpawnedEntry], ids: _Ids, state: CheckpointState, *, retry_failed: bool
+) -> list[ReplaySpawn]:
+    """Check every spawned entry before rebuilding any; one bad entry refuses the resume."""
+    out: list[ReplaySpawn] = []
+    seen_nodes: set[str] = set()
+    seen_keys: set[str] = set()
+    for entry in entries:
+        if entry.node_id in seen_nodes:
+            raise FlowResumeError(f"{entry.name}: node id {entry.node_id!r} is recorded twice")
+        seen_nodes.add(entry.node_id)
+        spawn_id = _check_identity(entry, ids, seen_keys)
+        seen_keys.add(spawn_id)
+        _check_parent(entry, ids, state.ops)
+        if entry.status == "failed" and not retry_failed:
+            raise FlowResumeError(
+                f"{entry.name} failed in the recorded run; resuming would skip it and "
+                "everything after it. Re-run it with --retry-failed (this repeats its "
+                "side effects)"
+            )
+        if entry.status == "completed":
+            _check_digest(entry.name, entry)
+        out.append(
+            ReplaySpawn(
+                node_id=entry.node_id,
+                spawn_id=spawn_id,
+                status=entry.status,
+                response=entry.response,
+                instruction=str(entry.instruction or entry.operation),
+                assignee=entry.assignee,
+                parent_id=entry.parent_id,
+                parent_key=_key_of(entry.parent_id, ids.plan_ids, state.spawned),
+                depends_on=_dependencies(entry, ids, entries),
+                spawned_ids=entry.spawned_ids or (),
+            )
+        )
+    return _topological(out)
+
+
+def _check_identity(entry: SpawnedEntry, ids: _Ids, seen_keys: set[str]) -> str:
+    """What the entry is rebuilt from and as: its operation and its unused leg key."""
+    if not entry.operation:
+        raise FlowResumeError(f"{entry.name}: no 'operation' recorded, nothing to rebuild it from")
+    spawn_id = entry.spawn_id
+    if entry.assignee is not None and not spawn_id:
+        raise FlowResumeError(f"{entry.name}: has an assignee but no spawn_id")
+    if spawn_id is None or not is_agent_id(spawn_id):
+        raise FlowResumeError(f"{entry.name}: spawn_id {spawn_id!r} is not a valid leg key")
+    if spawn_id in ids.planned_keys or spawn_id in seen_keys:
+        raise FlowResumeError(
+            f"{entry.name}: spawn_id {spawn_id!r} is already used by another node, so the "
+            "recorded topology cannot be rebuilt"
+        )
+    return spawn_id
+
+
+def _check_parent(entry: SpawnedEntry, ids: _Ids, ops: Mapping[str, PlannedEntry]) -> None:
+    parent = entry.parent_id
+    if parent is None:
+        return
+    parent_key = ids.plan_ids.get(parent)
+    planned = ops.get(parent_key) if parent_key is not None else None
+    if planned is None and parent not in ids.node_ids:
+        raise FlowResumeError(
+            f"{entry.name}: parent {parent!r} is neither terminal in the checkpoint nor "
+            "another spawned entry"
+        )
+
+
+def _dependencies(entry: SpawnedEntry, ids: _Ids, entries: list[SpawnedEntry]) -> tuple[str, ...]:
+    deps = entry.depends_on
+    if deps is None:
+        parent = entry.parent_id
+        deps = [ids.plan_ids.get(parent) or _spawn_of(entries, parent)] if parent else []
+    if not isinstance(deps, list) or not all(isinstance(d, str) for d in deps):
+        raise FlowResumeError(f"{entry.name}: depends_on is not a list of ids")
+    for dep in deps:
+        if dep not in ids.plan_ids.values() and dep not in ids.spawn_ids:
+            raise FlowResumeError(f"{entry.name}: depends on unknown node {dep!r}")
+    return tuple(deps)
+
+
+def _spawn_of(entries: Iterable[SpawnedEntry], node_id: str | None) -> str:
+    for entry in entries:
+        if entry.node_id == node_id:
+            return str(entry.spawn_id)
+    return ""
+
+
+def _key_of(
+    parent_id: str | None, plan_ids: Mapping[str, str], spawned: Iterable[SpawnedEntry]
+) -> str | None:
+    if parent_id is None:
+        return None
+    return plan_ids.get(parent_id) or _spawn_of(spawned, parent_id) or None
+
+
+def _check_witnesses(ops: Mapping[str, PlannedEntry], spawned: list[SpawnedEntry]) -> None:
+    """Every child an emitter's entry lists must have an entry of its own.
+
+    An emitter records its accepted spawns' node ids (``spawned_ids``); a listed child
+    with no entry was lost (a deleted spawned entry or pending intent), and replaying
+    the emitter would finish the flow without ever running it.  Entries without the
+    member (older checkpoints) are not checked.
+    """
+    recorded = {e.node_id for e in spawned}
+    emitters: list[tuple[str, PlannedEntry | SpawnedEntry]] = [
+        (f"node {key!r}", e) for key, e in ops.items()
+    ]
+    emitters += [(e.name, e) for e in spawned]
+    for where, entry in emitters:
+        for child in entry.spawned_ids or ():
+            if child not in recorded:
+                raise FlowResumeError(
+                    f"{where} spawned node_id {child!r}, but the checkpoint has no entry for "
+                    "that child (its spawned entry or pending intent is missing); resuming "
+                    "would finish the flow without ever running it"
+                )
+
+
+def _topological(entries: list[ReplaySpawn]) -> list[ReplaySpawn]:
+    by_key = {e.spawn_id: e for e in entries}
+    ordered: list[ReplaySpawn] = []
+    seen: set[str] = set()
+
+    def visit(entry: ReplaySpawn, path: tuple[str, ...]) -> None:
+        if entry.spawn_id in seen:
+            return
+        if entry.spawn_id in path:
+            raise FlowResumeError(f"spawned entries form a cycle at {entry.spawn_id!r}")
+        for dep in entry.depends_on:
+            if dep in by_key:
+                visit(by_key[dep], (*path, entry.spawn_id))
+        seen.add(entry.spawn_id)
+        ordered.append(entry)
+
+    for entry in entries:
+        visit(entry, ())
+    return ordered
+
+
+def _degraded(
+    plan_entries: list[PlanEntry],
+    completed: Mapping[str, object],
+    spawned: list[ReplaySpawn],
+    branches: Mapping[str, list[Message]],
+    planned_keys: frozenset[str],
+) -> list[str]:
+    """Nodes that will run and would inherit a replayed node's conversation that is lost."""
+    out = []
+    for entry in plan_entries:
+        if entry.agent_id in completed or not entry.inherit_context or not entry.dependencies:
+            continue
+        source = entry.dependencies[0].id
+        if source in completed and source not in branches:
+            out.append(entry.agent_id)
+    spawned_done = {s.spawn_id for s in spawned if s.status == "completed"}
+    for s in spawned:
+        if s.status == "completed" or not s.depends_on:
+            continue
+        emitter = s.depends_on[0]
+        replayed = emitter in completed or emitter in spawned_done
+        if (
+            replayed
+            and emitter not in branches
+            and (emitter in planned_keys or emitter in spawned_done)
+        ):
+            out.append(s.spawn_id)
+    return out

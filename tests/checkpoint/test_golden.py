@@ -1,0 +1,208 @@
+"""The committed golden checkpoint units (``tests/golden/``) load to exactly what they held.
+
+The files were written by ``tests/golden/make_golden.py`` and are read here as they are on
+disk, so a change to the loader (or the writer, see the byte test) shows up as a diff
+against committed data instead of drifting together with its own fixtures.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from golden import make_golden
+from steerflow.checkpoint import (
+    PlannedEntry,
+    SpawnedEntry,
+    entry_digest,
+    load_checkpoint,
+    load_state,
+)
+from steerflow.errors import CheckpointRecoveryError, FlowResumeError
+from steerflow.resume import plan_replay
+
+GOLDEN = Path(make_golden.__file__).resolve().parent
+UNITS = sorted(make_golden.UNITS)
+NODE = make_golden.NODE
+
+
+def _run_dir(unit: str) -> Path:
+    return GOLDEN / unit / "runs" / make_golden.UNITS[unit][0]
+
+
+def _expected(unit: str) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads((GOLDEN / unit / "expected.json").read_text("utf-8"))
+    return data
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_a_golden_unit_loads_to_its_recorded_state_and_report(unit: str) -> None:
+    state, report = load_checkpoint(_run_dir(unit))
+    expected = _expected(unit)
+    assert state == expected["state"]
+    assert report == expected["report"]
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_a_golden_unit_holds_the_recorded_run(unit: str) -> None:
+    """What the scenario recorded, stated by hand rather than taken from the loader."""
+    state, report = load_checkpoint(_run_dir(unit))
+    assert state["session_id"] == make_golden.SESSION_ID
+    assert [item["agent_id"] for item in state["plan"]] == ["research", "draft", "review"]
+    assert sorted(state["ops"]) == ["draft", "research"]
+    assert state["ops"]["research"]["response"] == make_golden.RESPONSES["research"]
+    assert state["ops"]["draft"]["response"] == make_golden.RESPONSES["draft"]
+    assert state["ops"]["draft"]["spawned_ids"] == [NODE["fix-1"], NODE["fix-2"]]
+    spawned = {e["spawn_id"]: e for e in state["spawned"]}
+    assert [e["spawn_id"] for e in state["spawned"]] == ["fix-1", "fix-2"]
+    assert spawned["fix-1"]["status"] == "completed"
+    assert spawned["fix-1"]["response"] == make_golden.RESPONSES["fix-1"]
+    assert spawned["fix-2"]["status"] == "pending" and spawned["fix-2"]["response"] is None
+    assert all(e["parent_id"] == NODE["draft"] for e in state["spawned"])
+    messages = state["flow_context"]["operator_messages"]
+    assert [m["rendered_into_op"] for m in messages] == ["research", None]
+    assert state["config"] == make_golden.CONFIG and state["max_spawn"] == 20
+    version = make_golden.UNITS[unit][1]
+    assert report["status"] == "clean" and report["checkpoint_version"] == version
+    if unit == "v3":
+        assert (report["records_applied"], report["last_seq"]) == (5, 5)
+    if unit == "v3-compacted":
+        # Compacted: three outcomes live in the base, two in the journal.
+        assert (report["records_applied"], report["last_seq"]) == (2, 2)
+
+
+def test_the_versions_agree_on_the_logical_state() -> None:
+    def logical(unit: str) -> dict[str, Any]:
+        state, _ = load_checkpoint(_run_dir(unit))
+        return {k: v for k, v in state.items() if k not in ("version", "generation")}
+
+    assert logical("v2") == logical("v3") == logical("v3-compacted")
+
+
+def test_the_writer_still_produces_the_golden_bytes(tmp_path: Path) -> None:
+    """Rerunning the generator reproduces every committed file byte for byte."""
+    make_golden.write_all(tmp_path)
+    committed = sorted(p.relative_to(GOLDEN) for p in GOLDEN.rglob("*") if p.is_file())
+    written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
+    committed = [p for p in committed if p.suffix != ".py" and p.name != "README.md"]
+    committed = [p for p in committed if "__pycache__" not in p.parts]
+    assert written == committed
+    for rel in written:
+        assert (tmp_path / rel).read_bytes() == (GOLDEN / rel).read_bytes(), f"{rel} changed"
+
+
+def test_a_copy_of_a_golden_unit_loads_the_same(tmp_path: Path) -> None:
+    """Nothing in a unit depends on where it lies (resume tests load copies)."""
+    for unit in UNITS:
+        copy = tmp_path / unit
+        shutil.copytree(_run_dir(unit), copy)
+        assert load_checkpoint(copy) == load_checkpoint(_run_dir(unit))
+
+
+# -- the typed loader ------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_typed_loader_reads_the_same_entries(unit: str) -> None:
+    state, report = load_state(_run_dir(unit))
+    assert (state.as_dict(), report) == load_checkpoint(_run_dir(unit))
+    assert state.version == make_golden.UNITS[unit][1] and state.rejected == ()
+    research, draft = state.ops["research"], state.ops["draft"]
+    assert isinstance(draft, PlannedEntry)
+    assert (research.status, research.response) == ("completed", make_golden.RESPONSES["research"])
+    assert draft.spawned_ids == (NODE["fix-1"], NODE["fix-2"])
+    assert research.spawned_ids is None  # the member is absent, not empty
+    assert draft.result_digest == entry_digest(dict(draft.raw))
+    fix1, fix2 = state.spawned
+    assert isinstance(fix2, SpawnedEntry)
+    assert (fix1.spawn_id, fix1.status, fix1.parent_id) == ("fix-1", "completed", NODE["draft"])
+    assert (fix2.spawn_id, fix2.status, fix2.response) == ("fix-2", "pending", None)
+    assert fix2.depends_on == ["draft"] and fix2.operation == "Fix fix-2"
+    assert state.max_spawn == 20 and state.config == make_golden.CONFIG
+
+
+def _damaged_v2(tmp_path: Path) -> Path:
+    """The v2 golden unit with a planned and a spawned entry of an unsupported status."""
+    run_dir = tmp_path / "run"
+    shutil.copytree(_run_dir("v2"), run_dir)
+    path = run_dir / "checkpoint.json"
+    doc = json.loads(path.read_text("utf-8"))
+    doc["ops"]["research"]["status"] = "running"
+    doc["spawned"][1]["status"] = "done"
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    return run_dir
+
+
+def test_a_strict_read_refuses_a_bad_v2_entry_naming_it(tmp_path: Path) -> None:
+    run_dir = _damaged_v2(tmp_path)
+    with pytest.raises(CheckpointRecoveryError) as caught:
+        load_state(run_dir)
+    refusal = caught.value.report["refusal"]
+    assert refusal["reason"] == "invalid-entry"
+    assert refusal["file"] == "checkpoint.json"
+    assert refusal["entry"] == {"kind": "op", "agent_id": "research"}
+    assert "'running'" in str(caught.value)
+
+
+def test_a_lenient_read_sets_bad_v2_entries_aside(tmp_path: Path) -> None:
+    run_dir = _damaged_v2(tmp_path)
+    state, report = load_state(run_dir, v2_lenient=True)
+    assert report["status"] == "clean"
+    assert sorted(state.ops) == ["draft"]
+    assert [e.spawn_id for e in state.spawned] == ["fix-1"]
+    assert [(r.kind, r.ref) for r in state.rejected] == [
+        ("op", {"kind": "op", "agent_id": "research"}),
+        ("spawn", {"kind": "spawn", "node_id": NODE["fix-2"], "spawn_id": "fix-2"}),
+    ]
+    # The library contract (CONTRACT §9) still hands back the whole dict, as before.
+    doc, _ = load_checkpoint(run_dir)
+    assert doc["ops"]["research"]["status"] == "running"
+
+
+# -- the replay plan (D5) of a golden unit -----------------------------------------------------
+
+
+@pytest.mark.parametrize("unit", UNITS)
+def test_the_replay_plan_of_a_golden_unit(unit: str) -> None:
+    state, _ = load_state(_run_dir(unit), v2_lenient=True)
+    plan = plan_replay(state, _run_dir(unit))
+    assert plan.completed == {
+        "research": make_golden.RESPONSES["research"],
+        "draft": make_golden.RESPONSES["draft"],
+    }
+    assert plan.witnesses == {"research": (), "draft": (NODE["fix-1"], NODE["fix-2"])}
+    assert [(s.spawn_id, s.status, s.parent_key) for s in plan.spawned] == [
+        ("fix-1", "completed", "draft"),
+        ("fix-2", "pending", "draft"),
+    ]
+    assert sorted(plan.branches) == ["draft", "fix-1", "research"]
+    assert plan.branches["draft"][0].content == "step draft"
+    assert (plan.rerun, plan.degraded, plan.notes) == ((), (), ())
+
+
+def test_pending_intent_under_an_unrecorded_emitter_is_dropped(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(_run_dir("v2"), run_dir)
+    path = run_dir / "checkpoint.json"
+    doc = json.loads(path.read_text("utf-8"))
+    del doc["ops"]["draft"]  # killed between the spawn intent and the emitter's outcome
+    doc["spawned"][0].update(status="pending", response=None)
+    path.write_text(json.dumps(doc), encoding="utf-8")
+    state, _ = load_state(run_dir, v2_lenient=True)
+    plan = plan_replay(state, run_dir)
+    assert plan.spawned == () and list(plan.completed) == ["research"]
+    assert [n.split(" dropped")[0] for n in plan.notes] == [
+        "spawn intent 'fix-1'",
+        "spawn intent 'fix-2'",
+    ]
+
+
+def test_a_lenient_bad_v2_entry_refuses_the_replay_naming_it(tmp_path: Path) -> None:
+    run_dir = _damaged_v2(tmp_path)
+    state, _ = load_state(run_dir, v2_lenient=True)
+    with pytest.raises(FlowResumeError, match=r"node 'research': unsupported status 'running'"):
+        plan_replay(state, run_dir)

@@ -1,0 +1,219 @@
+"""Write the golden checkpoint units under ``tests/golden/`` with today's writer.
+
+Run from the repository root: ``.venv/bin/python tests/golden/make_golden.py``.
+Rewriting the committed files is a format change: review the diff as one.
+
+Every unit records the same run, step by step, through :class:`CheckpointWriter`:
+an operator message rendered into ``research``; spawn intent for ``fix-1`` and
+``fix-2`` before their emitter ``draft`` completes (witnessing both); ``fix-1``
+completing; ``fix-2`` left ``pending``; ``review`` never reached.  The branches of
+the completed nodes are written by the code a run uses.  Ids, timestamps and v3
+generations are fixed (generations through a counter in place of ``uuid4``), so a
+rerun reproduces the files byte for byte.
+
+Beside each unit, ``expected.json`` holds what :func:`load_checkpoint` returned
+when the unit was written: the logical state and the ``checkpoint_recovery`` report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import json
+import shutil
+import sys
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from unittest import mock
+
+from steerflow.checkpoint import CheckpointWriter, load_checkpoint
+from steerflow.checkpoint import _v3 as v3_backend
+from steerflow.providers import Message
+
+HERE = Path(__file__).resolve().parent
+SCRIPT = "golden-script.yaml"
+
+#: unit directory -> (run id, version, max_records)
+UNITS: dict[str, tuple[str, int, int]] = {
+    "v2": ("20260101T000000-00aa02", 2, 128),
+    "v3": ("20260101T000000-00aa03", 3, 128),
+    # Three records per generation: the base holds the first outcomes folded in, the
+    # journal the rest, and the generation differs from a fresh unit's first one.
+    "v3-compacted": ("20260101T000000-00aa04", 3, 3),
+}
+
+SESSION_ID = "5e55" * 8
+NODE = {
+    "research": "11" * 16,
+    "draft": "22" * 16,
+    "review": "33" * 16,
+    "fix-1": "a1" * 16,
+    "fix-2": "a2" * 16,
+}
+PLAN = [
+    {
+        "agent_id": "research",
+        "dep_indices": [],
+        "assignee": "researcher",
+        "instruction": "Collect the sources",
+        "node_id": NODE["research"],
+    },
+    {
+        "agent_id": "draft",
+        "dep_indices": [0],
+        "assignee": "coder",
+        "instruction": "Draft the change",
+        "inherit_context": True,
+        "node_id": NODE["draft"],
+    },
+    {
+        "agent_id": "review",
+        "dep_indices": [1],
+        "assignee": "reviewer",
+        "instruction": "Review the draft",
+        "node_id": NODE["review"],
+    },
+]
+CONFIG = {
+    "model_spec": f"script:{SCRIPT}",
+    "reactive_spec": "off",
+    "max_ops": 0,
+    "concurrency": 4,
+    "save_dir": None,
+    "playbook": None,
+    "roles": {},
+    "kind": "flow",
+}
+RENDERED = {
+    "ts": 1767225600.5,
+    "text": "prefer primary sources",
+    "control_id": "c0" * 16,
+    "rendered_into_op": "research",
+}
+UNRENDERED = {
+    "ts": 1767225601.25,
+    "text": "keep it short",
+    "control_id": "c1" * 16,
+    "rendered_into_op": None,
+}
+RESPONSES = {
+    "research": "recorded: three primary sources",
+    "draft": {"summary": "recorded: draft", "files": ["a.py", "b.py"]},
+    "fix-1": "recorded: fix-1 applied",
+}
+
+
+def _spawn_fields(spawn_id: str) -> dict[str, Any]:
+    return {
+        "operation": f"Fix {spawn_id}",
+        "assignee": "coder",
+        "instruction": f"Fix {spawn_id}",
+        "parent_id": NODE["draft"],
+        "spawn_id": spawn_id,
+        "context": None,
+        "depends_on": ["draft"],
+    }
+
+
+@contextmanager
+def _fixed_generations() -> Iterator[None]:
+    counter = itertools.count(1)
+    with mock.patch.object(
+        v3_backend.uuid, "uuid4", lambda: uuid.UUID(int=0x6E000000 + next(counter))
+    ):
+        yield
+
+
+async def _record(run_dir: Path, version: int, max_records: int) -> None:
+    writer = CheckpointWriter(
+        run_dir / "checkpoint.json",
+        session_id=SESSION_ID,
+        prompt="Fix the parser and review it",
+        plan=PLAN,
+        config=CONFIG,
+        max_spawn=20,
+        flow_context={},
+        version=version,
+        max_records=max_records,
+    )
+    await writer.flush()
+    await writer.record(
+        "research",
+        status="completed",
+        response=RESPONSES["research"],
+        flow_context={"operator_messages": [RENDERED]},
+    )
+    for spawn_id in ("fix-1", "fix-2"):  # intent precedes the emitter's outcome
+        await writer.record_spawned(
+            NODE[spawn_id], status="pending", response=None, **_spawn_fields(spawn_id)
+        )
+    await writer.record(
+        "draft",
+        status="completed",
+        response=RESPONSES["draft"],
+        flow_context={"operator_messages": [RENDERED, UNRENDERED]},
+        spawned_ids=[NODE["fix-1"], NODE["fix-2"]],
+    )
+    await writer.record_spawned(
+        NODE["fix-1"],
+        status="completed",
+        response=RESPONSES["fix-1"],
+        spawned_ids=None,
+        **_spawn_fields("fix-1"),
+    )
+    await writer.close()
+
+
+def _write_branches(run_dir: Path) -> None:
+    from steerflow.checkpoint import save_branch
+
+    for key in ("research", "draft", "fix-1"):
+        reply = RESPONSES[key]
+        save_branch(
+            run_dir,
+            key,
+            [
+                Message("user", f"step {key}"),
+                Message("assistant", reply if isinstance(reply, str) else json.dumps(reply)),
+            ],
+        )
+
+
+def write_unit(name: str, root: Path = HERE) -> Path:
+    """(Re)write one golden unit and its ``expected.json`` under ``root``; returns the run dir."""
+    run_id, version, max_records = UNITS[name]
+    unit = root / name
+    shutil.rmtree(unit, ignore_errors=True)
+    run_dir = unit / "runs" / run_id
+    run_dir.mkdir(parents=True)
+    with _fixed_generations():
+        asyncio.run(_record(run_dir, version, max_records))
+    _write_branches(run_dir)
+    staging = run_dir / ".checkpoint.json.staging"
+    if staging.is_dir():  # the writer's empty staging directory: git would drop it anyway
+        staging.rmdir()
+    state, report = load_checkpoint(run_dir)
+    expected = {"state": state, "report": report}
+    (unit / "expected.json").write_text(
+        json.dumps(expected, indent=2, sort_keys=True) + "\n", encoding="utf-8"
+    )
+    return run_dir
+
+
+def write_all(root: Path = HERE) -> list[Path]:
+    """Every unit, plus the script file a resume of them runs with."""
+    (root / SCRIPT).write_text("# every node answers as echo; see README.md\n{}\n")
+    return [write_unit(name, root) for name in UNITS]
+
+
+def main() -> int:
+    for run_dir in write_all():
+        print(run_dir.relative_to(HERE))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
