@@ -45,7 +45,7 @@ tests_for() {
     control/_queue.py)
       echo tests/control/test_queue.py ;;
     control/_poller.py)
-      echo tests/control/test_poller.py ;;
+      echo tests/control/test_poller.py tests/control/test_phase_owner.py ;;
     state/_db.py)
       echo tests/state/test_state_controls.py tests/state/test_state_resume_claims.py \
         tests/state/test_state_busy.py ;;

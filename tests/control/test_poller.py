@@ -7,6 +7,7 @@ poller's ``PRAGMA data_version`` check sees them.
 from __future__ import annotations
 
 import asyncio
+import logging
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -628,3 +629,94 @@ async def test_tick_before_the_database_is_open_is_a_programming_error(
         RuntimeError, match=r"^ControlPoller\.tick\(\) before the state DB is open$"
     ):
         await poller.tick()
+
+
+# -- what the poller tells the operator's log (issue 20) ---------------------------------------
+
+
+def _warnings(caplog: pytest.LogCaptureFixture) -> list[str]:
+    return [
+        r.getMessage()
+        for r in caplog.records
+        if r.name == "steerflow.control._poller" and r.levelno == logging.WARNING
+    ]
+
+
+async def test_open_failures_are_counted_logged_and_never_create_the_db(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.WARNING, logger="steerflow.control._poller")
+    home = tmp_path / "home"  # no state DB: the runner creates it, never the poller
+    poller = ControlPoller(home, "f" * 32, Target(), interval=0.01)
+    task = asyncio.ensure_future(poller.run())
+    await wait_until_async(lambda: poller.open_failures >= 2, timeout=10, what="two attempts")
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert not (home / "state.db").exists()
+    logged = _warnings(caplog)
+    assert len(logged) == poller.open_failures
+    assert all(
+        m.startswith("control poller cannot open the state DB (retrying): no state database at")
+        for m in logged
+    ), logged
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]  # no tick ran
+
+
+async def test_listing_claim_and_stamp_failures_are_logged(
+    home: Path,
+    writer: StateDB,
+    sid: str,
+    consumer: FlakyDB,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.WARNING, logger="steerflow.control._poller")
+    poller = _poller(home, sid, Target(), consumer)
+    consumer.list_failures = 1
+    await poller.tick()
+    assert _warnings(caplog) == [
+        "control poller could not list pending controls: database busy: injected (list)"
+    ]
+    caplog.clear()
+    msg = writer.insert_control(session_id=sid, verb="message", payload={"text": "x"})
+    consumer.claim_failures = 1
+    await poller.tick()
+    assert _warnings(caplog) == [
+        f"control poller could not claim {msg.id}: database busy: injected (claim)"
+    ]
+    caplog.clear()
+    await poller.tick()  # the claim is retried and the message delivered
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    consumer.finalize_failures = 2
+    assert await poller.tick() == 1
+    assert _warnings(caplog) == [
+        f"control poller could not stamp {pause.id} (attempt {n}): database busy: injected"
+        " (finalize)"
+        for n in (1, 2)
+    ]
+
+
+class _StampedElsewhere(FlakyDB):
+    """Another consumer stamps the row just before this one tries."""
+
+    def finalize_control(
+        self, control_id: str, result: str, *, claimant: str | None = None
+    ) -> bool:
+        super().finalize_control(control_id, "rejected:run-ended")
+        return super().finalize_control(control_id, result, claimant=claimant)
+
+
+async def test_a_row_stamped_by_someone_else_is_logged_as_such(
+    home: Path, writer: StateDB, sid: str
+) -> None:
+    opened = StateDB.open(home)
+    db = _StampedElsewhere(opened.backend, path=opened.path)
+    try:
+        poller = _poller(home, sid, Target(), db)
+        row = writer.insert_control(session_id=sid, verb="pause", payload=None)
+        assert await poller.tick() == 1
+        assert [(e["id"], e["verb"], e["result"]) for e in poller.control_log] == [
+            (row.id, "pause", "stamped-elsewhere")
+        ]
+        assert writer.get_control(row.id).result == "rejected:run-ended"  # type: ignore[union-attr]
+    finally:
+        db.close()
