@@ -53,7 +53,3 @@ async def wait_until_async(
                 f"timed out after {timeout:g} s waiting for {what}; last={value!r}"
             )
         await asyncio.sleep(interval)
-
-
-def _timed_out(timeout: float, what: str, last: object) -> AssertionError:
-    return AssertionError(f"timed out after {timeout:g} s waiting for {what}; last={last!r}")

@@ -154,6 +154,7 @@ class ResumeClaimedError(FlowResumeError):
         self.newest_run_id = newest_run_id
 
     def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the keyword-only fields, which ``Exception`` alone would drop."""
         return (_rebuild_claimed, (str(self), self.holder_session_id, self.newest_run_id))
 
 
@@ -171,6 +172,7 @@ class CheckpointRecoveryError(RefusedError):
         self.report = dict(report)
 
     def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the report and the exact message."""
         return (type(self), (self.report, str(self)))
 
 

@@ -51,8 +51,10 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
 
 
 def check_home(home: Path) -> None:
-    """Refuse a home others could plant runs, checkpoints or playbooks in (like ssh's
-    StrictModes), or one we cannot write (every command opens the state DB for writing).
+    """Refuse a home others could plant files in, or one we cannot write.
+
+    Others must not be able to plant runs, checkpoints or playbooks in it (like ssh's
+    StrictModes), and every command opens the state DB for writing.
 
     ``STEERFLOW_ALLOW_SHARED_HOME=1`` lifts the owner and mode rules, not the write check.
     """

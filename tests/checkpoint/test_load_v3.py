@@ -10,7 +10,7 @@ import pytest
 from ckpt_support import _disarm_faults  # noqa: F401
 
 from steerflow.checkpoint import CheckpointRecoveryError, load_checkpoint
-from steerflow.checkpoint._load_v3 import _Invalid, check_entry, fold_unit, load_v3
+from steerflow.checkpoint._load_v3 import _InvalidError, check_entry, fold_unit, load_v3
 from steerflow.checkpoint._report import Report
 
 GEN = "0123456789abcdef0123456789abcdef"
@@ -137,12 +137,26 @@ def test_missing_journal_is_refused(tmp_path: Path) -> None:
     assert report["refusal"]["reason"] == "missing-journal"
 
 
-def _journal_refusal(tmp_path: Path, bad: bytes, reason: str) -> None:
+def _named_entry(bad: bytes) -> dict[str, str] | None:
+    """The op a refusal names: the bad record's own, when it still says which one."""
+    try:
+        record = json.loads(bad)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("kind") != "op":
+        return None
+    entry = record.get("entry")
+    if isinstance(entry, dict) and isinstance(entry.get("agent_id"), str):
+        return {"kind": "op", "agent_id": entry["agent_id"]}
+    return None
+
+
+def _journal_refusal(tmp_path: Path, bad: bytes, reason: str, seq: int | None) -> None:
     good = line(rec(1))
     report = refused(unit(tmp_path, base(), good, bad, line(rec(3))))
-    assert report["refusal"] == {"reason": reason, "seq": report["refusal"]["seq"], "line": 2,
+    assert report["refusal"] == {"reason": reason, "seq": seq, "line": 2,
                                  "byte_offset": len(good), "file": "checkpoint.json.journal",
-                                 "entry": report["refusal"]["entry"]}  # fmt: skip
+                                 "entry": _named_entry(bad)}  # fmt: skip
     assert report["valid_prefix_seq"] == 1 and report["generation"] == GEN
 
 
@@ -169,13 +183,24 @@ DUP_CASES = {
 
 @pytest.mark.parametrize("case", sorted(DUP_CASES))
 def test_duplicate_names_in_journal_refused(tmp_path: Path, case: str) -> None:
-    _journal_refusal(tmp_path, line(DUP_CASES[case]), "duplicate-member")
+    # a doubled outer "seq" is ambiguous, so the refusal names no seq
+    seq = None if case.startswith("outer") else 2
+    _journal_refusal(tmp_path, line(DUP_CASES[case]), "duplicate-member", seq)
 
 
 def test_distinct_names_control(tmp_path: Path) -> None:
     text = DUP_CASES["nested-value"].replace("\\u0078", "\\u0079")
     _, report = load_checkpoint(unit(tmp_path, base(), line(rec(1)), line(text)))
     assert report["status"] == "clean"
+
+
+# the seq a refusal reports: the bad record's own (2) unless it has no readable one
+_REFUSED_SEQ: dict[str, int | None] = {
+    "malformed-record": None,
+    "invalid-seq": None,
+    "duplicate-seq": 1,
+    "sequence-gap": 3,
+}
 
 
 @pytest.mark.parametrize(
@@ -222,7 +247,7 @@ def test_distinct_names_control(tmp_path: Path) -> None:
     ],
 )
 def test_malformed_complete_records_refused(tmp_path: Path, bad: bytes, reason: str) -> None:
-    _journal_refusal(tmp_path, bad + b"\n", reason)
+    _journal_refusal(tmp_path, bad + b"\n", reason, _REFUSED_SEQ.get(reason, 2))
 
 
 def test_malformed_late_operation_leaves_record_unapplied(tmp_path: Path) -> None:
@@ -374,7 +399,7 @@ OK_OP = {"agent_id": "a", "status": "completed", "response": 1}
 def test_check_entry_refusals_are_exact(kind: Any, entry: Any, detail: str) -> None:
     if entry is None:  # an op entry given whole in the first column
         kind, entry = "op", kind
-    with pytest.raises(_Invalid) as info:
+    with pytest.raises(_InvalidError) as info:
         check_entry(kind, entry)
     assert (info.value.reason, info.value.detail) == ("invalid-entry", detail)
 

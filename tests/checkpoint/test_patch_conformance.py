@@ -52,15 +52,15 @@ def _load() -> list[tuple[str, dict[str, Any], bool]]:
 CASES = _load()
 
 
-class _Refused(Exception):
+class _RefusedError(Exception):
     pass
 
 
 def _tokens(path: Any) -> list[str]:
     if not isinstance(path, str) or (path and not path.startswith("/")):
-        raise _Refused("bad pointer")
+        raise _RefusedError("bad pointer")
     if re.search(r"~(?![01])", path):
-        raise _Refused("bad escape")
+        raise _RefusedError("bad escape")
     if path == "":
         return []
     return [t.replace("~1", "/").replace("~0", "~") for t in path[1:].split("/")]
@@ -68,7 +68,7 @@ def _tokens(path: Any) -> list[str]:
 
 def _index(tok: str, n: int, *, end: bool) -> int:
     if not re.fullmatch(r"0|[1-9][0-9]*", tok) or int(tok) > (n if end else n - 1):
-        raise _Refused("bad index")
+        raise _RefusedError("bad index")
     return int(tok)
 
 
@@ -76,12 +76,12 @@ def _resolve(doc: Any, toks: list[str]) -> Any:
     for t in toks:
         if isinstance(doc, dict):
             if t not in doc:
-                raise _Refused("missing")
+                raise _RefusedError("missing")
             doc = doc[t]
         elif isinstance(doc, list):
             doc = doc[_index(t, len(doc), end=False)]
         else:
-            raise _Refused("scalar parent")
+            raise _RefusedError("scalar parent")
     return doc
 
 
@@ -95,11 +95,11 @@ def _reference(doc: Any, patch: list[dict[str, Any]]) -> tuple[Any, set[str]]:
     for op in patch:
         name = op.get("op")
         if name not in shapes:
-            raise _Refused("unknown op")
+            raise _RefusedError("unknown op")
         if name in ("move", "copy", "test"):
             why.add("forbidden_op")
         if not shapes[name] <= set(op):
-            raise _Refused("missing member")
+            raise _RefusedError("missing member")
         if set(op) - shapes[name]:
             why.add("unknown_member")
         toks = _tokens(op["path"])
@@ -107,7 +107,7 @@ def _reference(doc: Any, patch: list[dict[str, Any]]) -> tuple[Any, set[str]]:
             if json.dumps(_resolve(doc, toks), sort_keys=True) != json.dumps(
                 op["value"], sort_keys=True
             ):
-                raise _Refused("test failed")
+                raise _RefusedError("test failed")
             continue
         if name in ("move", "copy"):
             value = copy.deepcopy(_resolve(doc, _tokens(op["from"])))
@@ -121,7 +121,7 @@ def _reference(doc: Any, patch: list[dict[str, Any]]) -> tuple[Any, set[str]]:
             elif not isinstance(op["value"], dict):
                 why.add("root_replace_non_object")
             if name == "remove":
-                raise _Refused("root remove")
+                raise _RefusedError("root remove")
             doc = copy.deepcopy(op["value"])
             continue
         if name == "add":
@@ -147,7 +147,7 @@ def _add(doc: Any, toks: list[str], value: Any, why: set[str]) -> Any:
         i = len(parent) if toks[-1] == "-" else _index(toks[-1], len(parent), end=True)
         parent.insert(i, value)
     else:
-        raise _Refused("scalar parent")
+        raise _RefusedError("scalar parent")
     return doc
 
 
@@ -155,12 +155,12 @@ def _remove(doc: Any, toks: list[str]) -> Any:
     parent = _resolve(doc, toks[:-1])
     if isinstance(parent, dict):
         if toks[-1] not in parent:
-            raise _Refused("missing")
+            raise _RefusedError("missing")
         del parent[toks[-1]]
     elif isinstance(parent, list):
         del parent[_index(toks[-1], len(parent), end=False)]
     else:
-        raise _Refused("scalar parent")
+        raise _RefusedError("scalar parent")
     return doc
 
 
@@ -180,7 +180,7 @@ _REASON_TEXT = {
 def _classify(case: dict[str, Any]) -> str:
     try:
         result, why = _reference(case["doc"], case["patch"])
-    except _Refused:
+    except _RefusedError:
         assert "error" in case, "the reference refused a case the RFC accepts"
         return "rfc_error"
     if "error" in case:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import re
 from pathlib import Path
 from typing import Any
 
@@ -114,10 +115,21 @@ async def test_reconcile_keeps_complete_unacknowledged_line(tmp_path: Path) -> N
     assert not w.persisted  # history of the failure is kept
 
 
+def _files(run: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(run.iterdir()) if p.is_file()}
+
+
 async def test_v2_reconcile_is_a_no_op(tmp_path: Path) -> None:
     w = make_writer(tmp_path)
+    await w.record("a", status="completed", response=1, flow_context={"k": 1})
+    before = _files(tmp_path)
+    assert "checkpoint.json" in before
     await w.reconcile()
+    assert _files(tmp_path) == before
+    assert w.persisted and w.error is None
     await w.close()
+    state, _ = load_checkpoint(tmp_path)
+    assert set(state["ops"]) == {"a"} and state["flow_context"] == {"k": 1}
 
 
 def test_fault_spec_parsing() -> None:
@@ -128,7 +140,7 @@ def test_fault_spec_parsing() -> None:
     ]
     assert cap == 7
     for bad in ("boom:after:x", "exit:during:x", "exit:after", "short-write:0"):
-        with pytest.raises(ValueError):
+        with pytest.raises(ValueError, match=re.escape(repr(bad))):
             _faults.parse(bad)
 
 

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from blockbuster import BlockBuster
 
 from steerflow import _faults
 from steerflow.control import (
@@ -302,8 +303,12 @@ async def test_claimed_row_is_never_touched(
 
 
 async def test_claim_written_before_the_effect(
-    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB, blockbuster: BlockBuster
 ) -> None:
+    # the spy reads the row inside the effect callback, on the loop: a test-only probe
+    for name, function in blockbuster.functions.items():
+        if name.startswith("sqlite3."):
+            function.can_block_in("tests/control/test_poller.py", "spy")
     seen: list[str | None] = []
     target = Target()
     original = target.add_operator_message

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -135,7 +134,7 @@ def run_case(case: Case, root: Path) -> str | None:
 @pytest.fixture(scope="module")
 def campaign(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> Iterator[dict[str, str | None]]:
+) -> dict[str, str | None]:
     """Run every selected case of this module, two at a time, before the first assert."""
     selected = [
         item.callspec.params["case"]
@@ -147,7 +146,7 @@ def campaign(
     root = tmp_path_factory.mktemp("seams")
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
         results = dict(zip(selected, pool.map(lambda c: run_case(c, root), selected), strict=True))
-    yield {case.id: problem for case, problem in results.items()}
+    return {case.id: problem for case, problem in results.items()}
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])

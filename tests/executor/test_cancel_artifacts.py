@@ -17,7 +17,8 @@ class _SlowWriter(Provider):
         self.started = asyncio.Event()
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
-        (request.artifact_dir / "partial.txt").write_text("half done")
+        # off the loop, as a real provider must (the blockbuster fixture checks it)
+        await asyncio.to_thread((request.artifact_dir / "partial.txt").write_text, "half done")
         self.started.set()
         await asyncio.sleep(60)
         return ProviderResponse(text="never")

@@ -224,7 +224,7 @@ async def test_concurrency_two_six_parallel_nodes(tmp_path: Path) -> None:
 
 
 def test_concurrency_must_be_positive(tmp_path: Path) -> None:
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="concurrency must be >= 1"):
         executor(graph_of(DIAMOND), Scripted(), tmp_path, concurrency=0)
 
 

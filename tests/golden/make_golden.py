@@ -122,7 +122,7 @@ def _spawn_fields(spawn_id: str) -> dict[str, Any]:
 def _fixed_generations() -> Iterator[None]:
     counter = itertools.count(1)
     with mock.patch.object(
-        v3_backend.uuid, "uuid4", lambda: uuid.UUID(int=0x6E000000 + next(counter))
+        v3_backend.uuid, "uuid4", side_effect=lambda: uuid.UUID(int=0x6E000000 + next(counter))
     ):
         yield
 

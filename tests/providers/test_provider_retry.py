@@ -16,7 +16,7 @@ from steerflow.providers._retry import (
 )
 
 
-class Flaky(Exception):
+class FlakyError(Exception):
     """A scripted attempt failure."""
 
     def __init__(self, failure: Failure) -> None:
@@ -25,7 +25,7 @@ class Flaky(Exception):
 
 
 def _classify(exc: BaseException) -> Failure | None:
-    return exc.failure if isinstance(exc, Flaky) else None
+    return exc.failure if isinstance(exc, FlakyError) else None
 
 
 class Script:
@@ -38,7 +38,7 @@ class Script:
     async def __call__(self) -> str:
         self.calls += 1
         if self.failures:
-            raise Flaky(self.failures.pop(0))
+            raise FlakyError(self.failures.pop(0))
         return "ok"
 
 

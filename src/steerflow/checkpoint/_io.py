@@ -189,14 +189,14 @@ def write_all(fd: int, data: bytes | Iterable[bytes], obj: str) -> int:
 
 
 def fsync(fd: int, obj: str) -> None:
-    """fsync one file; a failure is final for that fd (never retried)."""
+    """Flush one file to disk; a failed fsync is final for that fd (never retried)."""
     _seam(f"{obj}-fsync", "before")
     os.fsync(fd)
     _seam(f"{obj}-fsync", "after")
 
 
 def fsync_dir(dir_fd: int) -> None:
-    """fsync a directory whose entries changed."""
+    """Flush to disk a directory whose entries changed."""
     _seam("dir-fsync", "before")
     os.fsync(dir_fd)
     _seam("dir-fsync", "after")

@@ -53,7 +53,7 @@ _RECORD_ALLOWED = _RECORD_REQUIRED | {"flow_context"}
 _ATTEMPTS = 5
 
 
-class _Invalid(Exception):
+class _InvalidError(Exception):
     """A validation failure: ``reason`` is the refusal code.
 
     ``entry`` (the ids of the entry at fault) and ``seq`` (the record's readable
@@ -78,36 +78,36 @@ def _is_int(value: object) -> bool:
 
 
 def check_entry(kind: EntryKind, entry: object) -> None:
-    """:func:`._entries.check_entry`, raising ``_Invalid("invalid-entry")``."""
+    """:func:`._entries.check_entry`, raising ``_InvalidError("invalid-entry")``."""
     try:
         entries.check_entry(kind, entry)
     except entries.EntryError as bad:
-        raise _Invalid("invalid-entry", bad.detail) from None
+        raise _InvalidError("invalid-entry", bad.detail) from None
 
 
 def _check_base(parsed: Parsed) -> dict[str, Any]:
     if parsed.duplicates:
-        raise _Invalid("duplicate-member")
+        raise _InvalidError("duplicate-member")
     if parsed.non_finite:
-        raise _Invalid("non-finite-number")
+        raise _InvalidError("non-finite-number")
     doc = parsed.value
     if not isinstance(doc, dict) or doc.get("version") != 3 or not _is_int(doc["version"]):
-        raise _Invalid("unsupported-version")
+        raise _InvalidError("unsupported-version")
     if not valid_generation(doc.get("generation")):
-        raise _Invalid("invalid-generation")
+        raise _InvalidError("invalid-generation")
     if doc.get("journal_seq") != 0 or not _is_int(doc["journal_seq"]):
-        raise _Invalid("invalid-base", "journal_seq is not 0")
+        raise _InvalidError("invalid-base", "journal_seq is not 0")
     for name, kind in SNAPSHOT_TYPES:
         if not isinstance(doc.get(name), kind):
-            raise _Invalid("invalid-base", f"member {name!r} missing or mistyped")
+            raise _InvalidError("invalid-base", f"member {name!r} missing or mistyped")
     if doc.get("max_spawn") is not None and not _is_int(doc["max_spawn"]):
-        raise _Invalid("invalid-base", "max_spawn mistyped")
+        raise _InvalidError("invalid-base", "max_spawn mistyped")
     for key, entry in doc["ops"].items():
         try:
             check_entry("op", entry)
             if entry["agent_id"] != key:
-                raise _Invalid("invalid-base", "an ops key differs from its agent_id")
-        except _Invalid as bad:
+                raise _InvalidError("invalid-base", "an ops key differs from its agent_id")
+        except _InvalidError as bad:
             bad.entry = entry_ref("op", {}, key)  # the key is what the base is indexed by
             raise
     seen: set[str] = set()
@@ -115,8 +115,8 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
         try:
             check_entry("spawn", entry)
             if entry["node_id"] in seen:
-                raise _Invalid("invalid-base", "a spawned node_id repeats")
-        except _Invalid as bad:
+                raise _InvalidError("invalid-base", "a spawned node_id repeats")
+        except _InvalidError as bad:
             bad.entry = entry_ref("spawn", entry) or {"kind": "spawn", "index": index}
             raise
         seen.add(entry["node_id"])
@@ -131,10 +131,10 @@ def check_record(raw: bytes) -> dict[str, Any]:
     try:
         parsed = parse_json(raw)
     except ValueError:
-        raise _Invalid("malformed-record") from None
+        raise _InvalidError("malformed-record") from None
     try:
         return _check_parsed_record(parsed)
-    except _Invalid as bad:
+    except _InvalidError as bad:
         rec = parsed.value
         if isinstance(rec, dict):
             seq = rec.get("seq")
@@ -152,34 +152,34 @@ def check_record(raw: bytes) -> dict[str, Any]:
 
 def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
     if parsed.duplicates:
-        raise _Invalid("duplicate-member")
+        raise _InvalidError("duplicate-member")
     if parsed.non_finite:
-        raise _Invalid("non-finite-number")
+        raise _InvalidError("non-finite-number")
     rec = parsed.value
     if not isinstance(rec, dict):
-        raise _Invalid("malformed-record", "not an object")
+        raise _InvalidError("malformed-record", "not an object")
     if set(rec) - _RECORD_ALLOWED:
-        raise _Invalid("unknown-member")
+        raise _InvalidError("unknown-member")
     if _RECORD_REQUIRED - set(rec):
-        raise _Invalid("missing-member")
+        raise _InvalidError("missing-member")
     if rec["version"] != 3 or not _is_int(rec["version"]):
-        raise _Invalid("unsupported-record-version")
+        raise _InvalidError("unsupported-record-version")
     if not valid_generation(rec["generation"]):
-        raise _Invalid("invalid-generation")
+        raise _InvalidError("invalid-generation")
     seq = rec["seq"]
     if not _is_int(seq) or not 1 <= seq <= MAX_SEQ:
-        raise _Invalid("invalid-seq")
+        raise _InvalidError("invalid-seq")
     if rec["kind"] not in ("op", "spawn"):
-        raise _Invalid("unknown-kind")
+        raise _InvalidError("unknown-kind")
     check_entry(rec["kind"], rec["entry"])
     if "flow_context" in rec:
         ctx = rec["flow_context"]
         if not isinstance(ctx, dict) or set(ctx) != {"patch"}:
-            raise _Invalid("invalid-patch", "flow_context must be exactly {patch}")
+            raise _InvalidError("invalid-patch", "flow_context must be exactly {patch}")
         try:
             validate_patch(ctx["patch"])
         except PatchError as exc:
-            raise _Invalid("invalid-patch", str(exc)) from None
+            raise _InvalidError("invalid-patch", str(exc)) from None
     return rec
 
 
@@ -199,7 +199,7 @@ class _Fold:
             try:
                 context = apply_patch(context, rec["flow_context"]["patch"])
             except PatchError as exc:
-                raise _Invalid("invalid-transition", str(exc)) from None
+                raise _InvalidError("invalid-transition", str(exc)) from None
         # Everything is validated; only now does the record become visible.
         entry = rec["entry"]
         if rec["kind"] == "op":
@@ -295,7 +295,7 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
         base = _check_base(parse_json(base_bytes))
     except ValueError:
         raise report.refuse("malformed-json", file=CHECKPOINT_FILENAME) from None
-    except _Invalid as bad:
+    except _InvalidError as bad:
         raise report.refuse(
             bad.reason, detail=bad.detail, file=CHECKPOINT_FILENAME, entry=bad.entry
         ) from None
@@ -325,11 +325,11 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
                 expected = report.last_seq + 1
                 if seq != expected:
                     reason = "duplicate-seq" if seq < expected else "sequence-gap"
-                    raise _Invalid(reason)
+                    raise _InvalidError(reason)
                 fold.apply(rec)
                 report.records_applied += 1
                 report.last_seq = report.valid_prefix_seq = expected
-        except _Invalid as bad:
+        except _InvalidError as bad:
             if bad.entry is None and rec is not None:
                 bad.entry = entry_ref(rec["kind"], rec["entry"])
             raise report.refuse(

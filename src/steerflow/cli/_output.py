@@ -20,7 +20,7 @@ def _escape(match: re.Match[str]) -> str:
 
 
 def printable(text: object, *, keep_newlines: bool = False) -> str:
-    """``text`` with every control character but tab shown visibly (``\\x1b``).
+    r"""``text`` with every control character but tab shown visibly (``\x1b``).
 
     Anything that came from outside (model replies, server errors, plan values, control
     payloads) goes through this before it reaches a terminal in human mode; ``--json``

@@ -404,7 +404,7 @@ class ControlPoller:
         for row in rows:
             try:
                 outcome = await self._apply(db, row)
-            except _ClaimUncertain:
+            except _ClaimUncertainError:
                 self._last_version = None  # list again next tick; nothing overtakes this row
                 self._retry_soon = True
                 return stamped
@@ -462,7 +462,7 @@ class ControlPoller:
             return self._deliver(row)  # our claim did land
         # Not claimed (or not known to be): raise so the tick stops and the row is
         # listed again next tick, before any later control.
-        raise _ClaimUncertain(row.id)
+        raise _ClaimUncertainError(row.id)
 
     def _deliver(self, row: ControlRow) -> str | None:
         _faults.seam("control-claim", "after")
@@ -582,5 +582,5 @@ class _Watcher:
                 self._wake()
 
 
-class _ClaimUncertain(SteerflowError):
+class _ClaimUncertainError(SteerflowError):
     """A claim whose outcome is unknown; the tick stops and the row is looked at again."""

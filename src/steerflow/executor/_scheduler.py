@@ -296,7 +296,8 @@ class FlowExecutor:
                 # Cancelled by close_admission: the node stays pending (it reruns on
                 # resume); keep a note of what the cancelled worker had already produced.
                 op.status = "pending"
-                op.artifacts = _files_under(request.artifact_dir)
+                # walked in a thread: a worker's tree can be large, and the loop is shared
+                op.artifacts = await asyncio.to_thread(_files_under, request.artifact_dir)
                 op.extra["cancelled"] = call.scope.cancelled_by
                 self._withhold(op)
                 return op.status

@@ -43,8 +43,10 @@ def render_steer(messages: list[dict[str, Any]], instruction: str) -> str:
 
 
 def _bullet(message: dict[str, Any]) -> str:
-    """One bullet per message; its further lines are indented under it, so a message can
-    neither add a bullet of its own nor close the block early."""
+    """One bullet per message, its further lines indented under it.
+
+    So a message can neither add a bullet of its own nor close the block early.
+    """
     first, *rest = str(message.get("text", "")).splitlines() or [""]
     head = f"- {_utc(float(message.get('ts', 0.0)))}: {first}"
     return "\n".join([head, *(f"  {line}" for line in rest)])

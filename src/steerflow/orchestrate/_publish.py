@@ -41,7 +41,6 @@ class NodePublisher:
         self._closing = False
         # One write at a time, in order: an older batch must never land after a newer one.
         self._flush_lock = asyncio.Lock()
-        self.errors = 0
 
     def snapshot_all(self) -> None:
         """Queue every node's current status (initial publication)."""
@@ -107,7 +106,6 @@ class NodePublisher:
             try:
                 await asyncio.to_thread(self._db.upsert_nodes, self._session_id, batch)
             except SteerflowError:
-                self.errors += 1
                 for row in batch:
                     self._dirty.setdefault(row.node_key, row)
 

@@ -126,7 +126,8 @@ class FlowRun:
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
         opts = self.options
-        plan, prompt, source = self._static_plan()
+        # plan files and playbooks are read from disk: off the loop
+        plan, prompt, source = await asyncio.to_thread(self._static_plan)
         settings = self._settings(plan)
         if plan is not None and opts.resume is None:
             check_agent_worker_consent(
@@ -137,7 +138,9 @@ class FlowRun:
                 allowed=opts.allow_agent_workers,
             )
         for spec in {settings.model, *settings.role_models.values()}:
-            self._providers.get(spec)  # refuses a bad model spec before anything starts
+            # refuses a bad model spec before anything starts; in a thread, because
+            # building a provider may read a file (script:PATH)
+            await asyncio.to_thread(self._providers.get, spec)
         if opts.dry_run and plan is not None:
             return self._dry_result(plan)
         db = await asyncio.to_thread(StateDB.open, self.home)

@@ -41,7 +41,9 @@ def _is_dir(path: Path) -> bool:
 
 
 def resolve_run_target(home: Path, target: str) -> RunTarget:
-    """An exact run directory; else a run id or unambiguous prefix; else a session,
+    """Resolve ``target`` to one run.
+
+    An exact run directory; else a run id or unambiguous prefix; else a session,
     invocation or play id (or prefix) through the state DB to ``node_metadata.run_id``.
 
     Only directories under ``<home>/runs`` are accepted, so no target reaches outside the home.

@@ -285,8 +285,9 @@ class StateDB:
         return SessionRow.from_mapping(rows[0]) if rows else None
 
     def check_resume(self, claim: ResumeClaim) -> None:
-        """Refuse ``claim`` now if it would be refused (a read-only preflight; see
-        :meth:`create_session` for the check that counts).
+        """Refuse ``claim`` now if it would be refused.
+
+        A read-only preflight; :meth:`create_session` makes the check that counts.
 
         Raises:
             ResumeClaimedError: The source run still runs, or another resume holds

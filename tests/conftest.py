@@ -1,0 +1,35 @@
+"""Suite-wide fixtures."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from blockbuster import BlockBuster, blockbuster_ctx
+
+# The modules whose code runs on a run's event loop. A blocking call with one of their
+# frames on the loop's stack stalls every other task of the run (poller, heartbeat,
+# publisher), so it must go through asyncio.to_thread. The synchronous layers (state/,
+# the checkpoint loaders, plan/) are not scanned: async code reaches them through a
+# thread, and tests call them directly.
+LOOP_MODULES = [
+    "steerflow.checkpoint._writer",
+    "steerflow.cli._app",
+    "steerflow.control",
+    "steerflow.executor",
+    "steerflow.orchestrate",
+]
+# steerflow.providers is left out: its tests build providers (a sync constructor that
+# looks up executables) inside async tests. A provider call made by a run is still
+# covered, because the executor's frames are on the stack while it awaits the call.
+
+
+@pytest.fixture(autouse=True)
+def blockbuster() -> Iterator[BlockBuster]:
+    """Fail a test when steerflow's loop code makes a blocking call on the running loop.
+
+    Scanned to the library only: a test body may block on purpose (writing fixtures,
+    reading results); a blocking call made by steerflow code on the loop may not.
+    """
+    with blockbuster_ctx(LOOP_MODULES) as bb:
+        yield bb
