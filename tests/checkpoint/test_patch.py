@@ -129,7 +129,11 @@ def test_validate_patch_accepts_tuples_and_frozen_like_dicts() -> None:
     class D(dict[str, Any]):
         pass
 
-    validate_patch([{"op": "add", "path": "/a", "value": (1, D(x=(2,)))}])
+    value = (1, D(x=(2,)))
+    out = validate_patch([{"op": "add", "path": "/a", "value": value}])
+    # Values are checked, not copied: the immutable capture's tuples and mappings pass as-is.
+    assert out == [{"op": "add", "path": "/a", "value": (1, {"x": (2,)})}]
+    assert out[0]["value"] is value
 
 
 # --------------------------------------------------------------------------- apply_patch

@@ -15,12 +15,20 @@ directory; the child reports each acknowledgement through its stdout pipe only a
 and its state must be the replay of ``n`` transitions with
 ``max_acked <= n <= max_acked + 1``.  Cases run with bounded parallelism in one
 module-scoped campaign; each parametrized test asserts its own case.
+
+The discovery's two dry runs are child processes, and parametrization needs the cases
+at collection, so they cannot wait for a fixture.  Instead ``pytest_generate_tests``
+asks :func:`discovered`, which runs them at most once per session and keeps the hits in
+the pytest cache keyed by a hash of ``src/steerflow``, ``crash_support.py``, this file
+and the Python version: a collection with unchanged sources starts no child.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -92,9 +100,44 @@ def dry_run(short: bool) -> list[tuple[str, str, str]]:
     return result.hits
 
 
-def discover() -> tuple[list[Case], dict[bool, list[tuple[str, str, str]]]]:
+Hits = dict[bool, list[tuple[str, str, str]]]
+HERE = Path(__file__).resolve()
+SOURCES = HERE.parents[2] / "src" / "steerflow"
+_DISCOVERED: dict[str, tuple[list[Case], Hits]] = {}
+
+
+def sources_key() -> str:
+    """A digest of everything the dry runs' hits depend on."""
+    digest = hashlib.sha256(sys.version.encode())
+    files = [*sorted(SOURCES.rglob("*.py")), HERE.parent / "crash_support.py", HERE]
+    for path in files:
+        digest.update(str(path.relative_to(HERE.parents[2])).encode() + b"\0")
+        digest.update(path.read_bytes() + b"\0")
+    return digest.hexdigest()[:32]
+
+
+def discovered(config: pytest.Config) -> tuple[list[Case], Hits]:
+    """The cases and hits, from this session's, then the pytest cache's, then dry runs."""
+    key = sources_key()
+    if key not in _DISCOVERED:
+        cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
+        name = f"steerflow/seam-hits/{key}"
+        stored = cache.get(name, None) if cache is not None else None
+        if stored is None:
+            hits = {False: dry_run(False), True: dry_run(True)}
+            if cache is not None:
+                cache.set(name, {"normal": hits[False], "short": hits[True]})
+        else:
+            hits = {
+                False: [(p, w, s) for p, w, s in stored["normal"]],
+                True: [(p, w, s) for p, w, s in stored["short"]],
+            }
+        _DISCOVERED[key] = (cases_of(hits), hits)
+    return _DISCOVERED[key]
+
+
+def cases_of(hits: Hits) -> list[Case]:
     """Cases: first and last hit of each (phase, point), both modes."""
-    hits = {False: dry_run(False), True: dry_run(True)}
     cases: list[Case] = []
     for short, seq in hits.items():
         counts: dict[str, int] = {}
@@ -111,16 +154,24 @@ def discover() -> tuple[list[Case], dict[bool, list[tuple[str, str, str]]]]:
             if short and step.endswith("-write-part"):
                 picks.add(nths[len(nths) // 2])
             cases += [Case(short, phase, point, n) for n in sorted(picks)]
-    return cases, hits
+    return cases
 
 
-CASES, HITS = discover()
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        cases, _ = discovered(metafunc.config)
+        metafunc.parametrize("case", cases, ids=[c.id for c in cases])
 
 
-def covered() -> dict[str, list[str]]:
+@pytest.fixture(scope="session")
+def discovery(pytestconfig: pytest.Config) -> tuple[list[Case], Hits]:
+    return discovered(pytestconfig)
+
+
+def covered(cases: list[Case]) -> dict[str, list[str]]:
     """Phase -> sorted points exercised by the campaign."""
     out: dict[str, set[str]] = {}
-    for case in CASES:
+    for case in cases:
         out.setdefault(case.phase, set()).add(case.point)
     return {phase: sorted(points) for phase, points in sorted(out.items())}
 
@@ -149,15 +200,17 @@ def campaign(
     return {case.id: problem for case, problem in results.items()}
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_death_at_seam_loses_no_acknowledged_transition(
     case: Case, campaign: dict[str, str | None]
 ) -> None:
     assert campaign[case.id] is None, f"{case.fault}: {campaign[case.id]}"
 
 
-def test_campaign_covers_every_step_the_record_lists() -> None:
-    points = covered()
+def test_campaign_covers_every_step_the_record_lists(
+    discovery: tuple[list[Case], Hits],
+) -> None:
+    cases, hits = discovery
+    points = covered(cases)
     print("seams covered:\n" + json.dumps(points, indent=1))
     missing = [
         f"{phase}: {when}:{step}"
@@ -176,15 +229,16 @@ def test_campaign_covers_every_step_the_record_lists() -> None:
         if f"after:{step}" not in points.get(phase, [])
     ]
     assert missing == []
-    assert {step for *_, step in HITS[True]} >= set(SHORT_ONLY)
-    assert len(CASES) >= 100
+    assert {step for *_, step in hits[True]} >= set(SHORT_ONLY)
+    assert len(cases) >= 100
 
 
-def test_every_discovered_seam_is_a_case() -> None:
+def test_every_discovered_seam_is_a_case(discovery: tuple[list[Case], Hits]) -> None:
     """No seam the dry runs reached is left out of the campaign."""
-    reached = {(p, f"{w}:{s}") for p, w, s in HITS[False]}
-    reached |= {(p, f"{w}:{s}") for p, w, s in HITS[True] if s.endswith(("-write-part", "-lf"))}
-    assert reached == {(c.phase, c.point) for c in CASES}
+    cases, hits = discovery
+    reached = {(p, f"{w}:{s}") for p, w, s in hits[False]}
+    reached |= {(p, f"{w}:{s}") for p, w, s in hits[True] if s.endswith(("-write-part", "-lf"))}
+    assert reached == {(c.phase, c.point) for c in cases}
 
 
 def test_uninterrupted_child_recovers_clean(tmp_path: Path) -> None:

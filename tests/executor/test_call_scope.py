@@ -54,8 +54,8 @@ async def test_a_signal_after_the_deadline_is_recorded_as_the_canceller(tmp_path
         await wait_until_async(lambda: build.status == "pending", timeout=10, what="build cut")
         executor.close_admission("SIGINT", cancel_inflight=True)
     assert executor.admission_reason == "deadline"
-    assert build.extra["cancelled"] == "deadline"
-    assert think.status == "pending" and think.extra["cancelled"] == "SIGINT"
+    assert build.cancelled == "deadline"
+    assert think.status == "pending" and think.cancelled == "SIGINT"
 
 
 async def test_the_scope_swallows_only_its_own_cancellation() -> None:

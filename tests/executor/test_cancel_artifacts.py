@@ -49,7 +49,7 @@ async def test_cancelled_call_keeps_node_pending_and_lists_partial_artifacts(
     assert op.status == "pending"
     assert op.artifacts == ["partial.txt"]
     assert op.error is None  # not a failure: the node reruns on resume
-    assert op.extra["cancelled"] == "SIGINT"
+    assert op.cancelled == "SIGINT"
     assert [e.type for e in executor.events.history].count("node_withheld") == 1
 
 
@@ -96,7 +96,7 @@ async def test_deadline_cancels_only_long_running_workers(tmp_path: Path) -> Non
     await asyncio.wait_for(asyncio.gather(worker.started.wait(), model.started.wait()), 10)
     executor.close_admission("deadline", cancel_long_running=True)
     await wait_until_async(lambda: build.status == "pending", timeout=10, what="build withheld")
-    assert build.status == "pending" and build.extra["cancelled"] == "deadline"
+    assert build.status == "pending" and build.cancelled == "deadline"
     assert build.artifacts == ["partial.txt"]
     assert think.status == "running"  # the model call is still allowed to finish
     model.release.set()

@@ -7,6 +7,7 @@ import re
 from pathlib import Path
 from typing import Any
 
+import pydantic
 import pytest
 
 from steerflow.errors import ExitCode, PlanValidationError, UsageError
@@ -145,7 +146,7 @@ def test_reactive_spellings_are_kept() -> None:
 
 def test_models_are_frozen() -> None:
     plan = parse_plan({"plan": [{"agent_id": "a", "instruction": "x"}]}, source="t")
-    with pytest.raises(Exception):  # noqa: B017 - pydantic raises its own ValidationError
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
         plan.plan[0].agent_id = "b"  # type: ignore[misc]
 
 

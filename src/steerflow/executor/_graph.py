@@ -59,6 +59,11 @@ class Operation:
     artifacts: list[str] = field(default_factory=list)
     replayed: bool = False
     extra: dict[str, object] = field(default_factory=dict)
+    # The reason (signal name, ``deadline``) a call cancelled mid-flight was stopped
+    # for; the node stays pending and its detail records who cancelled it.
+    cancelled: str | None = None
+    # Raw spawn requests of the completed call, consumed once by reactive expansion.
+    spawn_requests: list[object] = field(default_factory=list)
     # Node ids of the children this operation's spawns created (its checkpoint entry
     # witnesses them, so a resume can tell when a child's entry went missing).
     spawned_ids: list[str] = field(default_factory=list)

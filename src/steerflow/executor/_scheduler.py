@@ -131,7 +131,7 @@ class FlowExecutor:
         ``cancel_inflight`` cancels every call in flight (signals);
         ``cancel_long_running`` only those whose provider sets ``cancel_at_deadline``
         (a deadline: agent workers stop, model calls already invoked finish). A cancelled
-        call's node records ``reason`` as its canceller (``extra["cancelled"]``).
+        call's node records ``reason`` as its canceller (``Operation.cancelled``).
         """
         if self.admission_open:
             self.admission_open = False
@@ -298,7 +298,7 @@ class FlowExecutor:
                 op.status = "pending"
                 # walked in a thread: a worker's tree can be large, and the loop is shared
                 op.artifacts = await asyncio.to_thread(_files_under, request.artifact_dir)
-                op.extra["cancelled"] = call.scope.cancelled_by
+                op.cancelled = call.scope.cancelled_by
                 self._withhold(op)
                 return op.status
         except ProviderError as exc:  # UnsafePathError included: the node fails, not the run
@@ -315,7 +315,7 @@ class FlowExecutor:
             Message("user", request.instruction),
             Message("assistant", response.text),
         ]
-        op.extra["spawn_requests"] = response.spawns
+        op.spawn_requests = list(response.spawns)
         op.status = "completed"
         return op.status
 
@@ -359,8 +359,8 @@ class FlowExecutor:
     # -- reactive expansion ----------------------------------------------------------------
 
     def _spawn_children(self, emitter: Operation) -> list[Operation]:
-        requests = emitter.extra.pop("spawn_requests", [])
-        if not isinstance(requests, list) or not requests:
+        requests, emitter.spawn_requests = emitter.spawn_requests, []
+        if not requests:
             return []
         if not self.reactive.allows(emitter.assignee):
             self._emit("spawn_rejected", emitter, data={"reason": "reactive_disabled"})

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -10,6 +9,7 @@ from typing import Any, Literal
 from steerflow.errors import ExitCode
 from steerflow.executor import Graph
 from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
+from steerflow.resume import ReplayPlan
 
 __all__ = [
     "EndStatus",
@@ -29,9 +29,10 @@ RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted"
 
 @dataclass
 class ResumeSeed:
-    """What a resume hands the runner: the persisted plan and how to pre-mark the graph.
+    """What a resume hands the runner: the persisted plan and the checked replay.
 
-    ``apply`` runs once the fresh graph is built and before anything executes; it
+    ``replay`` is pure data (no executor types); the runner applies it with
+    ``apply_replay`` once the fresh graph is built and before anything executes, which
     pre-marks replayed nodes and rebuilds spawned ones.
     """
 
@@ -40,7 +41,7 @@ class ResumeSeed:
     config: dict[str, Any]
     resumed_from: str
     source_run_id: str | None
-    apply: Callable[[Graph], None]
+    replay: ReplayPlan
     flow_context: dict[str, Any] = field(default_factory=dict)
     max_spawn: int | None = None
     degraded: list[str] = field(default_factory=list)

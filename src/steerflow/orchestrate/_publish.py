@@ -69,8 +69,8 @@ class NodePublisher:
             detail = {"error": op.error[:500]}
         if op.artifacts:
             detail = (detail or {}) | {"artifacts": op.artifacts[:100]}
-        if "cancelled" in op.extra:
-            detail = (detail or {}) | {"cancelled": op.extra["cancelled"]}
+        if op.cancelled is not None:
+            detail = (detail or {}) | {"cancelled": op.cancelled}
         if op.usage is not None:
             detail = (detail or {}) | {
                 "input_tokens": op.usage.input_tokens,

@@ -7,7 +7,6 @@ built; a refusal names the node and never touches the source run directory.
 
 from __future__ import annotations
 
-import functools
 from pathlib import Path
 
 from steerflow.checkpoint import BRANCHES_DIR, CHECKPOINT_FILENAME, load_branch, load_state
@@ -82,7 +81,7 @@ def _prepare(
         config=dict(state.config),
         resumed_from=session_id,
         source_run_id=run.run_id,
-        apply=functools.partial(apply_replay, replay),
+        replay=replay,
         flow_context=dict(state.flow_context),
         max_spawn=state.max_spawn,
         degraded=list(replay.degraded),

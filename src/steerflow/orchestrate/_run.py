@@ -49,6 +49,7 @@ from steerflow.orchestrate._recorder import (
     replay_entries,
     write_private,
 )
+from steerflow.orchestrate._resume import apply_replay
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.plan import (
     PlanFile,
@@ -176,7 +177,7 @@ class FlowRun:
     def _dry_result(self, plan: PlanFile) -> FlowResult:
         graph = build_graph(plan)
         if self.options.resume is not None:
-            self.options.resume.apply(graph)
+            apply_replay(self.options.resume.replay, graph)
         return FlowResult(
             session_id=None,
             run_id=None,
@@ -379,7 +380,7 @@ class FlowRun:
         max_spawn = self._spawn_budget(plan, settings)
         graph = build_graph(plan)
         if seed is not None:
-            seed.apply(graph)
+            apply_replay(seed.replay, graph)
         for warning in self.warnings:
             self.events.emit(FlowEvent(type="plan_truncated", data={"message": warning}))
         self.events.emit(
