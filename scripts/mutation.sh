@@ -38,6 +38,11 @@ tests_for() {
     checkpoint/_load_v3.py)
       echo tests/checkpoint/test_load_v3.py tests/checkpoint/test_load_dispatch.py \
         tests/checkpoint/test_refusal_names.py ;;
+    checkpoint/_entries.py)
+      # the one entry validator for both versions (moved out of _load_v3.py by issue 16)
+      echo tests/checkpoint/test_load_v3.py tests/checkpoint/test_load_dispatch.py \
+        tests/checkpoint/test_refusal_names.py tests/checkpoint/test_golden.py \
+        tests/checkpoint/test_spawned_ids.py ;;
     plan/_model.py | plan/_load.py)
       # the CLI run is a subprocess: it imports the unmutated tree and only costs time
       echo tests/plan/test_plan_model.py tests/plan/test_playbooks.py \
