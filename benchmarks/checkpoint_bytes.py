@@ -3,11 +3,11 @@
 Workload (ADR-0069 Amendment 2, verification 1): operation ``i`` records an 8,192-byte
 ASCII response and appends an 8,192-byte ASCII item to ``context["nested"]["entries"]``.
 
-Counting: every ``os.write`` in the process is wrapped and the byte counts it *returns*
-are summed (short writes and retries included; temporary files, bases, journals and
-compactions all go through it).  Positive control: the sum is compared with the
-process's ``wchar`` delta from ``/proc/self/io``, which the kernel increments for every
-write system call.  Nothing is printed while a variant is measured.
+Counting: every ``os.write`` and ``os.writev`` in the process is wrapped and the byte
+counts they *return* are summed (short writes and retries included; temporary files,
+bases, journals and compactions all go through them).  Positive control: the sum is
+compared with the process's ``wchar`` delta from ``/proc/self/io``, which the kernel
+increments for every write system call.  Nothing is printed while a variant is measured.
 
 Variants: v3 with default limits; v3 with limits high enough that nothing compacts
 before operation 200; v2 full rewrite; and the ideal structural delta, defined as the
@@ -44,15 +44,16 @@ def payload(kind: str, i: int) -> str:
 
 
 class WriteCounter:
-    """Wraps ``os.write`` process-wide and sums the returned byte counts."""
+    """Wraps ``os.write`` and ``os.writev`` process-wide and sums the returned byte counts."""
 
     def __init__(self) -> None:
         self.total = 0
         self._lock = threading.Lock()
         self._orig: Callable[[int, Any], int] = os.write
+        self._origv: Callable[[int, Any], int] = os.writev
 
     def __enter__(self) -> WriteCounter:
-        orig = self._orig
+        orig, origv = self._orig, self._origv
 
         def counting(fd: int, data: Any) -> int:
             n = orig(fd, data)
@@ -60,11 +61,19 @@ class WriteCounter:
                 self.total += n
             return n
 
+        def counting_v(fd: int, buffers: Any) -> int:
+            n = origv(fd, buffers)
+            with self._lock:
+                self.total += n
+            return n
+
         os.write = counting
+        os.writev = counting_v
         return self
 
     def __exit__(self, *exc: object) -> None:
         os.write = self._orig
+        os.writev = self._origv
 
 
 def wchar() -> int:
@@ -165,7 +174,7 @@ def main() -> None:
     results["ideal"] = ideal_marks()
 
     print(f"workload: {OPS} ops, {SIZE}-byte response + {SIZE}-byte nested item each")
-    print("positive control (counted os.write bytes vs /proc/self/io wchar delta):")
+    print("positive control (counted os.write/os.writev bytes vs /proc/self/io wchar delta):")
     for name, (counted, kernel) in controls.items():
         print(
             f"  {name:13s} counted={counted:>12,d} wchar={kernel:>12,d} diff={kernel - counted:+d}"

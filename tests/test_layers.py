@@ -1,7 +1,8 @@
 """Layering: a lower layer never imports a higher one (imports found by walking the source).
 
 Lowest first; packages in one group may import each other:
-errors, home, plan; state, checkpoint, providers; control, resume; executor; orchestrate; cli.
+errors, home, plan; state, checkpoint, providers, artifacts; control, resume; executor;
+orchestrate; cli.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ SRC = Path(steerflow.__file__).parent
 
 LAYERS: list[set[str]] = [
     {"errors", "home", "plan", "_faults"},  # _faults: test fault hooks, imports nothing of ours
-    {"state", "checkpoint", "providers"},
+    {"state", "checkpoint", "providers", "artifacts"},
     {"control", "resume"},
     {"executor"},
     {"orchestrate"},

@@ -5,6 +5,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
+from steerflow.errors import UsageError
 from steerflow.orchestrate._options import FlowOptions
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.plan import parse_plan
@@ -60,3 +63,31 @@ def test_options_win_over_the_plan_and_defaults_fill_the_rest() -> None:
     assert (settings.model, settings.concurrency, settings.max_ops) == ("script:m.yaml", 3, 5)
     assert settings.reactive.spec == "off" and settings.kind == "flow"
     assert RunSettings.from_checkpoint_config({}).to_checkpoint_config()["model_spec"] == "echo"
+
+
+def test_compaction_limits_resolve_flag_then_plan_then_default_and_persist() -> None:
+    plan = parse_plan(
+        {"compact_records": 7, "plan": [{"agent_id": "a", "instruction": "x"}]},
+        source="test",
+        max_entries=None,
+    )
+    from_plan = RunSettings.from_options(FlowOptions(), plan)
+    assert (from_plan.compact_records, from_plan.compact_bytes) == (7, 8_388_608)
+    flagged = RunSettings.from_options(FlowOptions(compact_records=9, compact_bytes=4096), plan)
+    assert (flagged.compact_records, flagged.compact_bytes) == (9, 4096)
+    config = flagged.to_checkpoint_config()
+    assert (config["compact_records"], config["compact_bytes"]) == (9, 4096)
+    resumed = RunSettings.from_checkpoint_config(json.loads(json.dumps(config)))
+    assert resumed == flagged
+    assert resumed.with_compaction(None, 2048).compact_bytes == 2048
+    assert resumed.with_compaction(None, None) == flagged
+
+
+def test_out_of_range_or_hand_edited_limits() -> None:
+    with pytest.raises(UsageError, match="--compact-bytes 10 is out of range"):
+        RunSettings.from_options(FlowOptions(compact_bytes=10), None)
+    with pytest.raises(UsageError, match="--compact-records must be an integer"):
+        RunSettings.from_options(FlowOptions(compact_records=True), None)
+    # A config value the writer could not take reads as the default, never as a crash.
+    odd = RunSettings.from_checkpoint_config({"compact_records": 0, "compact_bytes": "big"})
+    assert (odd.compact_records, odd.compact_bytes) == (128, 8_388_608)

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from steerflow.errors import (
     AmbiguousIdError,
+    ArtifactContractError,
+    ArtifactsUnsettledError,
     CheckpointRecoveryError,
     ControlNotApplyingError,
     DatabaseBusyError,
@@ -66,6 +68,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AmbiguousIdError",
+    "ArtifactContractError",
+    "ArtifactsUnsettledError",
     "CheckpointRecoveryError",
     "CheckpointWriter",
     "ControlNotApplyingError",

@@ -14,7 +14,9 @@ The tree is shallow on purpose; the CLI maps classes to exit codes in one place
      |   |- KindNotAllowedError         3   a control aimed at a kind with no consumer
      |   |- ControlNotApplyingError     3   ``ctl resolve`` on a row not in ``applying``
      |   |- FlowResumeError             3   a resume that cannot be made faithful
-     |   |   '- ResumeClaimedError      3   the source is held or was already resumed
+     |   |   |- ResumeClaimedError      3   the source is held or was already resumed
+     |   |   |- ArtifactContractError   3   recorded artifacts with no usable persisted contract
+     |   |   '- ArtifactsUnsettledError 3   recorded artifacts that no longer match (``.unsettled``)
      |   |- CheckpointRecoveryError     3   the loader refused a checkpoint (``.report``)
      |   |- HomeRefusedError            3   a home we cannot write, or one others can
      |   '- DatabaseBusyError           3   a lock wait ran past its bound
@@ -31,6 +33,8 @@ from typing import Any, ClassVar
 
 __all__ = [
     "AmbiguousIdError",
+    "ArtifactContractError",
+    "ArtifactsUnsettledError",
     "CheckpointRecoveryError",
     "ControlNotApplyingError",
     "DatabaseBusyError",
@@ -160,6 +164,34 @@ class ResumeClaimedError(FlowResumeError):
 
 def _rebuild_claimed(message: str, holder: str, newest: str | None) -> ResumeClaimedError:
     return ResumeClaimedError(message, holder_session_id=holder, newest_run_id=newest)
+
+
+class ArtifactContractError(FlowResumeError):
+    """A node recorded artifacts, but the contract its run persisted cannot vouch for them.
+
+    Missing, unreadable, or disagreeing with the checkpoint's copy or with what the entry
+    records: an absent record is not evidence, so nothing is settled from it.
+    """
+
+    code = "artifact-contract-refused"
+
+
+class ArtifactsUnsettledError(FlowResumeError):
+    """Recorded artifacts are missing or changed; ``unsettled`` lists them (JSON objects)."""
+
+    code = "artifacts-unsettled"
+
+    def __init__(self, message: str, *, unsettled: list[dict[str, Any]]) -> None:
+        super().__init__(message)
+        self.unsettled = unsettled
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the list, which ``Exception`` alone would drop."""
+        return (_rebuild_unsettled, (str(self), self.unsettled))
+
+
+def _rebuild_unsettled(message: str, unsettled: list[dict[str, Any]]) -> ArtifactsUnsettledError:
+    return ArtifactsUnsettledError(message, unsettled=unsettled)
 
 
 class CheckpointRecoveryError(RefusedError):

@@ -275,7 +275,9 @@ def test_sigint_stops_the_worker_and_its_child_then_resume_completes(
     builds = run_for(claude, "Then BUILD")
     assert len(builds) == 2
     assert "prepared P-1" in builds[1]["stdin"]  # the replayed result still feeds its dependent
-    assert Path(builds[1]["cwd"]) == Path(again["run_dir"]) / "artifacts" / "build"
+    # A resume writes its legs under the source run's artifact root (Amendment 1 row 9):
+    # the re-run worker finds what its cancelled attempt left in the same leg directory.
+    assert Path(builds[1]["cwd"]) == first_run / "artifacts" / "build"
     assert all(pid_gone(r["pid"]) for r in claude.runs())
 
 

@@ -270,6 +270,13 @@ async def test_message_goes_to_the_operation_that_starts_next_not_one_still_queu
     assert delivered == [["ctl-1"]]
 
 
+class _DirEcho(EchoProvider):
+    """Echo whose leg directory the executor makes first: a thread hop before the call,
+    where a signal can land after the claim (the built-ins make theirs lazily)."""
+
+    needs_artifact_dir = True
+
+
 async def test_claim_of_an_operation_cancelled_before_its_call_is_released(
     tmp_path: Path,
 ) -> None:
@@ -278,7 +285,7 @@ async def test_claim_of_an_operation_cancelled_before_its_call_is_released(
     ctx = SharedContext()
     delivered = _delivered_log(ctx)
     ctx.add_operator_message("for whoever starts", ts=TS1, control_id="ctl-1")
-    provider = EchoProvider()
+    provider = _DirEcho()
     armed: list[bool] = []
     loop = asyncio.get_running_loop()
 

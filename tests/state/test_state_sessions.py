@@ -139,6 +139,32 @@ def test_upsert_and_list_nodes(db: StateDB) -> None:
     assert db.list_nodes("0" * 32) == []
 
 
+def test_list_nodes_by_key_by_kind_and_without_detail(db: StateDB) -> None:
+    sid = db.create_session(kind="flow").id
+    other = db.create_session(kind="flow").id
+    updates = [
+        NodeUpdate(f"n{i:04d}", "planned", "completed", detail={"i": i}) for i in range(1_200)
+    ]
+    updates.append(NodeUpdate("fix-1", "spawned", "running", detail={"parent": "n0007"}))
+    db.upsert_nodes(sid, updates)
+    db.upsert_nodes(other, [NodeUpdate("n0001", "planned", "failed", detail={"other": True})])
+    # More keys than one IN (...) binds; unknown keys and the other session's rows stay out.
+    keys = [f"n{i:04d}" for i in range(0, 1_200, 2)] + ["nope"]
+    rows = db.list_nodes(sid, keys=keys)
+    assert [r.node_key for r in rows] == sorted(keys[:-1])
+    assert rows[1].detail == {"i": 2} and rows[1].session_id == sid
+    (spawned,) = db.list_nodes(sid, kind="spawned")
+    assert (spawned.node_key, spawned.detail) == ("fix-1", {"parent": "n0007"})
+    assert db.list_nodes(sid, kind="spawned", keys=["n0001"]) == []
+    light = db.list_nodes(sid, detail=False)
+    assert len(light) == 1_201 and all(r.detail is None for r in light)
+    assert (light[0].node_key, light[0].status, light[-1].status) == (
+        "fix-1",
+        "running",
+        "completed",
+    )
+
+
 def test_session_for_run_finds_the_owner_of_a_run_directory(tmp_path: Path) -> None:
     with StateDB.open(tmp_path / "home") as db:
         db.create_session(kind="flow", run_id="20260101T000000-aaaaaa")

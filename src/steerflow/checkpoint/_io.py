@@ -154,13 +154,23 @@ def link_fd(fd: int, dir_fd: int, name: str, obj: str) -> None:
     _seam(f"{obj}-link", "after")
 
 
-def write_all(fd: int, data: bytes | Iterable[bytes], obj: str) -> int:
+_IOV_MAX = 1024  # Linux's limit on buffers per writev(2)
+_VEC_BYTES = 4 << 20  # about this much is handed to one writev(2)
+
+
+def write_all(fd: int, data: bytes | Iterable[bytes], obj: str, *, vectored: bool = False) -> int:
     """Write every byte of ``data`` (bytes, or chunks in order), looping over short writes.
 
     Returns the number of bytes written.  Chunked input lets a large snapshot be encoded
     and written piecewise, so the worker never holds the GIL for one long encode.
+    ``vectored`` (for data without line framing: bases and snapshots) hands up to
+    1,024 chunks to one ``writev``, so a base assembled from many kept entry encodings
+    is never joined into one large buffer first; the short-write fault mode still
+    writes piecewise.
     """
     cap = _faults.short_write_cap()
+    if vectored and cap is None and not isinstance(data, bytes):
+        return _write_vector(fd, data, obj)
     written = 0
     _seam(f"{obj}-write", "before")
     for chunk in (data,) if isinstance(data, bytes) else data:
@@ -184,6 +194,47 @@ def write_all(fd: int, data: bytes | Iterable[bytes], obj: str) -> int:
             if off < total:
                 _seam(f"{obj}-write-part", "after")
         written += total
+    _seam(f"{obj}-write", "after")
+    return written
+
+
+def _write_vector(fd: int, chunks: Iterable[bytes], obj: str) -> int:
+    """``writev`` the chunks in order, resuming exactly where a short write stopped.
+
+    Chunks are taken from ``chunks`` as they are written, at most ``_IOV_MAX`` of them
+    and about ``_VEC_BYTES`` at a time, so chunks produced on demand (kept entries read
+    back from the previous base) are never all in memory at once.
+    """
+    written = 0
+    source = iter(chunks)
+    more = True
+    pending: list[bytes | memoryview] = []
+    size = 0  # bytes in ``pending``
+    _seam(f"{obj}-write", "before")
+    while True:
+        while more and len(pending) < _IOV_MAX and size < _VEC_BYTES:
+            chunk = next(source, None)
+            if chunk is None:
+                more = False
+            else:
+                pending.append(chunk)
+                size += len(chunk)
+        if not pending:
+            break
+        n = os.writev(fd, pending) if size else 0
+        if size and n <= 0:
+            raise OSError(errno.EIO, "write made no progress")
+        written += n
+        if n == size:
+            pending.clear()
+            size = 0
+            continue
+        done = 0  # a short write: drop the chunks it completed, cut the one it split
+        while done + len(pending[0]) <= n:
+            done += len(pending.pop(0))
+        pending[0] = memoryview(pending[0])[n - done :]
+        size -= n
+        _seam(f"{obj}-write-part", "after")
     _seam(f"{obj}-write", "after")
     return written
 

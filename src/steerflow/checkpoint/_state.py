@@ -9,9 +9,14 @@ persistence worker touches it, one batch at a time, under the writer lock.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import errno
 import json
+import os
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from itertools import accumulate
 from typing import Any, Literal
 
 from ._digest import JSON, entry_digest
@@ -22,57 +27,28 @@ __all__ = [
     "State",
     "Ticket",
     "dumps_compact",
-    "encode_chunks",
     "group_lines",
     "seal",
 ]
 
 Kind = Literal["op", "spawn"]
 
+#: A kept entry encoding: its bytes, or its length in the published base (its offset
+#: there is in the parallel offsets list; :attr:`State.base_fd`, decision 65).
+_Kept = bytes | int
+
+#: Largest single read of kept bytes back from the base while assembling a new one.
+_READ_CHUNK = 1 << 20
+
+#: What :meth:`State.chunks` assembled: the change count it saw, each member's length
+#: (ops, spawned) and where each member landed (ops, spawned).
+_Layout = tuple[int, list["_Kept"], list["_Kept"], list[int], list[int]]
+
 
 def dumps_compact(value: JSON) -> bytes:
     """Compact ASCII JSON, refusing NaN and infinities (the on-disk encoding)."""
     text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
     return text.encode("ascii")
-
-
-def _pieces(value: JSON, depth: int) -> Iterator[bytes]:
-    if depth and isinstance(value, dict) and value:
-        sep = b"{"
-        for key, item in value.items():
-            yield sep + dumps_compact(key) + b":"
-            yield from _pieces(item, depth - 1)
-            sep = b","
-        yield b"}"
-    elif depth and isinstance(value, (list, tuple)) and value:
-        sep = b"["
-        for item in value:
-            yield sep
-            yield from _pieces(item, depth - 1)
-            sep = b","
-        yield b"]"
-    else:
-        yield dumps_compact(value)
-
-
-def encode_chunks(value: JSON, chunk: int = 1 << 20, depth: int = 4) -> Iterator[bytes]:
-    """The same bytes as :func:`dumps_compact`, produced in pieces of about ``chunk``.
-
-    The outer ``depth`` levels of containers are walked in Python and everything below
-    is encoded by one ``json.dumps`` call per subtree, so a worker thread encoding a
-    large snapshot never holds the GIL for one long call and the event loop keeps
-    running.
-    """
-    group: list[bytes] = []
-    size = 0
-    for piece in _pieces(value, depth):
-        group.append(piece)
-        size += len(piece)
-        if size >= chunk:
-            yield b"".join(group)
-            group, size = [], 0
-    if group:
-        yield b"".join(group)
 
 
 def group_lines(lines: list[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -118,11 +94,23 @@ class Ticket:
     item: Item | None
     done: bool = False
     error: BaseException | None = None
+    waiter: asyncio.Future[None] | None = None  # resolved on the loop once settled
 
 
 @dataclass
 class State:
-    """Snapshot fields of D4 plus the folded outcomes and the captured context."""
+    """Snapshot fields of D4 plus the folded outcomes and the captured context.
+
+    Encoded-entry reuse: every folded entry keeps its compact JSON bytes (for planned
+    entries prefixed by their key), in the same order as ``ops`` / ``spawned``, and the
+    constant members (``session_id``, ``prompt``, ``plan``, ``config``, ``max_spawn``)
+    are encoded once.  A snapshot or base is then the concatenation of those bytes
+    around a fresh encoding of the context (reused while the context object is the
+    same), so a compaction re-encodes nothing that did not change.  Once a v3 base
+    holding them is published (:meth:`published`), the kept bytes are replaced by their
+    ranges in that base and read back from it for the next one (decision 65).  ``entry_encodes``
+    and ``encoded_bytes`` count the JSON encoding work, so tests can see the reuse.
+    """
 
     meta: dict[str, JSON]  # session_id, prompt, plan, config, max_spawn (if not None)
     context: Any
@@ -130,19 +118,96 @@ class State:
     ops: dict[str, dict[str, JSON]] = field(default_factory=dict)
     spawned: list[dict[str, JSON]] = field(default_factory=list)
     spawn_index: dict[str, int] = field(default_factory=dict)
+    entry_encodes: int = 0
+    encoded_bytes: int = 0
+    # Parallel encodings (each member without its separating comma: planned entries as
+    # ``"<key>":{...}``, spawned ones as ``{...}``); complete (same keys, same order) only
+    # once ``_complete`` is set.
+    _ops_enc: dict[str, _Kept] = field(default_factory=dict, repr=False)
+    _spawned_enc: list[_Kept] = field(default_factory=list, repr=False)
+    _complete: bool = field(default=False, repr=False)
+    # A read-only descriptor of the base the kept ranges point into (owned here), and
+    # where the last assembled document put each entry, valid while ``_changes`` is.
+    base_fd: int | None = field(default=None, repr=False)
+    _ops_at: list[int] = field(default_factory=list, repr=False)
+    _spawned_at: list[int] = field(default_factory=list, repr=False)
+    _layout: _Layout | None = field(default=None, repr=False)
+    _changes: int = field(default=0, repr=False)
+    _meta_enc: tuple[bytes, bytes] | None = field(default=None, repr=False)
+    _ctx_enc: tuple[Any, bytes] | None = field(default=None, repr=False)
 
-    def apply(self, item: Item) -> None:
-        """Fold one item: upsert its entry and adopt its context."""
+    def encode_entry(self, entry: dict[str, JSON]) -> bytes:
+        """The compact JSON of one (sealed) entry, counted."""
+        data = dumps_compact(entry)
+        self.entry_encodes += 1
+        self.encoded_bytes += len(data)
+        return data
+
+    def apply(self, item: Item, encoded: bytes | None = None) -> None:
+        """Fold one item: upsert its entry and adopt its context.
+
+        ``encoded`` is the entry's compact JSON when the caller already has it (the
+        journal line embeds the same bytes); otherwise it is encoded here.
+        """
+        enc = encoded if encoded is not None else self.encode_entry(item.entry)
+        self._changes += 1
         if item.kind == "op":
             self.ops[item.key] = item.entry
+            if self._complete:
+                self._ops_enc[item.key] = dumps_compact(item.key) + b":" + enc
         else:
             at = self.spawn_index.get(item.key)
             if at is None:
                 self.spawn_index[item.key] = len(self.spawned)
                 self.spawned.append(item.entry)
+                if self._complete:
+                    self._spawned_enc.append(enc)
             else:
                 self.spawned[at] = item.entry
+                if self._complete:
+                    self._spawned_enc[at] = enc
         self.context = item.context
+
+    def reset(
+        self, ops: dict[str, dict[str, JSON]], spawned: list[dict[str, JSON]], context: Any
+    ) -> None:
+        """Replace the folded outcomes and context wholesale (reconciliation)."""
+        self.ops = ops
+        self.spawned = spawned
+        self.spawn_index = {str(e["node_id"]): i for i, e in enumerate(spawned)}
+        self.context = context
+        self._ops_enc, self._spawned_enc, self._complete = {}, [], False
+        self._changes += 1
+        self.release()
+
+    def published(self, fd: int) -> None:
+        """Adopt ``fd`` (read-only, now owned here): the base just written from :meth:`chunks`.
+
+        Every kept entry becomes its byte range in that base, so the encodings are no
+        longer held in memory (decision 65). Nothing is adopted (``fd`` is closed) when
+        the state changed since that base was assembled.
+        """
+        layout, self._layout = self._layout, None
+        if layout is None or layout[0] != self._changes:
+            os.close(fd)
+            return
+        _, ops_len, spawned_len, self._ops_at, self._spawned_at = layout
+        ops_enc: dict[str, _Kept] = dict(zip(self._ops_enc, ops_len, strict=True))
+        self._ops_enc, self._spawned_enc = ops_enc, spawned_len
+        old, self.base_fd = self.base_fd, fd
+        if old is not None:
+            with contextlib.suppress(OSError):
+                os.close(old)
+
+    def release(self) -> None:
+        """Close the base descriptor; entries kept as its ranges are encoded again if needed."""
+        fd, self.base_fd = self.base_fd, None
+        if fd is None:
+            return
+        self._ops_enc, self._spawned_enc, self._complete = {}, [], False
+        self._ops_at, self._spawned_at = [], []
+        with contextlib.suppress(OSError):
+            os.close(fd)
 
     def document(self, head: dict[str, JSON]) -> dict[str, JSON]:
         """The snapshot as a plain JSON object, ``head`` members first."""
@@ -157,3 +222,118 @@ class State:
         if self.meta.get("max_spawn") is not None:
             doc["max_spawn"] = self.meta["max_spawn"]
         return doc
+
+    def chunks(self, head: dict[str, JSON]) -> Iterator[bytes]:
+        """Exactly ``dumps_compact(self.document(head))``, as pieces in order.
+
+        The pieces are the kept encodings themselves, meant for a vectored write;
+        entries kept as ranges of the published base are read back from it in runs of
+        at most 1 MiB as the pieces are consumed (never all at once). Where this
+        document puts each entry is remembered for :meth:`published`.
+        """
+        if not self._complete:
+            self._ops_enc = {
+                key: dumps_compact(key) + b":" + self.encode_entry(entry)
+                for key, entry in self.ops.items()
+            }
+            self._spawned_enc = [self.encode_entry(entry) for entry in self.spawned]
+            self._complete = True
+        if self._meta_enc is None:
+            pre = {k: self.meta[k] for k in ("session_id", "prompt", "plan")}
+            post = {"config": self.meta["config"]}
+            if self.meta.get("max_spawn") is not None:
+                post["max_spawn"] = self.meta["max_spawn"]
+            self._meta_enc = (self._counted(pre)[1:-1], self._counted(post)[1:-1])
+        if self._ctx_enc is None or self._ctx_enc[0] is not self.context:
+            self._ctx_enc = (self.context, self._counted(self.to_json(self.context)))
+        pre_b, post_b = self._meta_enc
+        ops = list(self._ops_enc.values())
+        spawned = list(self._spawned_enc)
+        lead = [
+            dumps_compact(head)[:-1] + b",",
+            pre_b,  # the plan can be large: never copied into another buffer
+            b',"flow_context":',
+            self._ctx_enc[1],
+            b',"ops":{',
+        ]
+        middle = b'},"spawned":['
+        ops_len: list[_Kept] = [e if isinstance(e, int) else len(e) for e in ops]
+        spawned_len: list[_Kept] = [e if isinstance(e, int) else len(e) for e in spawned]
+        start = sum(map(len, lead))
+        ops_at = _offsets(ops_len, start)
+        end = ops_at[-1] + int(ops_len[-1]) if ops else start
+        spawned_at = _offsets(spawned_len, end + len(middle))
+        self._layout = (self._changes, ops_len, spawned_len, ops_at, spawned_at)
+        return self._pieces(
+            lead,
+            _members(ops, self._ops_at, self.base_fd),
+            middle,
+            _members(spawned, self._spawned_at, self.base_fd),
+            [b"],", post_b, b"}"],
+        )
+
+    @staticmethod
+    def _pieces(
+        lead: list[bytes],
+        ops: Iterator[bytes],
+        middle: bytes,
+        spawned: Iterator[bytes],
+        tail: list[bytes],
+    ) -> Iterator[bytes]:
+        yield from lead
+        yield from ops
+        yield middle
+        yield from spawned
+        yield from tail
+
+    def _counted(self, value: JSON) -> bytes:
+        data = dumps_compact(value)
+        self.encoded_bytes += len(data)
+        return data
+
+
+def _offsets(lengths: list[_Kept], start: int) -> list[int]:
+    """Where each member lands when written comma-separated from ``start``."""
+    if not lengths:
+        return []
+    # in C: this runs over every entry at every compaction
+    return list(accumulate(map((1).__add__, lengths[:-1]), initial=start))  # type: ignore[arg-type]
+
+
+def _members(members: list[_Kept], at: list[int], fd: int | None) -> Iterator[bytes]:
+    """``members`` comma-separated; adjacent ranges of the base are read as one span.
+
+    A member kept as its length is at ``at[index]`` in the base. In the base two
+    members that follow each other are separated by exactly one comma, the separator
+    they need here too, so a run of them is one read.
+    """
+    span: list[int] | None = None  # [start, end) of base bytes not yet read
+    for index, enc in enumerate(members):
+        if isinstance(enc, int):
+            begin = at[index]
+            if span is not None and begin == span[1] + 1:
+                span[1] = begin + enc
+                continue
+        if span is not None:
+            assert fd is not None
+            yield from _read(fd, span[0], span[1])
+            span = None
+        if index:
+            yield b","
+        if isinstance(enc, int):
+            span = [at[index], at[index] + enc]
+        else:
+            yield enc
+    if span is not None:
+        assert fd is not None
+        yield from _read(fd, span[0], span[1])
+
+
+def _read(fd: int, start: int, end: int) -> Iterator[bytes]:
+    """Bytes ``[start, end)`` of ``fd``'s file, at most :data:`_READ_CHUNK` at a time."""
+    while start < end:
+        chunk = os.pread(fd, min(_READ_CHUNK, end - start), start)
+        if not chunk:
+            raise OSError(errno.EIO, "the published base is shorter than its kept entries")
+        start += len(chunk)
+        yield chunk

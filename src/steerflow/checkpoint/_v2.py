@@ -20,7 +20,7 @@ from collections.abc import Iterable
 from steerflow.errors import PersistenceError
 
 from . import _io
-from ._state import State, Ticket, encode_chunks, seal
+from ._state import State, Ticket, seal
 
 __all__ = ["V2Backend"]
 
@@ -36,6 +36,7 @@ class V2Backend:
         self.name = os.path.basename(path)
         self.state = state
         self._dir_fd: int | None = None
+        self.bytes_written = 0  # every byte written to a snapshot, published or not
 
     def persist(self, batch: list[Ticket]) -> None:
         """Fold the batch and publish one snapshot covering all of it."""
@@ -44,7 +45,7 @@ class V2Backend:
             if ticket.item is not None:
                 self.state.apply(ticket.item)
         try:
-            self._publish(encode_chunks(self.state.document({"version": 2})))
+            self._publish(self.state.chunks({"version": 2}))
         except OSError as exc:
             error = PersistenceError(f"checkpoint write failed: {exc}")
             for ticket in batch:
@@ -72,7 +73,7 @@ class V2Backend:
         created = _io.identity(fd)
         try:
             try:
-                _io.write_all(fd, data, "snapshot")
+                self.bytes_written += _io.write_all(fd, data, "snapshot", vectored=True)
                 _io.fsync(fd, "snapshot")
             finally:
                 _io.close(fd, "snapshot")

@@ -26,6 +26,12 @@ Compaction
     (or the sequence limit), the folded state is published as a new base, the
     directory synced, and an empty journal swapped in for the old one.  A single record
     larger than ``max_bytes`` is never appended: it goes straight into a new base.
+    Lines of the same batch not yet written when a compaction starts are dropped (their
+    records are in the folded state the base holds), and when the record count limit
+    is reached with more records of the batch behind the one reaching it, those go
+    into that base too and the new journal starts empty; a batch of one record behaves
+    exactly as the rule above says.  The base is assembled from the encodings the state
+    keeps (see :class:`~._state.State`): nothing unchanged is encoded again.
 
 Errors
     Any I/O error or identity mismatch stops the writer: later calls raise
@@ -47,7 +53,7 @@ from steerflow.errors import CheckpointRecoveryError, PersistenceError
 from . import _capture, _io
 from ._load_v3 import MAX_SEQ, fold_unit
 from ._report import Report
-from ._state import Item, State, Ticket, dumps_compact, encode_chunks, group_lines, seal
+from ._state import Item, State, Ticket, dumps_compact, group_lines, seal
 
 __all__ = ["V3Backend"]
 
@@ -77,6 +83,7 @@ class V3Backend:
         self._base: _Pin | None = None
         self._journal: _Pin | None = None
         self.compactions = 0
+        self.bytes_written = 0  # bases, journal lines and compactions, published or not
 
     # -- batch entry point -----------------------------------------------------
 
@@ -91,32 +98,54 @@ class V3Backend:
         try:
             if self._journal is None or self._base is None:
                 self._initialize()
-            for ticket in batch:
+            left = sum(ticket.item is not None for ticket in batch)
+            for index, ticket in enumerate(batch):
                 item = ticket.item
                 if item is None:
                     pending.append(ticket)
                     continue
-                line = self._encode(item, self.seq + 1)
+                left -= 1
+                # The entry and the context change are encoded once: the line for
+                # either generation, and every later base, reuse these bytes.
+                entry = self.state.encode_entry(item.entry)
+                tail = self._tail(item, entry)
+                line = self._line(tail, self.seq + 1)
+                # Before any compaction, lines still in ``buf`` are dropped, not written:
+                # their items are folded into the state, so the new base holds them.
                 if len(line) > self.max_bytes:
-                    self._commit(buf, pending)
-                    self.state.apply(item)
+                    buf.clear()
+                    self.state.apply(item, entry)
                     self._compact()  # the oversize transition lands in the new base
                     self.resync = False
                     pending.append(ticket)  # acknowledged by the next commit's checks
                     continue
+                if self.seq >= self.max_records and left:
+                    # The count limit, with more records admitted in the same batch:
+                    # all of them go into the base that is being written anyway, and
+                    # the new journal starts empty (fewer compactions under load).
+                    buf.clear()
+                    self.state.apply(item, entry)
+                    pending.append(ticket)
+                    for rest in batch[index + 1 :]:
+                        if rest.item is not None:
+                            self.state.apply(rest.item)
+                        pending.append(rest)
+                    self._compact()
+                    self.resync = False
+                    break
                 if (
                     self.seq >= self.max_records
                     or self.jbytes + len(line) > self.max_bytes
                     or self.seq >= MAX_SEQ
                 ):
-                    self._commit(buf, pending)
+                    buf.clear()
                     self._compact()
-                    line = self._encode(item, 1)
+                    line = self._line(tail, 1)
                 buf.append(line)
                 self.resync = False
                 self.seq += 1
                 self.jbytes += len(line)
-                self.state.apply(item)
+                self.state.apply(item, entry)
                 pending.append(ticket)
             self._commit(buf, pending)
         except Exception as exc:  # anything after the first byte is an uncertain outcome
@@ -148,10 +177,11 @@ class V3Backend:
         except OSError as exc:
             raise PersistenceError(f"reconciliation could not read its own files: {exc}") from exc
         try:
-            self.state.ops = dict(state["ops"])
-            self.state.spawned = list(state["spawned"])
-            self.state.spawn_index = {e["node_id"]: i for i, e in enumerate(self.state.spawned)}
-            self.state.context = _capture.freeze(state["flow_context"])
+            self.state.reset(
+                dict(state["ops"]),
+                list(state["spawned"]),
+                _capture.freeze(state["flow_context"]),
+            )
             self._compact()
         except (OSError, ValueError) as exc:
             raise PersistenceError(f"reconciliation failed: {exc}") from exc
@@ -191,6 +221,7 @@ class V3Backend:
                 except OSError as exc:
                     errors.append(exc)
         self._journal = self._base = None
+        self.state.release()
         self._release_dirs()
         if errors:
             raise PersistenceError(f"closing the checkpoint files failed: {errors[0]}")
@@ -206,22 +237,22 @@ class V3Backend:
             if not ticket.done:
                 ticket.done, ticket.error = True, error
 
-    def _encode(self, item: Item, seq: int) -> bytes:
-        record: dict[str, object] = {
-            "version": 3,
-            "generation": self.generation,
-            "seq": seq,
-            "kind": item.kind,
-            "entry": item.entry,
-        }
+    def _tail(self, item: Item, entry: bytes) -> bytes:
+        """The members after ``seq``: kind, the encoded entry, the context change."""
+        tail = b',"kind":' + dumps_compact(item.kind) + b',"entry":' + entry
         if self.resync:
             # Disk and the admitted baseline may differ after reconciliation: restate it.
-            record["flow_context"] = {
-                "patch": [{"op": "replace", "path": "", "value": item.context}]
-            }
+            patch: object = [{"op": "replace", "path": "", "value": item.context}]
         elif item.patch:
-            record["flow_context"] = {"patch": item.patch}
-        return dumps_compact(record) + b"\n"
+            patch = item.patch
+        else:
+            return tail + b"}\n"
+        return tail + b',"flow_context":{"patch":' + dumps_compact(patch) + b"}}\n"
+
+    def _line(self, tail: bytes, seq: int) -> bytes:
+        """Exactly ``dumps_compact(record) + LF`` for the record of ``item`` at ``seq``."""
+        head = b'{"version":3,"generation":' + dumps_compact(self.generation) + b',"seq":'
+        return head + str(seq).encode("ascii") + tail
 
     def _commit(self, buf: list[bytes], pending: list[Ticket]) -> None:
         """Write and fsync the buffered lines, check reachability, acknowledge them."""
@@ -229,7 +260,7 @@ class V3Backend:
             assert self._journal is not None
             fd = self._journal[0]
             self._check_reachable()
-            _io.write_all(fd, group_lines(buf), "journal")
+            self.bytes_written += _io.write_all(fd, group_lines(buf), "journal")
             _faults.seam("journal-flush", "before")  # raw fd: nothing buffered in userspace
             _faults.seam("journal-flush", "after")
             _io.fsync(fd, "journal")
@@ -290,19 +321,43 @@ class V3Backend:
         if old_journal is not None:
             _io.close(old_journal[0], "pin")
         self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        self._adopt_base()
         if old_base is not None:
             _io.close(old_base[0], "pin")
         self.seq = self.jbytes = 0
 
+    def _adopt_base(self) -> None:
+        """Let the state read unchanged entries back from the base just published.
+
+        Its kept encodings then cost no memory (decision 65). The base is this writer's
+        own object, pinned and never written again; it is read through a descriptor of
+        that object (identity checked), never through its published name. Where it
+        cannot be reopened the encodings simply stay in memory.
+        """
+        assert self._base is not None
+        try:
+            fd = os.open(f"/proc/self/fd/{self._base[0]}", os.O_RDONLY | os.O_CLOEXEC)
+        except OSError:
+            return
+        try:
+            same = _io.identity(fd) == self._base[1]
+        except OSError:
+            same = False
+        if not same:
+            os.close(fd)
+            return
+        self.state.published(fd)
+
     def _base_bytes(self) -> Iterator[bytes]:
         head: dict[str, object] = {"version": 3, "generation": self.generation, "journal_seq": 0}
-        return encode_chunks(self.state.document(head))
+        return self.state.chunks(head)
 
     def _compact(self) -> None:
         """Publish the folded state as a new generation's base, then an empty journal."""
         self.generation = uuid.uuid4().hex
         old_base, old_journal = self._base, self._journal
         self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        self._adopt_base()
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
         self.seq = self.jbytes = 0
         self.compactions += 1
@@ -324,7 +379,7 @@ class V3Backend:
             fd = _io.create_exclusive(sfd, temp, obj, append=append)
         created = _io.identity(fd)
         try:
-            _io.write_all(fd, data, obj)
+            self.bytes_written += _io.write_all(fd, data, obj, vectored=True)
             _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
             _faults.seam(f"{obj}-flush", "after")
             _io.fsync(fd, obj)

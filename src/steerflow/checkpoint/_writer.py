@@ -7,10 +7,11 @@ Order
     single total order of both methods.
 
 Persistence
-    Callers then take the writer lock in turn.  Whoever holds it takes *every* queued
-    item (its own and any admitted after it) and hands the batch to the format backend
-    on a worker thread, so one fsync can cover several records (group commit).  A caller
-    whose item an earlier batch already covered only collects its result.
+    One drain task holds the writer lock while items are queued.  Each turn it takes
+    *every* queued item and hands the batch to the format backend on a worker thread,
+    so one fsync covers every record admitted during the previous one (group commit);
+    the next turn starts as soon as a batch is durable.  Callers wait on their own
+    ticket, never on the lock, so waking them costs the disk nothing.
 
 Acknowledgement
     ``await record(...)`` returns once the batch holding its item is durable: for
@@ -18,9 +19,10 @@ Acknowledgement
     version 3 the journal line is written and fsync'd and the files are still reachable.
 
 Cancellation
-    A cancelled caller whose batch is already on the worker thread waits for that
-    thread to finish before the lock is released and the cancellation propagates, so
-    ownership is never released while I/O is still mutating the checkpoint.
+    A cancelled caller stops waiting, but its admitted item keeps its place and is
+    persisted like any other.  The drain holds the lock until its worker thread has
+    finished, even when cancelled itself, so ownership is never released while I/O is
+    still mutating the checkpoint (:meth:`close` and :meth:`reconcile` take the lock).
 """
 
 from __future__ import annotations
@@ -52,6 +54,7 @@ _SPAWNED_STATUSES = frozenset({"completed", "failed", "pending"})
 
 class _Backend(Protocol):
     version: int
+    bytes_written: int
 
     def persist(self, batch: list[Ticket]) -> None: ...
 
@@ -137,6 +140,7 @@ class CheckpointWriter:
             )
         self._queue: list[Ticket] = []
         self._lock = asyncio.Lock()
+        self._drainer: asyncio.Task[None] | None = None
         self._closed = False
 
     # -- public API --------------------------------------------------------------
@@ -156,17 +160,23 @@ class CheckpointWriter:
         response: object,
         flow_context: Mapping[str, object] | None = None,
         spawned_ids: Sequence[str] | None = None,
+        artifacts: Sequence[Mapping[str, object]] | None = None,
     ) -> None:
         """Record a planned node's outcome; returns once it is acknowledged.
 
         ``spawned_ids`` lists the node ids of the spawns this operation had accepted;
         the entry then carries them (covered by its ``result_digest``) so a resume can
         tell that a child's entry is missing.  None or empty: no such member.
+        ``artifacts`` (``[{"path", "bytes", "digest"}]``, sorted by path) likewise
+        becomes the covered ``artifacts`` member; :meth:`record_spawned` takes it as
+        an extra field.
         """
         if status not in _PLANNED_STATUSES:
             raise ValueError(f"planned status must be completed or failed, got {status!r}")
         raw: dict[str, object] = {"agent_id": agent_id, "status": status, "response": response}
         _add_spawned_ids(raw, spawned_ids)
+        if artifacts:
+            raw["artifacts"] = list(artifacts)
         ticket = self._admit("op", agent_id, raw, flow_context)
         await self._settle(ticket, "op", agent_id)
 
@@ -216,6 +226,15 @@ class CheckpointWriter:
         _add_spawned_ids(raw, spawned_ids)
         ticket = self._admit("spawn", node_id, raw, flow_context)
         await self._settle(ticket, "spawn", node_id)
+
+    @property
+    def bytes_written(self) -> int:
+        """Total bytes this writer wrote to checkpoint files (snapshots, bases, journal).
+
+        Counts every write that reached a file, including a base or snapshot whose
+        publication later failed; read it on the event loop between records.
+        """
+        return self._backend.bytes_written
 
     @property
     def stopped(self) -> bool:
@@ -283,27 +302,14 @@ class CheckpointWriter:
         return ticket
 
     async def _settle(self, ticket: Ticket, kind: str, key: str) -> None:
-        async with self._lock:
-            if not ticket.done:
-                batch, self._queue = self._queue, []
-                try:
-                    await self._run(self._backend.persist, batch)
-                except Exception as exc:  # a backend bug must still settle every caller
-                    error = (
-                        exc
-                        if isinstance(exc, PersistenceError)
-                        else PersistenceError(f"checkpoint write failed: {exc!r}")
-                    )
-                    for other in batch:
-                        if not other.done:
-                            other.done, other.error = True, error
-                finally:
-                    for other in batch:
-                        if other.error is not None:
-                            self._fail(str(other.error))
-                    stopped = getattr(self._backend, "broken", None)
-                    if stopped is not None:  # even when every ticket had been acknowledged
-                        self._fail(f"checkpoint writer stopped: {stopped}")
+        if not ticket.done:
+            ticket.waiter = asyncio.get_running_loop().create_future()
+            self._kick()
+            # A cancelled caller cancels only its own waiter: its admitted item stays in
+            # the order and the drain (which owns the lock) still persists it.
+            await ticket.waiter
+        if ticket.error is None and not ticket.done:
+            raise PersistenceError(f"checkpoint write for {key or 'flush'!r} was interrupted")
         if ticket.error is not None:
             raise ticket.error
         _faults.seam("ack", "before")
@@ -312,6 +318,54 @@ class CheckpointWriter:
         if self.on_saved is not None:
             self.on_saved(kind, key)
         _faults.seam("ack", "after")
+
+    def _kick(self) -> None:
+        """Make sure a drain is running; it persists everything queued, batch by batch."""
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.get_running_loop().create_task(self._drain())
+
+    async def _drain(self) -> None:
+        """Persist queued items until none are left, one batch per worker-thread call.
+
+        One task owns the writer lock for as long as items keep arriving, so the next
+        batch (everything admitted during the previous write + fsync) starts as soon as
+        the previous one is durable, instead of after a chain of lock hand-offs through
+        callers whose items that batch already covered.
+        """
+        async with self._lock:
+            batch: list[Ticket] = []
+            try:
+                while self._queue:
+                    batch, self._queue = self._queue, []
+                    await self._persist(batch)
+                    for ticket in batch:  # wake in admission order
+                        if ticket.waiter is not None and not ticket.waiter.done():
+                            ticket.waiter.set_result(None)
+                    batch = []
+            finally:  # interrupted (loop teardown): nobody may wait forever
+                for ticket in (*batch, *self._queue):
+                    if ticket.waiter is not None and not ticket.waiter.done():
+                        ticket.waiter.set_result(None)
+
+    async def _persist(self, batch: list[Ticket]) -> None:
+        try:
+            await self._run(self._backend.persist, batch)
+        except Exception as exc:  # a backend bug must still settle every caller
+            error = (
+                exc
+                if isinstance(exc, PersistenceError)
+                else PersistenceError(f"checkpoint write failed: {exc!r}")
+            )
+            for other in batch:
+                if not other.done:
+                    other.done, other.error = True, error
+        finally:
+            for other in batch:
+                if other.error is not None:
+                    self._fail(str(other.error))
+            stopped = getattr(self._backend, "broken", None)
+            if stopped is not None:  # even when every ticket had been acknowledged
+                self._fail(f"checkpoint writer stopped: {stopped}")
 
     async def _run(self, func: Callable[..., None], *args: Any) -> None:
         """Run ``func`` on a worker thread; never abandon it while it is running."""

@@ -107,6 +107,51 @@ class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from 
 SECONDS = _Seconds()
 
 
+class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A version 3 compaction limit, checked against the same bounds as the plan-file key."""
+
+    name = "integer"
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # "records" or "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        # Imported here, not at module load: `ctl` must not pay for the plan models.
+        from steerflow.plan import COMPACT_BYTES, COMPACT_RECORDS
+
+        bound = COMPACT_RECORDS if self.key == "records" else COMPACT_BYTES
+        try:
+            number = int(str(value), 10)
+        except ValueError:
+            self.fail(f"{quote_input(value)} is not an integer", param, ctx)
+        if not bound.least <= number <= bound.most:
+            self.fail(
+                f"{number} is out of range: give {bound.least}..{bound.most} "
+                f"(default {bound.default})",
+                param,
+                ctx,
+            )
+        return number
+
+
+def compact_options(func: F) -> F:
+    """``--compact-records`` / ``--compact-bytes`` (flow, play, resume)."""
+    func = click.option(
+        "--compact-bytes",
+        type=_CompactLimit("bytes"),
+        metavar="N",
+        help="Version 3 checkpoints: fold the journal into a new base once it holds N bytes "
+        "(default: the plan's compact_bytes, else 8388608; a resume keeps its run's).",
+    )(func)
+    return click.option(
+        "--compact-records",
+        type=_CompactLimit("records"),
+        metavar="N",
+        help="Version 3 checkpoints: fold the journal into a new base after N records "
+        "(default: the plan's compact_records, else 128; a resume keeps its run's).",
+    )(func)
+
+
 def _home(ctx: click.Context) -> Path:
     return resolve_home(ctx.obj.get("home") if ctx.obj else None)
 
@@ -152,6 +197,7 @@ def run_options(func: F) -> F:
             show_default=True,
             help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
         ),
+        compact_options,
         click.option(
             "--max-plan-entries",
             type=click.IntRange(min=1),
@@ -228,6 +274,8 @@ def _flow_options(**kw: Any) -> FlowOptions:
         show_graph=bool(kw.get("show_graph")),
         kind=kw.get("kind", "flow"),
         max_plan_entries=int(kw.get("max_plan_entries") or 1000),
+        compact_records=kw.get("compact_records"),
+        compact_bytes=kw.get("compact_bytes"),
         allow_agent_workers=bool(kw.get("allow_agent_workers")),
     )
 
@@ -239,7 +287,8 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
     from steerflow.orchestrate import FlowRun
 
     events = EventBus()
-    events.subscribe(Progress(quiet=False))
+    progress = Progress(quiet=False)
+    events.subscribe(progress)
     run = FlowRun(options, home=home, events=events)
 
     async def main() -> FlowResult:
@@ -252,7 +301,10 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
             for sig in (signal.SIGINT, signal.SIGTERM):
                 loop.remove_signal_handler(sig)
 
-    result = asyncio.run(main())
+    try:
+        result = asyncio.run(main())
+    finally:
+        progress.close()  # the last summary of a run whose progress was summarised
     from steerflow.cli._reading import flow_result_text
 
     print_result(result, as_json=as_json, result_text=flow_result_text(home, result.run_dir))
@@ -286,18 +338,21 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
     if result.run_id:
         lines.append(f"run: {result.run_id}  session: {result.session_id}")
     if result.checkpoint.get("path"):
+        from steerflow.cli._reading import fmt_bytes
+
         saved = "saved" if result.checkpoint.get("persisted") else "NOT persisted"
+        written = fmt_bytes(result.checkpoint.get("bytes_written"))
         lines.append(
-            f"checkpoint: {result.checkpoint['path']} (v{result.checkpoint['version']}, {saved})"
+            f"checkpoint: {result.checkpoint['path']} (v{result.checkpoint['version']}, {saved}, "
+            f"{written} written)"
         )
         if result.checkpoint.get("error"):
             lines.append(f"checkpoint error: {printable(result.checkpoint['error'])}")
     if result.resumed_from:
         lines.append(f"resumed from session: {result.resumed_from}")
-    lines.append("nodes:")
-    for node in result.nodes:
-        extra = f"  error: {printable(node['error'])}" if node.get("error") else ""
-        lines.append(f"  {node['status']:<10} {node['kind']:<8} {node['id']}{extra}")
+    from steerflow.cli._reading import node_list
+
+    lines += node_list(result.nodes, result.run_id)
     if result.status in ("timed_out", "interrupted") and result.run_id:
         ckpt_path = result.checkpoint.get("path")
         if ckpt_path and Path(ckpt_path).is_file():
@@ -380,6 +435,21 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     "resume is refused (exit 3) naming the holder session or the newest run of the chain. "
     "Never while TARGET itself still runs.",
 )
+@click.option(
+    "--rerun-unsettled",
+    is_flag=True,
+    help="Run again the completed nodes whose recorded artifacts no longer match (missing, "
+    "not a regular file, other size or digest), and everything downstream of them, instead "
+    "of refusing (exit 3); each is named in the progress and the result.",
+)
+@click.option(
+    "--save",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="The artifact root is always the source run's (also when it used --save); "
+    "another DIR is a usage error (exit 2).",
+)
+@compact_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
@@ -395,6 +465,11 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     the newest run of the chain to resume instead. --fork branches on purpose.
     A run that is still running (live owner) is refused too, --fork or not: stop it
     (SIGINT) or let it finish first.
+
+    Completed nodes that recorded artifacts are settled first: each file is looked for
+    under the source run's artifact root and compared by size and BLAKE2b digest against
+    the contract that run persisted. A mismatch refuses the resume (exit 3) naming node,
+    file, expected and found, unless --rerun-unsettled (see `steerflow verify`).
     """
     from steerflow.orchestrate import FlowOptions, prepare_resume
 
@@ -405,6 +480,8 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         retry_failed=kw["retry_failed"],
         allow_degraded_context=kw["allow_degraded_context"],
         fork=kw["fork"],
+        rerun_unsettled=kw["rerun_unsettled"],
+        save=kw["save"],
     )
     options = FlowOptions(
         resume=seed,
@@ -412,8 +489,36 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         show_graph=kw["show_graph"],
         timeout_s=kw["timeout"],
         checkpoint_version=3,
+        compact_records=kw["compact_records"],
+        compact_bytes=kw["compact_bytes"],
     )
     return execute(home, options, as_json=kw["as_json"])
+
+
+VERIFY_EPILOG = (
+    "\b\nExit codes:\n  0    settled: every recorded artifact is there as recorded\n"
+    + _UNEXPECTED
+    + _USAGE
+    + "  3    unsettled (listed), or refused: unknown/ambiguous id, checkpoint missing or\n"
+    "       refused, artifact contract missing, unreadable or disagreeing,\n" + _REFUSED_HOME
+)
+
+
+@app.command(epilog=VERIFY_EPILOG)
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def verify(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Check a run's recorded artifacts, byte for byte, without resuming it.
+
+    TARGET is as for resume and show. Every completed node that recorded artifacts is
+    checked against the artifact contract its run persisted: each file must still be a
+    regular file under the run's artifact root with the recorded size and BLAKE2b
+    digest. Prints one line per file that does not match (expected vs found).
+    """
+    from steerflow.cli._reading import show_verify
+
+    return show_verify(_home(ctx), target, as_json=as_json)
 
 
 @app.command(epilog=RUNS_EPILOG)
@@ -503,6 +608,10 @@ def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: 
             f"  {item['status']:<10} {item['kind']:<8} {fmt_duration(item.get('duration_s')):>9}  "
             f"{printable(item.get('model') or '-'):<16} {printable(item['id'])}{who}"
         )
+        if item.get("artifacts"):
+            from steerflow.cli._reading import artifact_lines
+
+            lines += artifact_lines(item["artifacts"], indent="      artifact ")
     summary = view["summary"]
     lines.append(
         f"summary: {summary['completed']} completed, {summary['failed']} failed, "
@@ -651,6 +760,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "exit_code": int(exc.exit_code),
                     "error": {"code": exc.code, "message": str(exc)},
                     **({"checkpoint_recovery": exc.report} if hasattr(exc, "report") else {}),
+                    **({"unsettled": exc.unsettled} if hasattr(exc, "unsettled") else {}),
                 }
             )
         warn(f"steerflow: error: {exc}")

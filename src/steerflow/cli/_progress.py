@@ -1,8 +1,23 @@
-"""Live progress on stderr: node outcomes and checkpoint saves are separate lines."""
+"""Live progress on stderr: one line per event while that stays readable, summaries after.
+
+The rule (docs/decisions.md: "Progress at scale"): a plan of at most
+:data:`PER_NODE_NODES` nodes gets one line per node event and per checkpoint save, as
+always. A larger one does too while its routine lines (starts, completions, skips,
+replays, pauses, spawns, saves) stay under :data:`BURST` per :data:`INTERVAL`; past that,
+routine events are only counted and a summary line (done/running/failed/pending,
+checkpoints saved, elapsed) is printed at most once per interval until a whole interval
+passes below the burst. Failures, withheld nodes, steer deliveries, spawn refusals,
+checkpoint trouble and warnings are always printed one by one. The same rule holds on a
+terminal and in a log: no cursor tricks, so the output stays greppable.
+"""
 
 from __future__ import annotations
 
+import asyncio
 import sys
+import time
+from collections.abc import Callable
+from typing import TextIO
 
 from rich.console import Console
 from rich.markup import escape
@@ -10,7 +25,14 @@ from rich.markup import escape
 from steerflow.cli._output import printable
 from steerflow.executor import FlowEvent
 
-__all__ = ["Progress"]
+__all__ = ["BURST", "INTERVAL", "PER_NODE_NODES", "Progress"]
+
+#: Plans up to this many nodes always get one line per event.
+PER_NODE_NODES = 100
+#: Routine lines allowed per interval before they are folded into summaries.
+BURST = 10
+#: Seconds per interval: at most one summary line each.
+INTERVAL = 1.0
 
 _STYLE = {
     "node_started": ("start", "cyan"),
@@ -22,6 +44,7 @@ _STYLE = {
     "node_spawned": ("node spawned", "magenta"),
     "node_paused": ("paused before", "yellow"),
     "spawn_rejected": ("spawn rejected", "yellow"),
+    "control_applied": ("steer delivered into", "magenta"),
     "checkpoint_failed": ("CHECKPOINT FAILED", "red"),
     "checkpoint_reconciled": (
         "checkpoint write failed, recovered from the durable prefix",
@@ -30,52 +53,190 @@ _STYLE = {
     "plan_truncated": ("warning", "yellow"),
     "admission_closed": ("admission closed", "yellow"),
 }
+#: Shown even in quiet mode.
+_IMPORTANT = frozenset(
+    {
+        "node_failed",
+        "checkpoint_failed",
+        "checkpoint_reconciled",
+        "plan_truncated",
+        "spawn_rejected",
+    }
+)
+#: Folded into summaries when they come fast; every other labelled event is always a line.
+_ROUTINE = frozenset(
+    {
+        "node_started",
+        "node_completed",
+        "node_skipped",
+        "node_replayed",
+        "node_spawned",
+        "node_paused",
+        "checkpoint_saved",
+    }
+)
 
 
 class Progress:
-    """Prints one line per event; ``quiet`` keeps only warnings and failures."""
+    """Event-bus subscriber that prints progress; ``quiet`` keeps only warnings and failures.
 
-    def __init__(self, *, quiet: bool = False) -> None:
-        self.console = Console(file=sys.stderr, highlight=False, soft_wrap=True)
+    ``clock`` (monotonic seconds) and ``file`` are injectable so tests count lines
+    without waiting on real time.
+    """
+
+    def __init__(
+        self,
+        *,
+        quiet: bool = False,
+        clock: Callable[[], float] = time.monotonic,
+        file: TextIO | None = None,
+    ) -> None:
+        self.console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
         self.quiet = quiet
+        self.clock = clock
+        self.started_at = clock()
         self.saved = 0
+        self.total = 0
+        self.counts = dict.fromkeys(("completed", "failed", "skipped", "withheld", "replayed"), 0)
+        self.running = 0
+        # The burst rule's state: the current interval, its routine events, summary mode.
+        self._window_start = self.started_at
+        self._in_window = 0
+        self._summarising = False
+        self._folded = 0  # routine events since the last summary, not printed one by one
+        self._timer: asyncio.TimerHandle | None = None
 
     def __call__(self, event: FlowEvent) -> None:
         """Event-bus subscriber."""
-        if event.type == "checkpoint_saved":
-            self.saved += 1
+        self._count(event)
+        if event.type == "plan_ready":
             if not self.quiet:
-                self.console.print(f"[dim]  checkpoint saved (#{self.saved})[/dim]")
+                self._plan_ready(event)
             return
-        if event.type == "plan_ready" and not self.quiet:
-            self.console.print(
-                f"[bold]plan ready[/bold]: {event.data.get('nodes')} nodes, "
-                f"spawn budget {event.data.get('max_spawn')}"
-            )
-            if event.data.get("graph"):
-                graph = printable(event.data["graph"], keep_newlines=True)
-                self.console.print(escape(graph))
+        if event.type in _ROUTINE:
+            if not self.quiet:
+                self._routine(event)
             return
-        label, colour = _STYLE.get(event.type, ("", ""))
-        if not label:
+        if event.type in _STYLE and (not self.quiet or event.type in _IMPORTANT):
+            self.console.print(_line(event))
+
+    def close(self) -> None:
+        """The run ended: print the last summary if events were folded since the previous one."""
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        if self._folded:
+            self._summary()
+
+    # -- the burst rule ------------------------------------------------------------------------
+
+    def _routine(self, event: FlowEvent) -> None:
+        now = self.clock()
+        if now - self._window_start >= INTERVAL:
+            self._next_window(now)
+        self._in_window += 1
+        per_node = self.total <= PER_NODE_NODES or (
+            not self._summarising and self._in_window <= BURST
+        )
+        if per_node:
+            self.console.print(_line(event) if event.type != "checkpoint_saved" else self._saved())
             return
-        important = event.type in {
-            "node_failed",
-            "checkpoint_failed",
-            "checkpoint_reconciled",
-            "plan_truncated",
-            "spawn_rejected",
-        }
-        if self.quiet and not important:
+        self._summarising = True
+        self._folded += 1
+        self._arm_timer()
+
+    def _next_window(self, now: float) -> None:
+        """Close the interval that ended: summarise it, and leave summary mode if it was calm."""
+        if self._folded:
+            self._summary()
+        self._summarising = self._summarising and self._in_window > BURST
+        self._window_start, self._in_window = now, 0
+
+    def _arm_timer(self) -> None:
+        # A burst followed by a silence (a slow node) must not hold its summary back until
+        # the next event: on a running loop, the summary also comes when the interval ends.
+        if self._timer is not None:
             return
-        detail = ""
-        if event.data.get("reason"):
-            detail = f" ({event.data['reason']}"
-            detail += f": {event.data['detail']})" if event.data.get("detail") else ")"
-        elif event.data.get("message"):
-            detail = f": {event.data['message']}"
-        elif event.data.get("error"):
-            detail = f": {event.data['error']}"
-        name = event.node_key or ""
-        # Rich markup escaping does not touch ESC/OSC bytes: those are escaped first.
-        self.console.print(f"[{colour}]{label}[/{colour}] {escape(printable(name + detail))}")
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        delay = max(0.0, self._window_start + INTERVAL - self.clock())
+        self._timer = loop.call_later(delay, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        now = self.clock()
+        if now - self._window_start >= INTERVAL:
+            self._next_window(now)
+
+    # -- counting and lines --------------------------------------------------------------------
+
+    def _count(self, event: FlowEvent) -> None:
+        kind = event.type
+        if kind == "plan_ready":
+            nodes = event.data.get("nodes")
+            self.total = nodes if isinstance(nodes, int) else 0
+        elif kind == "node_spawned":
+            self.total += 1
+        elif kind == "node_started":
+            self.running += 1
+        elif kind == "checkpoint_saved":
+            self.saved += 1
+        elif kind in ("node_completed", "node_failed"):
+            # A node that failed around its call (an internal error) may never have started.
+            self.running = max(0, self.running - 1)
+            self.counts[kind.removeprefix("node_")] += 1
+        elif kind in ("node_skipped", "node_withheld", "node_replayed"):
+            self.counts[kind.removeprefix("node_")] += 1
+
+    def _plan_ready(self, event: FlowEvent) -> None:
+        self.console.print(
+            f"[bold]plan ready[/bold]: {event.data.get('nodes')} nodes, "
+            f"spawn budget {event.data.get('max_spawn')}"
+        )
+        if event.data.get("graph"):
+            graph = printable(event.data["graph"], keep_newlines=True)
+            self.console.print(escape(graph))
+
+    def _saved(self) -> str:
+        return f"[dim]  checkpoint saved (#{self.saved})[/dim]"
+
+    def summary_text(self) -> str:
+        """The summary line's text (no markup)."""
+        c = self.counts
+        done = c["completed"] + c["failed"] + c["skipped"] + c["replayed"]
+        pending = max(0, self.total - done - c["withheld"] - self.running)
+        detail = f"{c['completed']} completed, {c['failed']} failed, {c['skipped']} skipped"
+        if c["replayed"]:
+            detail += f", {c['replayed']} replayed"
+        if c["withheld"]:
+            detail += f", {c['withheld']} withheld"
+        return (
+            f"progress: {done}/{self.total} done ({detail}), {self.running} running, "
+            f"{pending} pending; {self.saved} checkpoints saved; "
+            f"{self.clock() - self.started_at:.1f}s elapsed"
+        )
+
+    def _summary(self) -> None:
+        self._folded = 0
+        self.console.print(f"[bold]{self.summary_text()}[/bold]")
+
+
+def _line(event: FlowEvent) -> str:
+    label, colour = _STYLE[event.type]
+    detail = ""
+    if event.type == "control_applied":
+        count = event.data.get("messages")
+        detail = f" ({count} operator message{'s' if count != 1 else ''})"
+    elif event.data.get("reason"):
+        detail = f" ({event.data['reason']}"
+        detail += f": {event.data['detail']})" if event.data.get("detail") else ")"
+    elif event.data.get("message"):
+        detail = f": {event.data['message']}"
+    elif event.data.get("error"):
+        detail = f": {event.data['error']}"
+    # A run-wide event has no node: "warning: text", not "warning : text".
+    text = f" {event.node_key}{detail}" if event.node_key else detail
+    # Rich markup escaping does not touch ESC/OSC bytes: those are escaped first.
+    return f"[{colour}]{label}[/{colour}]{escape(printable(text))}"

@@ -16,16 +16,23 @@ from steerflow.errors import ExitCode, NoResponseError, SteerflowError
 
 __all__ = [
     "RESULT_TAIL_LINES",
+    "artifact_lines",
     "flow_result_text",
+    "fmt_bytes",
     "fmt_duration",
     "fmt_usage",
+    "node_list",
     "result_tail",
     "show_node",
     "show_result",
+    "show_verify",
 ]
 
 #: Lines of the result that ``flow``/``play``/``resume`` print before pointing at ``result``.
 RESULT_TAIL_LINES = 40
+#: Nodes a flow's end-of-run summary lists one by one; a larger run lists counts and the
+#: nodes that did not complete (at most this many), then points at ``show``.
+NODE_LIST_MAX = 50
 
 
 def fmt_duration(seconds: object) -> str:
@@ -41,6 +48,20 @@ def fmt_duration(seconds: object) -> str:
         return f"{minutes}m{rest:02d}s"
     hours, minutes = divmod(minutes, 60)
     return f"{hours}h{minutes:02d}m"
+
+
+def fmt_bytes(count: object) -> str:
+    """``812 B``, ``4.2 KiB``, ``1.29 GiB``; ``-`` when unknown."""
+    if isinstance(count, bool) or not isinstance(count, int):
+        return "-"
+    if count < 1024:
+        return f"{count} B"
+    size, unit = count / 1024, "KiB"
+    for bigger in ("MiB", "GiB"):
+        if size < 1024:
+            break
+        size, unit = size / 1024, bigger
+    return f"{size:.{1 if size >= 10 else 2}f} {unit}"
 
 
 def fmt_usage(usage: object) -> str:
@@ -98,8 +119,8 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     if d.get("depends_on"):
         lines.append("depends on: " + ", ".join(printable(k) for k in d["depends_on"]))
     if d.get("artifacts"):
-        names = [a.get("path") if isinstance(a, dict) else a for a in d["artifacts"]]
-        lines.append("artifacts: " + ", ".join(printable(n) for n in names))
+        lines.append("artifacts:")
+        lines += artifact_lines(d["artifacts"], indent="  ")
     lines.append("")
     not_rendered = (
         "not recorded (the state DB has no row for this call)"
@@ -113,6 +134,69 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
         response = None if d["response"] is None else response_text(d["response"])
         lines += _block("response", response, f"none ({d['status']})")
     return lines
+
+
+def artifact_lines(artifacts: list[Any], *, indent: str) -> list[str]:
+    """One line per artifact: path, then size and digest when recorded (else live names)."""
+    lines = []
+    for item in artifacts:
+        if isinstance(item, dict):
+            size = item.get("bytes")
+            shown = f"{size} bytes" if isinstance(size, int) else "? bytes"
+            lines.append(
+                f"{indent}{printable(str(item.get('path')))}  {shown}  "
+                f"{printable(str(item.get('digest') or '-'))}"
+            )
+        else:  # listed by a live run before its entry recorded them: a name only
+            lines.append(f"{indent}{printable(str(item))}")
+    return lines
+
+
+def show_verify(home: Path, target: str, *, as_json: bool) -> int:
+    """``verify TARGET``: exit 0 when every recorded artifact is settled, 3 otherwise."""
+    from steerflow.artifacts import settle
+    from steerflow.checkpoint import load_state
+    from steerflow.errors import RefusedError
+    from steerflow.resume import resolve_run_target
+
+    run = resolve_run_target(home, target)
+    checkpoint = run.run_dir / "checkpoint.json"
+    if not checkpoint.is_file():
+        raise RefusedError(f"run {run.run_id} has no checkpoint.json: nothing recorded to verify")
+    state, _ = load_state(checkpoint, v2_lenient=True)
+    settlement = settle(home, state)
+    code = ExitCode.OK if settlement.settled else ExitCode.REFUSED
+    if as_json:
+        emit_json(
+            {
+                "run_id": run.run_id,
+                "session_id": state.session_id or run.session_id,
+                "status": "settled" if settlement.settled else "unsettled",
+                "exit_code": int(code),
+                **settlement.to_json(),
+            }
+        )
+        return int(code)
+    root = settlement.contract.root if settlement.contract else None
+    lines = [
+        f"run: {run.run_id}  session: {state.session_id or run.session_id}",
+        f"artifact root: {printable(str(root)) if root else '(no artifact contract recorded)'}",
+    ]
+    nodes = len(settlement.legs)
+    if settlement.settled:
+        lines.append(
+            f"settled: {settlement.checked} recorded artifacts of {nodes} nodes match byte for byte"
+        )
+    else:
+        lines.append(
+            f"unsettled: {len(settlement.unsettled)} of {settlement.checked} recorded artifacts "
+            "do not match:"
+        )
+        lines += [f"  {printable(u.describe())}" for u in settlement.unsettled]
+        lines.append(f"resume refuses this run; `steerflow resume {run.run_id} --rerun-unsettled`")
+        lines.append("runs those nodes and everything downstream of them again")
+    emit_text("\n".join(lines))
+    return int(code)
 
 
 def show_node(home: Path, target: str, node: str, *, as_json: bool, raw: bool) -> int:
@@ -162,6 +246,28 @@ def flow_result_text(home: Path, run_dir: str | None) -> str | None:
     except SteerflowError as exc:
         warn(f"result: cannot be read: {exc}")
         return None
+
+
+def _node_line(node: dict[str, Any]) -> str:
+    extra = f"  error: {printable(node['error'])}" if node.get("error") else ""
+    return f"  {node['status']:<10} {node['kind']:<8} {printable(node['id'])}{extra}"
+
+
+def node_list(nodes: list[dict[str, Any]], run_id: str | None) -> list[str]:
+    """The ``nodes:`` block of a flow's summary: every node, or counts for a large run."""
+    if len(nodes) <= NODE_LIST_MAX:
+        return ["nodes:", *(_node_line(n) for n in nodes)]
+    counts: dict[str, int] = {}
+    for node in nodes:
+        counts[node["status"]] = counts.get(node["status"], 0) + 1
+    by_status = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+    lines = [f"nodes: {len(nodes)} ({by_status})"]
+    unfinished = [n for n in nodes if n["status"] != "completed"]
+    lines += [_node_line(n) for n in unfinished[:NODE_LIST_MAX]]
+    if len(unfinished) > NODE_LIST_MAX:
+        lines.append(f"  ... {len(unfinished) - NODE_LIST_MAX} more not completed")
+    lines.append(f"every node: steerflow show {run_id or 'RUN'}")
+    return lines
 
 
 def result_tail(text: str, run_id: str | None) -> list[str]:

@@ -143,8 +143,24 @@ def show_view(home: Path, target: str) -> dict[str, Any]:
         else:  # live rows, in plan order (spawned nodes after, as recorded)
             order = {n["id"]: i for i, n in enumerate(from_checkpoint)}
             view["nodes"].sort(key=lambda n: order.get(n["id"], len(order)))
+        recorded = _recorded_artifacts(state)
+        for node in view["nodes"]:
+            if node["id"] in recorded:
+                node["artifacts"] = recorded[node["id"]]
     view["summary"] = run_summary(view["nodes"], view.get("usage"))
     return view
+
+
+def _recorded_artifacts(state: CheckpointState) -> dict[str, list[Any]]:
+    """Leg key -> the ``artifacts`` its completed entry records (path, bytes, digest)."""
+    out: dict[str, list[Any]] = {}
+    entries = [(key, e.raw) for key, e in state.ops.items()]
+    entries += [(e.spawn_id or e.node_id, e.raw) for e in state.spawned]
+    for key, raw in entries:
+        recorded = raw.get("artifacts")
+        if raw.get("status") == "completed" and isinstance(recorded, list) and recorded:
+            out[key] = recorded
+    return out
 
 
 def resumed_by_view(home: Path, run_id: str) -> list[dict[str, Any]]:

@@ -67,6 +67,8 @@ DEFAULT_POLL_S = 0.05
 _MIN_POLL_S = 0.001
 # Re-list pending rows at least this often even when data_version says nothing changed.
 _FORCED_LIST_S = 2.0
+# How long the end of a run waits for the watcher thread (stuck in a read at worst; a daemon).
+_WATCH_JOIN_S = 5.0
 _STAMP_ATTEMPTS = 3  # the first try and two retries (D2)
 _ERROR_MAX = 500  # characters of an exception message kept in ``rejected:error:<message>``
 CONTROL_LOG_MAX = 50
@@ -155,6 +157,9 @@ class ControlPoller:
         interval: Seconds between ticks; default from :func:`poll_interval`.
         db: Use this open database instead of opening one (tests); the poller
             then leaves it open when it stops.
+        forced_list: Seconds after which pending rows are listed (and an idle loop
+            woken) even though ``data_version`` did not change. Tests raise it so
+            that only a watcher wake-up or a due retry can explain a prompt tick.
 
     Attributes:
         state: ``pending`` until the first tick, ``active`` while ticking,
@@ -173,12 +178,14 @@ class ControlPoller:
         *,
         interval: float | None = None,
         db: StateDB | None = None,
+        forced_list: float = _FORCED_LIST_S,
     ) -> None:
         self.home = home
         self.session_id = session_id
         self.target = target
         self.interval = poll_interval() if interval is None else max(interval, _MIN_POLL_S)
         self.claimant = f"{socket.gethostname()}:{os.getpid()}:flow-executor:{session_id[:12]}"
+        self.forced_list = forced_list
         self.state: PollerState = "pending"
         self._executing = False
         self._paused_by_controls = False
@@ -228,9 +235,11 @@ class ControlPoller:
         if db is not None and not self._draining and self.state != "stopped":
             try:
                 await self._sync_phase(db)
-            except SteerflowError as exc:  # the next tick writes it again
+            except SteerflowError as exc:
+                # No retry flag: the setter above woke the loop (and left the phase unwritten),
+                # and that tick's phase sync queues behind this one on the lock, so it writes
+                # the phase again; before run() the first tick writes it.
                 _log.warning("control poller could not write the phase: %s", exc)
-                self._retry_soon = True
 
     @property
     def paused(self) -> bool:
@@ -286,7 +295,7 @@ class ControlPoller:
             self.state = "stopped"
             if watcher is not None:
                 watcher.stop()
-                await asyncio.to_thread(watcher.join, 5.0)
+                await asyncio.to_thread(watcher.join, _WATCH_JOIN_S)
             await self._close()
 
     async def stop(self) -> None:
@@ -302,7 +311,7 @@ class ControlPoller:
         return wake
 
     async def _wait(self) -> None:
-        timeout = self.interval if self._retry_soon else _FORCED_LIST_S
+        timeout = self.interval if self._retry_soon else self.forced_list
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(timeout):
                 await self._wake.wait()
@@ -317,9 +326,7 @@ class ControlPoller:
                 self.open_failures += 1
                 _log.warning("control poller cannot open the state DB (retrying): %s", exc)
                 return False
-        if self.state == "pending":
-            self.state = "active"
-        return True
+        return True  # the tick that follows makes the poller ``active``
 
     async def _guarded_tick(self, *, force: bool = False) -> None:
         try:
@@ -357,16 +364,14 @@ class ControlPoller:
             self.state = "active"
         self.ticks += 1
         self._retry_soon = False
-        stamped = 0
         try:
-            stamped = await self._tick(db, force=force)
+            return await self._tick(db, force=force)
         finally:
             try:
                 await self._write_meta()
             except SteerflowError as exc:
                 _log.warning("control poller could not update node_metadata: %s", exc)
                 self._retry_soon = True
-        return stamped
 
     async def _tick(self, db: StateDB, *, force: bool) -> int:
         stamped = 0
@@ -389,7 +394,7 @@ class ControlPoller:
             self._retry_soon = True
             return stamped
         now = time.monotonic()
-        unchanged = version == self._last_version and now - self._last_list < _FORCED_LIST_S
+        unchanged = version == self._last_version and now - self._last_list < self.forced_list
         if unchanged and not force:
             return stamped
         try:

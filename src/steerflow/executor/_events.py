@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
 
 __all__ = ["EventBus", "EventType", "FlowEvent"]
+
+#: Events an :class:`EventBus` remembers by default: plenty for a test or a debugger to
+#: read back, a fixed cost however many nodes a run has (decision 64).
+HISTORY_LIMIT = 1000
 
 EventType = Literal[
     "plan_ready",
@@ -41,11 +46,20 @@ class FlowEvent:
 
 
 class EventBus:
-    """Synchronous fan-out to subscribers; a subscriber must not block."""
+    """Synchronous fan-out to subscribers; a subscriber must not block.
 
-    def __init__(self) -> None:
+    The bus keeps only the last ``history_limit`` events (0: none): subscribers are how
+    a consumer sees every event, and a 10,000-node run emits tens of thousands.
+    """
+
+    def __init__(self, *, history_limit: int = HISTORY_LIMIT) -> None:
         self._subscribers: list[Callable[[FlowEvent], None]] = []
-        self.history: list[FlowEvent] = []
+        self._recent: deque[FlowEvent] = deque(maxlen=max(0, history_limit))
+
+    @property
+    def history(self) -> list[FlowEvent]:
+        """The most recent events (at most ``history_limit``), oldest first."""
+        return list(self._recent)
 
     def subscribe(self, callback: Callable[[FlowEvent], None]) -> None:
         """Call ``callback`` for every later event."""
@@ -53,6 +67,6 @@ class EventBus:
 
     def emit(self, event: FlowEvent) -> None:
         """Deliver one event to every subscriber, in subscription order."""
-        self.history.append(event)
+        self._recent.append(event)
         for callback in list(self._subscribers):
             callback(event)

@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import overload
 
+from steerflow.artifacts import ArtifactRecord, merge_declared
 from steerflow.plan import Dependency, EdgeWhen, PlanFile
 from steerflow.providers import Message, Usage
 from steerflow.state import NodeKind, NodeStatus
 
 __all__ = [
     "TERMINAL",
+    "CallBranch",
     "Edge",
     "Graph",
     "NodeKind",
@@ -53,10 +57,16 @@ class Operation:
     status: NodeStatus = "pending"
     response: object = None
     error: str | None = None
-    rendered_instruction: str | None = None
-    branch: list[Message] = field(default_factory=list)
+    # The instruction its provider received: a string, or how to render it again when it
+    # embeds its dependencies' results (those stay on their operations: decision 65).
+    _rendered: str | Callable[[], str] | None = field(default=None, repr=False)
+    branch: Sequence[Message] = field(default_factory=list)
     usage: Usage | None = None
     artifacts: list[str] = field(default_factory=list)
+    # The files this leg must leave in its directory (its artifact contract), and what
+    # the live check found there once it completed (sorted by path).
+    declared_artifacts: tuple[str, ...] = ()
+    artifact_records: list[ArtifactRecord] = field(default_factory=list)
     replayed: bool = False
     extra: dict[str, object] = field(default_factory=dict)
     # The reason (signal name, ``deadline``) a call cancelled mid-flight was stopped
@@ -77,6 +87,69 @@ class Operation:
     def terminal(self) -> bool:
         """True once the node is completed, failed or skipped."""
         return self.status in TERMINAL
+
+    @property
+    def rendered_instruction(self) -> str | None:
+        """The instruction its provider received (steer block, dependency results)."""
+        rendered = self._rendered
+        return rendered() if callable(rendered) else rendered
+
+    @rendered_instruction.setter
+    def rendered_instruction(self, value: str | None) -> None:
+        self._rendered = value
+
+    def render_later(self, render: Callable[[], str]) -> None:
+        """Keep ``render`` instead of the rendered text, which it must reproduce exactly."""
+        self._rendered = render
+
+
+class CallBranch(Sequence[Message]):
+    """A completed call's conversation: what it started from, its instruction, its reply.
+
+    The instruction turn is read from the operation when asked for, so a rendered
+    instruction that embeds its dependencies' results is not kept a second time for
+    every node (decision 65). Equal to any list or tuple of the same messages.
+    """
+
+    __slots__ = ("_history", "_op", "_reply")
+
+    def __init__(self, history: Sequence[Message], op: Operation, reply: str) -> None:
+        self._history = tuple(history)
+        self._op = op
+        self._reply = reply
+
+    def _messages(self) -> list[Message]:
+        instruction = self._op.rendered_instruction
+        return [
+            *self._history,
+            Message("user", self._op.instruction if instruction is None else instruction),
+            Message("assistant", self._reply),
+        ]
+
+    @overload
+    def __getitem__(self, index: int) -> Message: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[Message]: ...
+
+    def __getitem__(self, index: int | slice) -> Message | list[Message]:
+        return self._messages()[index]
+
+    def __iter__(self) -> Iterator[Message]:
+        return iter(self._messages())
+
+    def __len__(self) -> int:
+        return len(self._history) + 2
+
+    def __eq__(self, other: object) -> bool:
+        if isinstance(other, CallBranch | list | tuple):
+            return self._messages() == list(other)
+        return NotImplemented
+
+    __hash__ = None  # type: ignore[assignment]  # mutable-equal like the list it stands for
+
+    def __repr__(self) -> str:
+        return repr(self._messages())
 
 
 class Graph:
@@ -127,11 +200,13 @@ def build_graph(plan: PlanFile) -> Graph:
     graph = Graph()
     ids: dict[str, str] = {}
     for entry in plan.plan:
+        role = plan.roles.get(entry.assignee or "")
         op = Operation(
             key=entry.agent_id,
             instruction=entry.instruction,
             assignee=entry.assignee,
             inherit_context=entry.inherit_context,
+            declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
         )
         ids[entry.agent_id] = op.node_id
         graph.add(op)

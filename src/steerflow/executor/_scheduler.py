@@ -11,16 +11,17 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
-from steerflow.executor._graph import Edge, Graph, NodeStatus, Operation
+from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -79,6 +80,7 @@ class FlowExecutor:
         events: EventBus | None = None,
         observers: list[Observer] | None = None,
         call_timeout_s: float | None = None,
+        role_artifacts: Callable[[str | None], Sequence[str]] = lambda assignee: (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -98,7 +100,10 @@ class FlowExecutor:
         self.observers: list[Observer] = list(observers or [])
         self.spawn_observers: list[Callable[[list[Operation]], Awaitable[None]]] = []
         self._call_timeout_s = call_timeout_s
-        self._done: dict[str, asyncio.Event] = {}
+        self._role_artifacts = role_artifacts
+        # One future per node, resolved when it stops: lighter than an Event (no waiter
+        # deque), which at 10,000 nodes was ~7 MB (decision 65).
+        self._done: dict[str, asyncio.Future[None]] = {}
         self._tg: asyncio.TaskGroup | None = None
         self._inflight: dict[str, _Call] = {}
         self._claims: dict[str, list[dict[str, Any]]] = {}  # messages claimed, not yet sent
@@ -155,7 +160,7 @@ class FlowExecutor:
 
     def _launch(self, op: Operation) -> None:
         assert self._tg is not None
-        self._done[op.node_id] = asyncio.Event()
+        self._done[op.node_id] = asyncio.get_running_loop().create_future()
         self._tg.create_task(self._run_node(op), name=f"node:{op.key}")
 
     async def _run_node(self, op: Operation) -> None:
@@ -166,7 +171,9 @@ class FlowExecutor:
                 op.status, op.error = "failed", f"internal error: {type(exc).__name__}: {exc}"
                 self._emit("node_failed", op)
         finally:
-            self._done[op.node_id].set()
+            done = self._done[op.node_id]
+            if not done.done():
+                done.set_result(None)
 
     async def _drive(self, op: Operation) -> None:
         if op.replayed and op.status == "completed":
@@ -174,7 +181,7 @@ class FlowExecutor:
             await self._notify(op)
             return
         for edge in op.edges:
-            await self._done[edge.source].wait()
+            await asyncio.shield(self._done[edge.source])
         verdict = self._edge_verdict(op)
         if verdict == "withheld":
             self._emit("node_withheld", op, data={"reason": "dependency not run"})
@@ -202,6 +209,7 @@ class FlowExecutor:
                 outcome = await self._invoke(op)
             finally:
                 self._release_claim(op, base)
+                _render_later(op, base, self.graph)
             op.ended_at = time.time()
         finally:
             self.running -= 1
@@ -287,8 +295,11 @@ class FlowExecutor:
             response: ProviderResponse | None = None
             try:
                 with call.scope:
-                    leg = request.artifact_dir
-                    await asyncio.to_thread(ensure_leg_dir, leg.parent, leg.name)
+                    if provider.needs_artifact_dir:
+                        # Only for providers that expect it: a mkdir per node was most of
+                        # a 10,000-node run's cost (decision 62); never on the loop.
+                        leg = request.artifact_dir
+                        await asyncio.to_thread(ensure_leg_dir, leg.parent, leg.name)
                     response = await self._call(op, provider, request)
             finally:
                 self._inflight.pop(op.node_id, None)
@@ -307,14 +318,20 @@ class FlowExecutor:
         except Exception as exc:  # a provider bug fails its node, never the whole flow
             op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
             return op.status
+        if op.declared_artifacts:
+            # A node is worth what it produced: its declared files must be there, as
+            # non-empty regular files, before it counts as completed (Amendment 1).
+            check = await check_leg(request.artifact_dir, op.declared_artifacts)
+            if not check.ok:
+                op.status, op.error = "failed", check.error()
+                return op.status
+            op.artifact_records = list(check.records)
         op.response = response.text
         op.usage = response.usage
         op.artifacts = response.artifacts
-        op.branch = [
-            *history,
-            Message("user", request.instruction),
-            Message("assistant", response.text),
-        ]
+        # Its instruction turn is read back from ``op.rendered_instruction``, which is
+        # exactly ``request.instruction`` (decision 65).
+        op.branch = CallBranch(history, op, response.text)
         op.spawn_requests = list(response.spawns)
         op.status = "completed"
         return op.status
@@ -345,16 +362,7 @@ class FlowExecutor:
         return history
 
     def _render_dependencies(self, op: Operation) -> str:
-        blocks = []
-        for edge in op.edges:
-            source = self.graph.ops[edge.source]
-            if source.status == "completed":
-                blocks.append(f"### {source.key} (completed)\n{source.response}")
-            elif source.status == "failed":
-                blocks.append(f"### {source.key} (failed)\n{source.error}")
-        if not blocks:
-            return op.instruction
-        return op.instruction + "\n\n[RESULTS OF DEPENDENCIES]\n" + "\n\n".join(blocks)
+        return _render_dependencies(op, self.graph)
 
     # -- reactive expansion ----------------------------------------------------------------
 
@@ -431,6 +439,7 @@ class FlowExecutor:
             edges=edges,
             parent_id=emitter.node_id,
             branch=list(emitter.branch),
+            declared_artifacts=merge_declared(self._role_artifacts(spec.assignee), spec.artifacts),
         )
         self.graph.add(child)
         self.spawned_count += 1
@@ -456,8 +465,42 @@ class FlowExecutor:
         )
 
 
+def _render_dependencies(op: Operation, graph: Graph) -> str:
+    blocks = []
+    for edge in op.edges:
+        source = graph.ops[edge.source]
+        if source.status == "completed":
+            blocks.append(f"### {source.key} (completed)\n{source.response}")
+        elif source.status == "failed":
+            blocks.append(f"### {source.key} (failed)\n{source.error}")
+    if not blocks:
+        return op.instruction
+    return op.instruction + "\n\n[RESULTS OF DEPENDENCIES]\n" + "\n\n".join(blocks)
+
+
+def _render_later(op: Operation, base: str, graph: Graph) -> None:
+    """Drop ``op``'s rendered text once its call is over when it can be rendered again.
+
+    A rendered instruction that embeds dependency results repeats text its sources
+    keep (their responses), and was most of a large run's memory (decision 65). The
+    sources were terminal when it was rendered and terminal operations never change,
+    so rendering again gives the same text; the steer block before it is kept as is.
+    """
+    rendered = op.rendered_instruction
+    if rendered is None or base is op.instruction or not rendered.endswith(base):
+        return
+    steer = rendered[: len(rendered) - len(base)]
+    op.render_later(lambda: steer + _render_dependencies(op, graph))
+
+
 def _files_under(root: Path) -> list[str]:
-    """Relative paths of the regular files under ``root`` (no symlinks followed)."""
+    """Relative paths of the regular files under ``root`` (no symlinks followed).
+
+    Empty when ``root`` was never made (directories are lazy: a node that wrote nothing
+    has none) or is not a real directory: a planted symlink is not listed through.
+    """
+    if not root.is_dir() or root.is_symlink():
+        return []
     found = []
     for base, _dirs, files in os.walk(root):
         for name in files:

@@ -19,7 +19,7 @@ from typing import Any
 from steerflow.checkpoint import CheckpointState, PlannedEntry, SpawnedEntry, load_state
 from steerflow.errors import AmbiguousIdError, CheckpointRecoveryError, UnknownIdError
 from steerflow.resume import resolve_run_target
-from steerflow.state import NodeKind, NodeStatus, Phase, StateDB, db_exists
+from steerflow.state import NodeKind, NodeRow, NodeStatus, Phase, StateDB, db_exists
 
 __all__ = [
     "NodeInfo",
@@ -113,8 +113,17 @@ class RunRecord:
         )
 
 
-def read_run(home: Path, target: str) -> RunRecord:
-    """Resolve ``target`` (as ``show`` does) and read its checkpoint and live node rows."""
+def read_run(home: Path, target: str, *, node: str | None = None) -> RunRecord:
+    """Resolve ``target`` (as ``show`` does) and read its checkpoint and live node rows.
+
+    With ``node`` (an id or prefix, as :meth:`RunRecord.find` takes it) every node's
+    status is read but call facts (``NodeInfo.call``) only for that node and for spawned
+    nodes (whose rows name their parents): on a 10,000-node run decoding every row's
+    detail was most of the time ``show RUN NODE`` took.
+
+    Raises:
+        UnknownIdError, AmbiguousIdError: ``node`` names no node or several.
+    """
     run = resolve_run_target(home, target)
     state: CheckpointState | None = None
     report: dict[str, Any] | None = None
@@ -137,7 +146,7 @@ def read_run(home: Path, target: str) -> RunRecord:
     )
     if run.session_id is not None and db_exists(home):
         with StateDB.open(home, create=False) as db:
-            _add_live(db, record)
+            _add_live(db, record, node)
     return record
 
 
@@ -189,29 +198,48 @@ def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
     return nodes
 
 
-def _add_live(db: StateDB, record: RunRecord) -> None:
-    assert record.session_id is not None
-    session = db.get_session(record.session_id)
+def _add_live(db: StateDB, record: RunRecord, query: str | None = None) -> None:
+    session_id = record.session_id
+    assert session_id is not None
+    session = db.get_session(session_id)
     if session is None:
         return
     record.status = db.effective_status(session)
     record.phase = session.phase
     record.metadata = dict(session.node_metadata)
     by_key = {n.key: n for n in record.nodes}
-    for row in db.list_nodes(record.session_id):
-        node = by_key.get(row.node_key)
-        if node is None:  # known live before the checkpoint records it
-            node = NodeInfo(key=row.node_key, kind=row.kind, node_id=row.node_id)
-            node.assignee = row.assignee
-            record.nodes.append(node)
-            by_key[node.key] = node
-        node.row_status = row.status
-        node.call = dict(row.detail or {})
-        if node.parent is None and isinstance(node.call.get("parent"), str):
-            node.parent = node.call["parent"]
+    if query is None:
+        rows = db.list_nodes(session_id)
+    else:
+        # Spawned rows name their parents (the asked node's children); planned nodes are
+        # all in the checkpoint's plan, so only a prefix, or a run whose checkpoint cannot
+        # be read, needs the key of every row.
+        for row in db.list_nodes(session_id, kind="spawned"):
+            _merge_row(record, by_key, row)
+        if query not in by_key:
+            for row in db.list_nodes(session_id, detail=False):
+                if row.node_key not in by_key:
+                    _merge_row(record, by_key, row)
+        rows = db.list_nodes(session_id, keys=[record.find(query).key])
+    for row in rows:
+        _merge_row(record, by_key, row)
     replayed = [n.key for n in record.nodes if n.call.get("replayed")]
     if replayed:
         record.origin_rows = _origins(db, record.metadata, replayed)
+
+
+def _merge_row(record: RunRecord, by_key: dict[str, NodeInfo], row: NodeRow) -> None:
+    """Fold one published row into the node it describes (adding a node only known live)."""
+    node = by_key.get(row.node_key)
+    if node is None:  # known live before the checkpoint records it
+        node = NodeInfo(key=row.node_key, kind=row.kind, node_id=row.node_id)
+        node.assignee = row.assignee
+        record.nodes.append(node)
+        by_key[node.key] = node
+    node.row_status = row.status
+    node.call = dict(row.detail or {})
+    if node.parent is None and isinstance(node.call.get("parent"), str):
+        node.parent = node.call["parent"]
 
 
 def _origins(
@@ -227,7 +255,7 @@ def _origins(
         session = db.get_session(source)
         if session is None:
             break
-        rows = {r.node_key: r for r in db.list_nodes(source)}
+        rows = {r.node_key: r for r in db.list_nodes(source, keys=sorted(wanted))}
         for key in list(wanted):
             row = rows.get(key)
             detail = dict(row.detail or {}) if row is not None else {}
@@ -305,9 +333,8 @@ def node_detail(home: Path, target: str, node: str) -> dict[str, Any]:
     Raises:
         UnknownIdError, AmbiguousIdError: ``node`` names no node or several.
     """
-    record = read_run(home, target)
-    info = record.find(node)
-    return describe(record, info)
+    record = read_run(home, target, node=node)
+    return describe(record, record.find(node))
 
 
 def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:

@@ -49,6 +49,9 @@ class ResumeSeed:
     notes: list[str] = field(default_factory=list)
     # ``resume --fork``: an explicit branch, never refused by other resumes of the source.
     fork: bool = False
+    # The source run's artifact root: the resumed run's legs are written there too, so
+    # replayed and re-run legs share one root (Amendment 1 row 9). None: a fresh root.
+    artifact_root: Path | None = None
 
 
 @dataclass
@@ -73,8 +76,10 @@ class FlowOptions:
     kind: Literal["flow", "play"] = "flow"
     default_max_spawn: int = 20
     resume: ResumeSeed | None = None
-    checkpoint_max_records: int = 128
-    checkpoint_max_bytes: int = 8_388_608
+    # Version 3 compaction limits (``--compact-records``/``--compact-bytes``); a resume
+    # keeps its source's unless given (docs/decisions.md: "Compaction limits").
+    compact_records: int | None = None
+    compact_bytes: int | None = None
     # Plans (file, playbook, planner reply) over this many entries are refused; resume
     # does not apply it (the checkpoint's plan was accepted when the run started).
     max_plan_entries: int = MAX_PLAN_ENTRIES
@@ -101,6 +106,8 @@ class FlowResult:
     graph_text: str | None = None
     error: dict[str, str] | None = None
     usage: dict[str, Any] = field(default_factory=dict)
+    #: ``resume --rerun-unsettled``: ``{id, unsettled}`` per node that ran again.
+    rerun_unsettled: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -121,6 +128,8 @@ class FlowResult:
         }
         if self.error is not None:
             out["error"] = self.error
+        if self.rerun_unsettled:
+            out["rerun_unsettled"] = self.rerun_unsettled
         return out
 
 

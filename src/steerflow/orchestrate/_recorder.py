@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steerflow.artifacts import DECLARED_MEMBER
 from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
 from steerflow.executor import EventBus, FlowEvent, Graph, Operation, SharedContext
@@ -37,6 +38,8 @@ class CheckpointOutcome:
     error: str | None = None
     reconciled: int = 0
     recovered: tuple[str, ...] = field(default=())
+    #: Every byte the run wrote to its checkpoint files (bases, snapshots, journal).
+    bytes_written: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The result's ``checkpoint`` object (CONTRACT §3)."""
@@ -46,6 +49,7 @@ class CheckpointOutcome:
             "persisted": self.persisted,
             "error": self.error,
             "reconciled": self.reconciled,
+            "bytes_written": self.bytes_written,
         }
 
 
@@ -79,6 +83,14 @@ class CheckpointRecorder:
         self.lost = False
         self.on_lost: Callable[[], None] | None = None
         self._recovery = asyncio.Lock()
+        # Branch files are written only for nodes a resume can restore a conversation
+        # from (decision 64): node ids some node starts from, outcomes already decided
+        # on, and branches whose save has begun (so no branch is written twice at once).
+        self._sources: set[str] = set()
+        self._decided: set[str] = set()
+        self._saving: set[str] = set()
+        for op in graph:
+            self._note_sources(op)
 
     async def close(self) -> CheckpointOutcome:
         """Close the writer; what the checkpoint holds and what went wrong on the way."""
@@ -98,6 +110,7 @@ class CheckpointRecorder:
             error=error,
             reconciled=self.reconciles,
             recovered=tuple(self.recovered),
+            bytes_written=writer.bytes_written,
         )
 
     async def flush(self) -> None:
@@ -108,11 +121,13 @@ class CheckpointRecorder:
         first, so no published entry lacks the conversation a resume restores from it.
         """
         for op in self.graph:
-            if op.replayed and op.branch:
-                try:
-                    await asyncio.to_thread(_save_branch, self.run_dir.path, op)
-                except OSError as exc:
-                    self._failed(op, exc)
+            if op.replayed:
+                self._decided.add(op.node_id)
+                if self._claim_branch(op):
+                    try:
+                        await asyncio.to_thread(_save_branch, self.run_dir.path, op)
+                    except OSError as exc:
+                        self._failed(op, exc)
         await self._durably(None, self.writer.flush)
 
     async def record_outcome(self, op: Operation) -> None:
@@ -120,7 +135,8 @@ class CheckpointRecorder:
         if op.status not in ("completed", "failed") or op.replayed:
             return  # a replayed outcome is in the initial publication already
         response = op.response if op.status == "completed" else {"error": op.error}
-        if op.branch:
+        self._decided.add(op.node_id)
+        if self._claim_branch(op):
             try:
                 await asyncio.to_thread(_save_branch, self.run_dir.path, op)
             except OSError as exc:
@@ -136,6 +152,7 @@ class CheckpointRecorder:
                     response=response,
                     flow_context=self.context.content,
                     spawned_ids=op.spawned_ids or None,
+                    artifacts=_artifacts(op) or None,
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -143,9 +160,40 @@ class CheckpointRecorder:
         await self._durably(op, record)
 
     async def record_intent(self, children: list[Operation]) -> None:
-        """Spawn observer: record accepted spawns as ``pending`` (recorded, never invoked)."""
+        """Spawn observer: record accepted spawns as ``pending`` (recorded, never invoked).
+
+        A child a resume would rebuild starts from the branch of a node that may already
+        be recorded without one (a ``depends_on`` other than its emitter): that branch is
+        saved now, before the intent that makes it needed is published.
+        """
         for child in children:
+            self._note_sources(child)
+            for source in _sources_of(child):
+                op = self.graph.ops.get(source)
+                if op is not None and op.node_id in self._decided and self._claim_branch(op):
+                    try:
+                        await asyncio.to_thread(_save_branch, self.run_dir.path, op)
+                    except OSError as exc:
+                        self._failed(op, exc)
             await self._durably(child, functools.partial(self._record_spawned, child, "pending"))
+
+    def _note_sources(self, op: Operation) -> None:
+        self._sources.update(_sources_of(op))
+
+    def _claim_branch(self, op: Operation) -> bool:
+        """True if ``op``'s branch must be saved and no save of it has begun yet.
+
+        Only a completed node's branch is ever restored (``resume.plan_replay`` loads
+        replayed nodes only), and only one some node starts from: an ``inherit_context``
+        entry's first dependency, a spawned node's emitter or first dependency.
+        """
+        needed = op.node_id in self._sources or bool(op.spawned_ids)
+        if not needed or op.status != "completed" or not op.branch:
+            return False
+        if op.node_id in self._saving:
+            return False
+        self._saving.add(op.node_id)
+        return True
 
     async def _durably(self, op: Operation | None, write: Callable[[], Awaitable[None]]) -> None:
         """``write``; after a write error, reconcile once and ``write`` again."""
@@ -194,6 +242,7 @@ class CheckpointRecorder:
             flow_context=flow_context,
             spawned_ids=(op.spawned_ids or None) if status != "pending" else None,
             **_spawn_fields(self.graph, op),
+            **_artifacts_member(op),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -211,9 +260,22 @@ class CheckpointRecorder:
                 self.on_lost()
 
 
+def _sources_of(op: Operation) -> list[str]:
+    """Node ids whose conversation ``op`` starts from when it runs (on a resume, too).
+
+    Mirrors ``FlowExecutor._history`` and ``orchestrate.apply_replay`` (a spawned node
+    clones its emitter's branch) and ``resume``'s degraded-context check (which looks at
+    a spawned node's first dependency).
+    """
+    sources = [op.parent_id] if op.parent_id is not None else []
+    if op.edges and (op.inherit_context or op.kind == "spawned"):
+        sources.append(op.edges[0].source)
+    return sources
+
+
 def _spawn_fields(graph: Graph, op: Operation) -> dict[str, Any]:
     """The members of a spawned entry besides node id, status and response."""
-    return {
+    fields: dict[str, Any] = {
         "operation": op.instruction,
         "assignee": op.assignee,
         "instruction": op.instruction,
@@ -222,6 +284,23 @@ def _spawn_fields(graph: Graph, op: Operation) -> dict[str, Any]:
         "context": None,
         "depends_on": [graph.ops[e.source].key for e in op.edges],
     }
+    if op.declared_artifacts:
+        # The config's contract copy predates every spawn: the entry carries the leg's
+        # declaration, so the checkpoint unit still describes its whole contract.
+        fields[DECLARED_MEMBER] = list(op.declared_artifacts)
+    return fields
+
+
+def _artifacts(op: Operation) -> list[dict[str, Any]]:
+    """The entry's ``artifacts`` member: what the live check found, sorted by path."""
+    if op.status != "completed":
+        return []
+    return [record.to_json() for record in sorted(op.artifact_records, key=lambda r: r.path)]
+
+
+def _artifacts_member(op: Operation) -> dict[str, Any]:
+    found = _artifacts(op)
+    return {"artifacts": found} if found else {}
 
 
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
@@ -238,6 +317,8 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
         done = op.replayed and op.status == "completed"
         # A replayed emitter witnesses its children by their node ids in this run.
         witness = {"spawned_ids": list(op.spawned_ids)} if done and op.spawned_ids else {}
+        if done:
+            witness |= _artifacts_member(op)
         if op.kind == "planned" and done:
             ops[op.key] = {
                 "agent_id": op.key,
@@ -254,7 +335,7 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
 
 def _save_branch(run_path: Path, op: Operation) -> None:
     """Persist a node's conversation so a resume can restore what it inherits."""
-    save_branch(run_path, op.key, op.branch)
+    save_branch(run_path, op.key, list(op.branch))
 
 
 def write_private(path: Path, text: str) -> None:

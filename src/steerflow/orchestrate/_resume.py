@@ -7,16 +7,20 @@ built; a refusal names the node and never touches the source run directory.
 
 from __future__ import annotations
 
+import os
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
+from steerflow.artifacts import ArtifactContract, source_contract
 from steerflow.checkpoint import BRANCHES_DIR, CHECKPOINT_FILENAME, load_branch, load_state
-from steerflow.errors import FlowResumeError, SteerflowError
+from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
 from steerflow.resume import ReplayPlan, RunTarget, plan_replay, resolve_run_target
 
-__all__ = ["BRANCHES_DIR", "apply_replay", "load_branch", "prepare_resume"]
+__all__ = ["BRANCHES_DIR", "apply_replay", "load_branch", "prepare_resume", "rerun_report"]
 
 
 def prepare_resume(
@@ -26,6 +30,8 @@ def prepare_resume(
     retry_failed: bool = False,
     allow_degraded_context: bool = False,
     fork: bool = False,
+    rerun_unsettled: bool = False,
+    save: Path | None = None,
 ) -> ResumeSeed:
     """Resolve ``target``, load and check its checkpoint, and describe the replay.
 
@@ -33,6 +39,12 @@ def prepare_resume(
     refused first (``ResumeClaimedError``; docs/decisions.md, one resume per source).
     A refusal once the target is resolved carries the source's ids in ``source_ids``
     (``resume --json`` prints them).
+
+    Recorded artifacts are settled against the contract the source run persisted
+    (``ArtifactContractError``/``ArtifactsUnsettledError``; with ``rerun_unsettled``
+    the unsettled nodes and their dependents run again). All of it happens before the
+    resume claims its source or creates anything, so a refusal leaves nothing behind.
+    ``save``, when given, must name the source run's artifact root (``UsageError``).
     """
     run = resolve_run_target(home, target)
     known: dict[str, str | None] = {"session_id": run.session_id, "run_id": run.run_id}
@@ -44,6 +56,8 @@ def prepare_resume(
             retry_failed=retry_failed,
             allow_degraded_context=allow_degraded_context,
             fork=fork,
+            rerun_unsettled=rerun_unsettled,
+            save=save,
         )
     except SteerflowError as exc:
         exc.source_ids = dict(known)
@@ -58,6 +72,8 @@ def _prepare(
     retry_failed: bool,
     allow_degraded_context: bool,
     fork: bool,
+    rerun_unsettled: bool,
+    save: Path | None,
 ) -> ResumeSeed:
     preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / CHECKPOINT_FILENAME
@@ -69,11 +85,21 @@ def _prepare(
     if not session_id:
         raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
     known["session_id"] = session_id
+    # The contract the source persisted, never one re-derived from today's roles.
+    contract = source_contract(home, state)
+    root = _artifact_root(contract, state.config, run.run_dir)
+    if save is not None and not _same_dir(save, root):
+        raise UsageError(
+            f"--save {str(save)!r} is not the artifact root of run {run.run_id} "
+            f"({str(root)!r}): a resume writes its legs beside the ones it replays"
+        )
     replay = plan_replay(
         state,
         run.run_dir,
         retry_failed=retry_failed,
         allow_degraded_context=allow_degraded_context,
+        contract=contract,
+        rerun_unsettled=rerun_unsettled,
     )
     return ResumeSeed(
         plan=replay.plan,
@@ -88,17 +114,39 @@ def _prepare(
         checkpoint_recovery=report,
         notes=list(replay.notes),
         fork=fork,
+        artifact_root=root,
     )
 
 
+def _artifact_root(
+    contract: ArtifactContract | None, config: Mapping[str, Any], run_dir: Path
+) -> Path:
+    """The source run's artifact root: its contract's, else its ``--save``, else the default."""
+    if contract is not None:
+        return contract.root
+    saved = config.get("save_dir")
+    return Path(saved).absolute() if isinstance(saved, str) and saved else run_dir / "artifacts"
+
+
+def _same_dir(given: Path, root: Path) -> bool:
+    """``given`` names ``root`` (symlinks and ``..`` resolved where they exist)."""
+    return os.path.realpath(given) == os.path.realpath(root)
+
+
 def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
-    """Pre-mark a freshly built graph: replayed outcomes, and every spawn rebuilt."""
+    """Pre-mark a freshly built graph: replayed outcomes, and every spawn rebuilt.
+
+    Replayed nodes keep their settled artifact records (so the resumed checkpoint still
+    records them), and every leg, planned or rebuilt, declares what the source's
+    contract says it declared: the resumed plan carries no roles to re-derive it from.
+    """
     branches = replay.branches
     for key, response in replay.completed.items():
         op = graph.by_key[key]
         op.status, op.response, op.replayed = "completed", response, True
         op.branch = list(branches.get(key, []))
         op.spawned_ids = list(replay.witnesses[key])
+        op.artifact_records = list(replay.artifacts.get(key, ()))
     for entry in replay.spawned:
         child = Operation(
             key=entry.spawn_id,
@@ -119,4 +167,19 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             child.status, child.response, child.replayed = "completed", entry.response, True
             child.branch = list(branches.get(entry.spawn_id, []))
             child.spawned_ids = list(entry.spawned_ids)
+            child.artifact_records = list(replay.artifacts.get(entry.spawn_id, ()))
         graph.add(child)
+    if replay.contract is not None:
+        for op in graph:
+            op.declared_artifacts = replay.contract.declared(op.key)
+
+
+def rerun_report(replay: ReplayPlan) -> list[dict[str, Any]]:
+    """``--rerun-unsettled``: each node that runs again, and the artifacts that made it."""
+    return [
+        {
+            "id": key,
+            "unsettled": [u.to_json() for u in replay.unsettled if u.node == key],
+        }
+        for key in replay.rerun_unsettled
+    ]

@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from steerflow import _faults
+from steerflow.artifacts import ContractError
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller
 from steerflow.errors import (
@@ -33,6 +34,7 @@ from steerflow.executor import (
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import discard_run_dir, resume_claim
 from steerflow.orchestrate._consent import check_agent_worker_consent
+from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._options import (
     EndStatus,
@@ -49,7 +51,7 @@ from steerflow.orchestrate._recorder import (
     replay_entries,
     write_private,
 )
-from steerflow.orchestrate._resume import apply_replay
+from steerflow.orchestrate._resume import apply_replay, rerun_report
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.plan import (
     PlanFile,
@@ -168,11 +170,27 @@ class FlowRun:
         return None, opts.prompt, "planner"
 
     def _settings(self, plan: PlanFile | None) -> RunSettings:
-        # A resume runs with the settings its source recorded, not today's options.
-        seed = self.options.resume
-        if seed is not None:
-            return RunSettings.from_checkpoint_config(seed.config)
-        return RunSettings.from_options(self.options, plan)
+        # A resume runs with the settings its source recorded, not today's options,
+        # except for the compaction limits it was explicitly given.
+        opts = self.options
+        if opts.checkpoint_version != 3:
+            # Version 2 rewrites one file per outcome: it has nothing to compact
+            # (docs/decisions.md: "Compaction limits").
+            if opts.compact_records is not None or opts.compact_bytes is not None:
+                raise UsageError(
+                    "--compact-records/--compact-bytes apply to version 3 checkpoints only: "
+                    "drop them or --checkpoint-version 2"
+                )
+            if plan is not None and (plan.compact_records or plan.compact_bytes):
+                self.warnings.append(
+                    "the plan's compact_records/compact_bytes are ignored: version 2 "
+                    "checkpoints are not compacted"
+                )
+        if opts.resume is not None:
+            return RunSettings.from_checkpoint_config(opts.resume.config).with_compaction(
+                opts.compact_records, opts.compact_bytes
+            )
+        return RunSettings.from_options(opts, plan)
 
     def _dry_result(self, plan: PlanFile) -> FlowResult:
         graph = build_graph(plan)
@@ -191,6 +209,7 @@ class FlowRun:
             warnings=self.warnings,
             graph_text=graph_text(graph),
             degraded_context=self.options.resume.degraded if self.options.resume else [],
+            rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
         )
 
     async def _plan_with_model(self, prompt: str, model: str) -> PlanFile:
@@ -234,12 +253,16 @@ class FlowRun:
         The group owns the control poller, the heartbeat and (once there is a graph)
         the node publisher; each ends on its own stop signal when the pipeline returns.
         """
-        run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=settings.save)
+        # A resume writes its legs under the source run's artifact root (Amendment 1 row 9).
+        seed = self.options.resume
+        root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
+        run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
         session_id = await self._open_session(db, run_dir, prompt, source, settings)
         poller = ControlPoller(self.home, session_id, self.steering)
         self.context.on_delivered.append(
             lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
         )
+        self.context.on_delivered.append(self._announce_steers)
         stop_heartbeat = asyncio.Event()
         result: FlowResult | None = None
         error: Exception | None = None
@@ -259,6 +282,21 @@ class FlowRun:
             raise error
         assert result is not None
         return result
+
+    def _announce_steers(self, messages: list[dict[str, Any]]) -> None:
+        """One event per call that carried operator messages, so progress shows each delivery."""
+        per_node: dict[str, int] = {}
+        for message in messages:
+            key = str(message.get("rendered_into_op"))
+            per_node[key] = per_node.get(key, 0) + 1
+        for key, count in per_node.items():
+            self.events.emit(
+                FlowEvent(
+                    type="control_applied",
+                    node_key=key,
+                    data={"verb": "message", "messages": count},
+                )
+            )
 
     async def _open_session(
         self, db: StateDB, run_dir: RunDir, prompt: str, source: str, settings: RunSettings
@@ -327,12 +365,16 @@ class FlowRun:
             if plan is None:
                 return await self._stopped_while_planning(s)
         graph, max_spawn = await self._prepare_graph(s.run_dir, plan, settings)
+        keeper, settings = await self._persist_contract(s, graph, settings)
         writer = await self._open_writer(s, graph, plan, prompt, settings, max_spawn)
         publisher = self._start_publisher(s, graph)
         try:
             recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.events)
             await recorder.flush()
             executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
+            # Before the checkpoint's pending intent: a spawned leg's declaration is on
+            # record before anything of it runs.
+            executor.spawn_observers.insert(0, keeper.add_spawned)
             await self._execute(s, executor, recorder)
             checkpoint = await recorder.close()
         finally:
@@ -397,6 +439,26 @@ class FlowRun:
             await asyncio.to_thread(write_private, run_dir.path / "graph.mmd", mermaid(graph))
         return graph, max_spawn
 
+    async def _persist_contract(
+        self, s: _Session, graph: Graph, settings: RunSettings
+    ) -> tuple[ContractKeeper, RunSettings]:
+        """Resolve the artifact contract and store it before any operation starts.
+
+        Returns the keeper (which adds spawned legs later) and the settings carrying the
+        contract, so the checkpoint's ``config`` holds the same copy (Amendment 1 row 2).
+        """
+        try:
+            seed = self.options.resume
+            recorded = seed.replay.contract if seed is not None else None
+            contract = resolve_contract(graph, settings, s.run_dir.artifact_root, recorded)
+        except ContractError as exc:
+            await self._finish_session(s, "failed", {"error": str(exc)})
+            raise FlowResumeError(f"the source run's artifact contract: {exc}") from None
+        keeper = ContractKeeper(s.db, s.session_id, contract)
+        await keeper.persist()
+        _faults.seam("artifact-contract", "after")
+        return keeper, replace(settings, artifact_contract=contract.to_json())
+
     async def _open_writer(
         self,
         s: _Session,
@@ -420,8 +482,8 @@ class FlowRun:
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
-                max_records=opts.checkpoint_max_records,
-                max_bytes=opts.checkpoint_max_bytes,
+                max_records=settings.compact_records,
+                max_bytes=settings.compact_bytes,
                 on_saved=lambda *_: self.events.emit(FlowEvent(type="checkpoint_saved")),
                 ops=replayed_ops,
                 spawned=replayed_spawned,
@@ -459,6 +521,7 @@ class FlowRun:
             home=self.home,
             artifact_dir=run_dir.leg_artifact_dir,
             system_prompt=lambda op: settings.system_for(op.assignee),
+            role_artifacts=role_artifacts(settings),
             concurrency=settings.concurrency,
             reactive=settings.reactive,
             max_spawn=max_spawn,
@@ -556,6 +619,7 @@ class FlowRun:
             resumed_from=seed.resumed_from if seed else None,
             degraded_context=seed.degraded if seed else [],
             usage=usage_total(graph),
+            rerun_unsettled=rerun_report(seed.replay) if seed else [],
         )
 
 

@@ -3,12 +3,21 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from steerflow.artifacts import CONFIG_KEY
+from steerflow.errors import UsageError
 from steerflow.orchestrate._options import FlowOptions
-from steerflow.plan import PlanFile, ReactivePolicy, parse_reactive
+from steerflow.plan import (
+    COMPACT_BYTES,
+    COMPACT_RECORDS,
+    CompactBound,
+    PlanFile,
+    ReactivePolicy,
+    parse_reactive,
+)
 from steerflow.state import InvocationKind
 
 __all__ = ["RunSettings"]
@@ -32,6 +41,12 @@ class RunSettings:
     kind: InvocationKind
     #: Per-role settings as stored (``model``, ``system``, ...).
     roles: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Version 3 compaction limits (records, bytes of journal before a new base).
+    compact_records: int = COMPACT_RECORDS.default
+    compact_bytes: int = COMPACT_BYTES.default
+    #: The run's artifact contract in its stored form (``steerflow.artifacts``); None
+    #: until the run knows its artifact root, and for a source recorded without one.
+    artifact_contract: Mapping[str, Any] | None = None
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -51,6 +66,28 @@ class RunSettings:
             playbook=options.playbook,
             kind=options.kind,
             roles={k: v.model_dump() for k, v in (plan.roles if plan else {}).items()},
+            compact_records=_flag_or(
+                options.compact_records,
+                plan.compact_records if plan else None,
+                COMPACT_RECORDS,
+                "--compact-records",
+            ),
+            compact_bytes=_flag_or(
+                options.compact_bytes,
+                plan.compact_bytes if plan else None,
+                COMPACT_BYTES,
+                "--compact-bytes",
+            ),
+        )
+
+    def with_compaction(self, records: int | None, size: int | None) -> RunSettings:
+        """These settings with the compaction limits a resume was given (None keeps them)."""
+        return replace(
+            self,
+            compact_records=_flag_or(
+                records, self.compact_records, COMPACT_RECORDS, "--compact-records"
+            ),
+            compact_bytes=_flag_or(size, self.compact_bytes, COMPACT_BYTES, "--compact-bytes"),
         )
 
     @classmethod
@@ -66,11 +103,19 @@ class RunSettings:
             playbook=config.get("playbook"),
             kind=config.get("kind", "flow"),
             roles=dict(config.get("roles") or {}),
+            compact_records=_stored(config.get("compact_records"), COMPACT_RECORDS),
+            compact_bytes=_stored(config.get("compact_bytes"), COMPACT_BYTES),
+            artifact_contract=config.get(CONFIG_KEY),
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
-        """The checkpoint's ``config`` object (CONTRACT §5); key order is part of the bytes."""
-        return {
+        """The checkpoint's ``config`` object (CONTRACT §5); key order is part of the bytes.
+
+        A compaction limit is stored only when it is not the default, so the config of a
+        run with default limits keeps the bytes it always had (docs/decisions.md:
+        "Compaction limits").
+        """
+        config: dict[str, Any] = {
             "model_spec": self.model,
             "reactive_spec": self.reactive.spec,
             "max_ops": self.max_ops,
@@ -80,6 +125,14 @@ class RunSettings:
             "roles": dict(self.roles),
             "kind": self.kind,
         }
+        if self.compact_records != COMPACT_RECORDS.default:
+            config["compact_records"] = self.compact_records
+        if self.compact_bytes != COMPACT_BYTES.default:
+            config["compact_bytes"] = self.compact_bytes
+        if self.artifact_contract is not None:
+            # The copy that makes the checkpoint unit self-describing (Amendment 1 row 2).
+            config[CONFIG_KEY] = self.artifact_contract
+        return config
 
     @property
     def role_models(self) -> dict[str, str]:
@@ -94,3 +147,27 @@ class RunSettings:
         """The role's system prompt, if it has one."""
         system = (self.roles.get(assignee or "") or {}).get("system")
         return system if isinstance(system, str) else None
+
+
+def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, flag: str) -> int:
+    """``given``, else ``fallback``, else the default.
+
+    ``given`` is checked here too: library callers hand FlowOptions over unparsed.
+    """
+    if given is None:
+        return bound.default if fallback is None else fallback
+    if isinstance(given, bool) or not isinstance(given, int):
+        raise UsageError(f"{flag} must be an integer, got {given!r}")
+    if not bound.least <= given <= bound.most:
+        raise UsageError(
+            f"{flag} {given} is out of range: give {bound.least}..{bound.most} "
+            f"(default {bound.default})"
+        )
+    return given
+
+
+def _stored(value: object, bound: CompactBound) -> int:
+    """A limit read back from a checkpoint ``config``; absent or unusable is the default."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        return bound.default
+    return value if bound.least <= value <= bound.most else bound.default

@@ -14,19 +14,28 @@ from steerflow.plan._load import (
 )
 from steerflow.plan._model import (
     AGENT_ID_PATTERN,
+    COMPACT_BYTES,
+    COMPACT_RECORDS,
+    MAX_ARTIFACT_PATH,
     MAX_PLAN_ENTRIES,
+    CompactBound,
     Dependency,
     EdgeWhen,
     PlanEntry,
     PlanFile,
     RoleSpec,
     SpawnSpec,
+    artifact_path_problem,
     is_agent_id,
 )
 
 __all__ = [
     "AGENT_ID_PATTERN",
+    "COMPACT_BYTES",
+    "COMPACT_RECORDS",
+    "MAX_ARTIFACT_PATH",
     "MAX_PLAN_ENTRIES",
+    "CompactBound",
     "Dependency",
     "EdgeWhen",
     "PlanEntry",
@@ -34,6 +43,7 @@ __all__ = [
     "ReactivePolicy",
     "RoleSpec",
     "SpawnSpec",
+    "artifact_path_problem",
     "bundled_playbooks",
     "find_playbook",
     "is_agent_id",

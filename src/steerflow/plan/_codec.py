@@ -32,6 +32,8 @@ def plan_to_checkpoint(
             item["dep_conditions"] = [{"when": d.when, "if_contains": d.if_contains} for d in deps]
         if entry.inherit_context:
             item["inherit_context"] = True
+        if entry.artifacts:
+            item["artifacts"] = list(entry.artifacts)
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

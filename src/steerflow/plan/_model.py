@@ -8,19 +8,24 @@ acyclic plans with unique ids.
 from __future__ import annotations
 
 import re
-from typing import Annotated, Literal
+from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 __all__ = [
     "AGENT_ID_PATTERN",
+    "COMPACT_BYTES",
+    "COMPACT_RECORDS",
+    "MAX_ARTIFACT_PATH",
     "MAX_PLAN_ENTRIES",
+    "CompactBound",
     "Dependency",
     "EdgeWhen",
     "PlanEntry",
     "PlanFile",
     "RoleSpec",
     "SpawnSpec",
+    "artifact_path_problem",
 ]
 
 # The first character keeps ids from naming a path component: ``.``, ``..`` and dot-files
@@ -29,6 +34,24 @@ AGENT_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # Default of ``--max-plan-entries``: a larger plan is refused, never cut.
 MAX_PLAN_ENTRIES = 1000
 _AGENT_ID_RE = re.compile(AGENT_ID_PATTERN)
+
+
+class CompactBound(NamedTuple):
+    """Accepted range and default of one version 3 compaction limit."""
+
+    least: int
+    most: int
+    default: int
+
+
+# ``--compact-records`` / plan ``compact_records``: journal records before a compaction.
+# Past a million records a load replays an unbounded journal; the floor is one.
+COMPACT_RECORDS = CompactBound(1, 1_000_000, 128)
+# ``--compact-bytes`` / plan ``compact_bytes``: journal bytes before a compaction. Below
+# 1 KiB one ordinary record triggers it; past 1 GiB the journal outgrows any sane load.
+COMPACT_BYTES = CompactBound(1_024, 1_073_741_824, 8_388_608)
+#: Longest declared artifact path (characters); a component is at most 255 bytes (NAME_MAX).
+MAX_ARTIFACT_PATH = 1024
 
 EdgeWhen = Literal["completed", "failed", "always"]
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN)]
@@ -61,6 +84,14 @@ class PlanEntry(_Strict):
     instruction: str = Field(min_length=1)
     depends_on: list[AgentId | Dependency] = Field(default_factory=list)
     inherit_context: bool = False
+    #: Files this node must leave in its leg directory (besides its role's). The
+    #: description reaches a planner through the schema: a chat model writes no files.
+    artifacts: list[str] = Field(
+        default_factory=list,
+        description="Relative paths of files this node must write into its own directory; "
+        "it fails without them. Only for nodes run by an agent worker or a script: a plain "
+        "chat model writes no files, so leave this empty for its nodes.",
+    )
 
     @property
     def dependencies(self) -> list[Dependency]:
@@ -85,6 +116,16 @@ class SpawnSpec(_Strict):
     assignee: str | None = None
     depends_on: list[AgentId] = Field(default_factory=list)
     link_to_emitter: bool = True
+    artifacts: list[str] = Field(default_factory=list)
+
+    @field_validator("artifacts")
+    @classmethod
+    def _artifact_paths(cls, paths: list[str]) -> list[str]:
+        for index, path in enumerate(paths):
+            problem = artifact_path_problem(path)
+            if problem:
+                raise ValueError(f"artifacts[{index}] {path!r}: {problem}")
+        return paths
 
 
 class PlanFile(_Strict):
@@ -96,6 +137,14 @@ class PlanFile(_Strict):
     reactive: str | bool | None = None
     max_ops: int | None = Field(default=None, ge=0)
     concurrency: int | None = Field(default=None, ge=1, le=256)
+    # Version 3 compaction limits; the flags win over these
+    # (docs/decisions.md: "Compaction limits").
+    compact_records: int | None = Field(
+        default=None, ge=COMPACT_RECORDS.least, le=COMPACT_RECORDS.most, strict=True
+    )
+    compact_bytes: int | None = Field(
+        default=None, ge=COMPACT_BYTES.least, le=COMPACT_BYTES.most, strict=True
+    )
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
     plan: list[PlanEntry] = Field(min_length=1)
 
@@ -118,6 +167,7 @@ class PlanFile(_Strict):
                     f"plan[{index}].agent_id {entry.agent_id!r} repeats plan[{ids[entry.agent_id]}]"
                 )
             ids[entry.agent_id] = index
+        self._check_artifact_paths()
         for index, entry in enumerate(self.plan):
             for dep in entry.dependencies:
                 if dep.id not in ids:
@@ -130,6 +180,21 @@ class PlanFile(_Strict):
         if cycle:
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
         return self
+
+    def _check_artifact_paths(self) -> None:
+        # Checked here rather than per field so the message names the entry's agent_id.
+        for name, role in self.roles.items():
+            for index, path in enumerate(role.artifacts):
+                problem = artifact_path_problem(path)
+                if problem:
+                    raise ValueError(f"roles.{name}.artifacts[{index}] {path!r}: {problem}")
+        for at, entry in enumerate(self.plan):
+            for index, path in enumerate(entry.artifacts):
+                problem = artifact_path_problem(path)
+                if problem:
+                    raise ValueError(
+                        f"plan[{at}] ({entry.agent_id!r}).artifacts[{index}] {path!r}: {problem}"
+                    )
 
 
 def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
@@ -157,6 +222,31 @@ def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
                 colour[dep] = grey
                 path.append(dep)
                 todo.append(iter(edges.get(dep, [])))
+    return None
+
+
+def artifact_path_problem(path: object) -> str | None:
+    """Why ``path`` cannot name a declared artifact, or None if it can.
+
+    A declared artifact is a file relative to its leg directory, spelled canonically: no
+    leading ``/``, no empty, ``.`` or ``..`` component, no NUL. Canonical spelling keeps one
+    file from being declared (and recorded) under two names.
+    """
+    if not isinstance(path, str) or not path:
+        return "must be a non-empty relative path"
+    if path.startswith("/"):
+        return "must be relative to the leg directory, not absolute"
+    if "\0" in path:
+        return "must not contain a NUL character"
+    if len(path) > MAX_ARTIFACT_PATH:
+        return f"is longer than {MAX_ARTIFACT_PATH} characters"
+    for part in path.split("/"):
+        if part == "..":
+            return "must stay inside the leg directory (no '..' component)"
+        if part in ("", "."):
+            return "must not have an empty or '.' component"
+        if len(part.encode("utf-8", "surrogatepass")) > 255:
+            return "has a component longer than 255 bytes"
     return None
 
 

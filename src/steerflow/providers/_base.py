@@ -46,6 +46,8 @@ class ProviderRequest:
     ``instruction`` is the complete rendered instruction: operator steer block,
     the node's own instruction and its dependencies' results. ``history`` is
     the branch before this turn (system prompt first, then any inherited turns).
+    ``artifact_dir`` is the leg's directory; it exists at the call only when the
+    provider's ``needs_artifact_dir`` is true (or a resumed leg already wrote there).
     """
 
     run_id: str
@@ -93,6 +95,11 @@ class Provider(abc.ABC):
     #: minutes to hours). A deadline cancels these instead of letting them finish,
     #: which Amendment 3 otherwise does for calls already invoked (decision 23).
     cancel_at_deadline: ClassVar[bool] = False
+    #: True if ``invoke`` expects ``request.artifact_dir`` to exist already: the executor
+    #: then makes it (0700, off the loop) before the call. The built-in providers make
+    #: it themselves, and only when they write into it (``ensure_leg_dir`` /
+    #: ``write_leg_file``), so a node that writes nothing gets no directory (decision 62).
+    needs_artifact_dir: ClassVar[bool] = True
 
     @abc.abstractmethod
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:

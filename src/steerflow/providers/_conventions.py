@@ -35,8 +35,10 @@ SPAWN_GUIDANCE = (
     "You may hand follow-up work to new agents. To do so, end your reply with exactly one "
     'fenced code block tagged json that holds an object {"spawn": [...]}. Each item is an '
     'object with "agent_id" (1-64 characters from letters, digits, "_", "." and "-"), '
-    '"instruction" (a self-contained task), and optionally "assignee" (a role name) and '
-    '"depends_on" (a list of agent ids). Leave the block out when no follow-up work is needed.'
+    '"instruction" (a self-contained task), and optionally "assignee" (a role name), '
+    '"depends_on" (a list of agent ids) and "artifacts" (relative paths of the files the new '
+    "agent must leave in its own directory; it fails if it does not). Leave the block out "
+    "when no follow-up work is needed."
 )
 
 _FENCE = re.compile(r"```[ \t]*(?:json|JSON)?[ \t]*\r?\n(.*?)```", re.DOTALL)

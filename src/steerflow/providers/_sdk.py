@@ -13,7 +13,7 @@ import abc
 import functools
 from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from steerflow.providers._base import (
     Message,
@@ -47,6 +47,7 @@ class SDKProvider(Provider):
     ``_client`` None until first use.
     """
 
+    needs_artifact_dir: ClassVar[bool] = False  # a model call writes no file
     spec: str
     model: str
     policy: RetryPolicy

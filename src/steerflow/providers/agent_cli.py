@@ -82,6 +82,7 @@ class AgentCLIProvider(Provider, abc.ABC):
     """
 
     cancel_at_deadline: ClassVar[bool] = True
+    needs_artifact_dir: ClassVar[bool] = False  # ``invoke`` makes its cwd itself, symlink-safe
     vendor: ClassVar[str]
     bin_env: ClassVar[str]
     args_env: ClassVar[str]

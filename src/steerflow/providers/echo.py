@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+from typing import ClassVar
 
 from steerflow.errors import UsageError
 from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
@@ -47,6 +48,8 @@ def echo_plan(prompt: str) -> dict[str, object]:
 
 class EchoProvider(Provider):
     """Echoes what it was asked, optionally after ``delay`` seconds."""
+
+    needs_artifact_dir: ClassVar[bool] = False  # it writes nothing
 
     def __init__(self, spec: str = "echo") -> None:
         self.spec = spec

@@ -8,7 +8,7 @@ import json
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -66,6 +66,9 @@ def load_script(path: Path) -> dict[str, NodeScript]:
 
 class ScriptProvider(Provider):
     """Responds, fails, spawns or writes artifacts as the script file says."""
+
+    # ``write_leg_file`` makes the leg directory, and only for a node with artifacts.
+    needs_artifact_dir: ClassVar[bool] = False
 
     def __init__(self, spec: str) -> None:
         self.spec = spec

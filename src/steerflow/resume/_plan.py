@@ -16,16 +16,23 @@ Rules, in the order they are checked:
    ``--retry-failed``; ``completed`` passes the settle check; dependencies that exist;
 4. witnesses: every child an emitter's ``spawned_ids`` lists has an entry;
 5. the spawned entries form no cycle (they are returned in topological order);
-6. degraded context: a node that will run and inherits a replayed conversation whose
+6. artifacts (Amendment 1 rows 2, 7, 9): every completed node that recorded artifacts is
+   checked against the contract its run persisted (``contract``, read by the caller from
+   the state DB and checked against the checkpoint's copy) and its files are compared
+   byte for byte under that contract's root; a mismatch refuses the resume
+   (``ArtifactsUnsettledError``) unless ``rerun_unsettled``, which runs those nodes and
+   everything downstream of them again instead;
+7. degraded context: a node that will run and inherits a replayed conversation whose
    branch file is lost needs ``--allow-degraded-context``.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from steerflow.artifacts import ArtifactContract, ArtifactRecord, Unsettled
 from steerflow.checkpoint import (
     CheckpointState,
     PlannedEntry,
@@ -36,6 +43,7 @@ from steerflow.checkpoint import (
 from steerflow.errors import FlowResumeError, PlanValidationError
 from steerflow.plan import PlanEntry, PlanFile, is_agent_id, plan_from_checkpoint
 from steerflow.providers import Message
+from steerflow.resume._settle import settle_replay
 
 __all__ = ["ReplayPlan", "ReplaySpawn", "plan_replay"]
 
@@ -78,6 +86,15 @@ class ReplayPlan:
     #: Nodes that run with an empty branch instead of a lost inherited one.
     degraded: tuple[str, ...]
     notes: tuple[str, ...]
+    #: The contract the source run persisted (checked), or None for a run without one.
+    contract: ArtifactContract | None = None
+    #: Recorded artifacts of each replayed leg that recorded any (all settled).
+    artifacts: dict[str, tuple[ArtifactRecord, ...]] = field(default_factory=dict)
+    #: Recorded artifacts that no longer match (only with ``rerun_unsettled``).
+    unsettled: tuple[Unsettled, ...] = ()
+    #: Completed nodes that run again under ``--rerun-unsettled``: the unsettled ones and
+    #: everything downstream of them.
+    rerun_unsettled: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -96,11 +113,21 @@ def plan_replay(
     *,
     retry_failed: bool = False,
     allow_degraded_context: bool = False,
+    contract: ArtifactContract | None = None,
+    rerun_unsettled: bool = False,
 ) -> ReplayPlan:
     """Check ``state`` (the checkpoint in ``run_dir``) and describe its faithful replay.
 
+    ``contract`` is the artifact contract the source run persisted (see
+    :func:`steerflow.artifacts.source_contract`); None means it has none, so any node
+    that recorded artifacts refuses the resume.  Recorded files are read here (whole),
+    before the caller writes anything.
+
     Raises:
         FlowResumeError: a D5 rule refuses the resume; the message names the node.
+        ArtifactContractError: a node recorded artifacts the contract cannot vouch for.
+        ArtifactsUnsettledError: recorded artifacts no longer match and not
+            ``rerun_unsettled``; the message names node, path, expected and found.
     """
     plan = _rebuild_plan(state, run_dir)
     plan_ids = {
@@ -121,6 +148,21 @@ def plan_replay(
     spawned = _check_spawned(kept, ids, state, retry_failed=retry_failed)
     _check_witnesses(state.ops, kept)
     replayed = [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
+    settled = settle_replay(
+        state,
+        plan,
+        contract,
+        replayed,
+        {s.spawn_id: s.depends_on for s in spawned},
+        rerun=rerun_unsettled,
+    )
+    if settled.rerun:
+        again = frozenset(settled.rerun)
+        completed = {k: v for k, v in completed.items() if k not in again}
+        # A rebuilt spawn that runs again is pending intent, exactly as if never run.
+        spawned = [replace(s, status="pending") if s.spawn_id in again else s for s in spawned]
+        replayed = [k for k in replayed if k not in again]
+    notes += settled.notes
     branches = {
         key: branch for key in replayed if (branch := load_branch(run_dir, key)) is not None
     }
@@ -140,6 +182,10 @@ def plan_replay(
         branches=branches,
         degraded=tuple(degraded),
         notes=tuple(notes),
+        contract=contract,
+        artifacts=settled.artifacts,
+        unsettled=settled.unsettled,
+        rerun_unsettled=settled.rerun,
     )
 
 

@@ -57,6 +57,7 @@ from steerflow.state._schema import (
     migrate,
 )
 from steerflow.state._sqlite import SqliteBackend, sqlite_path_from_url
+from steerflow.state._vocab import NodeKind
 
 __all__ = [
     "DB_FILENAME",
@@ -97,6 +98,11 @@ def db_exists(home: Path) -> bool:
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
 _ID_LEN = 32
 _MAX_CANDIDATES = 10
+# Keys bound per ``IN (...)`` lookup: under SQLite's oldest host-parameter limit (999).
+_KEYS_PER_QUERY = 500
+_NODE_COLUMNS_NO_DETAIL = (
+    "session_id, node_key, kind, node_id, assignee, status, updated_at, NULL AS detail"
+)
 _CONTROL_COLUMNS = "id, session_id, verb, payload, created_at, applied_at, result"
 
 _TARGET_SQL: dict[TargetVia, str] = {
@@ -617,12 +623,36 @@ class StateDB:
                      node.status, now, None if node.detail is None else dump_json(node.detail)),
                 )  # fmt: skip
 
-    def list_nodes(self, session_id: str) -> list[NodeRow]:
-        """Published node statuses of a session, by ``node_key``."""
-        rows = self.backend.query(
-            "SELECT * FROM session_nodes WHERE session_id = ? ORDER BY node_key", (session_id,)
-        )
-        return [NodeRow.from_mapping(r) for r in rows]
+    def list_nodes(
+        self,
+        session_id: str,
+        *,
+        keys: Sequence[str] | None = None,
+        kind: NodeKind | None = None,
+        detail: bool = True,
+    ) -> list[NodeRow]:
+        """Published node statuses of a session, by ``node_key``.
+
+        ``keys`` limits the rows to those nodes (looked up by primary key), ``kind`` to
+        planned or spawned ones; ``detail=False`` leaves ``detail`` unread (None), which on
+        a 10,000-node run is most of the cost.
+        """
+        columns = "*" if detail else _NODE_COLUMNS_NO_DETAIL
+        sql = f"SELECT {columns} FROM session_nodes WHERE session_id = ?"
+        params: tuple[object, ...] = (session_id,)
+        if kind is not None:
+            sql, params = sql + " AND kind = ?", (session_id, kind)
+        if keys is None:
+            rows = self.backend.query(sql + " ORDER BY node_key", params)
+            return [NodeRow.from_mapping(r) for r in rows]
+        found: list[NodeRow] = []
+        wanted = sorted(set(keys))
+        for start in range(0, len(wanted), _KEYS_PER_QUERY):
+            chunk = wanted[start : start + _KEYS_PER_QUERY]
+            marks = ", ".join("?" for _ in chunk)
+            rows = self.backend.query(f"{sql} AND node_key IN ({marks})", (*params, *chunk))
+            found += (NodeRow.from_mapping(r) for r in rows)
+        return sorted(found, key=lambda row: row.node_key)
 
     def effective_status(self, row: SessionRow, *, now: float | None = None) -> SessionStatus:
         """``running`` with a dead owner reads ``interrupted`` (see ``state.effective_status``)."""

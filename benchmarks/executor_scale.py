@@ -1,0 +1,337 @@
+"""The executor at 1,000 and 10,000 nodes beside ``asyncio.gather`` and LangGraph (issue 17).
+
+Workload: one DAG of 100 layers; node ``(layer, i)`` depends on node ``(layer - 1, i)``, so a
+10,000-node DAG is 100 columns 100 layers deep. Every node runs the offline ``echo`` model:
+its response is its id and its rendered instruction, which holds its dependency's result
+(``### dep (completed)`` + response), exactly as the executor renders it. The baselines
+compute the same strings:
+
+- ``asyncio.gather``: one task per node awaiting its dependency's event (the floor);
+- ``langgraph``: a ``StateGraph`` with one async node per DAG node, its edges the DAG's,
+  the results merged into one dict channel (LangGraph 1.2, the optional ``bench`` extra);
+- ``steerflow``: ``FlowExecutor`` over the graph ``build_graph`` makes of the plan, the
+  ``echo`` provider, concurrency 64, no checkpoint;
+- ``steerflow+v3``: the same, plus the run's real checkpoint path: a version 3
+  ``CheckpointWriter`` (default limits) behind the ``CheckpointRecorder`` completion
+  observer, branch files and all, in a temporary run directory.
+
+Each row runs in a fresh child process, so its peak RSS (``ru_maxrss`` of that child,
+from ``os.wait4``) is its own. Wall and CPU (``time.process_time``: every thread of the
+child) cover the run alone, not imports or graph building. ``bytes`` is what the child
+wrote during the run (``wchar`` of ``/proc/self/io``: base, journal, compactions, branch
+files). The last column is the log-log slope of CPU against nodes between the smallest
+and largest size (1.0 = linear). Figures only; nothing is asserted.
+
+Run ``PYTHONPATH=/path/to/other/src python benchmarks/executor_scale.py`` to measure
+another tree with the same script; a row whose API that tree lacks is skipped with a note.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Annotated, Any, TypedDict
+
+LAYERS = 100
+CONCURRENCY = 64
+ROWS = ("asyncio.gather", "langgraph", "steerflow", "steerflow+v3")
+LANGGRAPH_HINT = "pip install -e '.[bench]'  (LangGraph 1.2, the optional bench extra)"
+
+
+# -- the DAG -------------------------------------------------------------------------------
+
+
+def key(layer: int, i: int) -> str:
+    return f"n{layer:03d}-{i:04d}"
+
+
+def dag(nodes: int) -> list[tuple[str, str, str | None]]:
+    """``(key, instruction, dependency key or None)`` in layer order."""
+    width = max(1, nodes // LAYERS)
+    return [
+        (key(layer, i), f"task {layer}.{i}", key(layer - 1, i) if layer else None)
+        for layer in range(nodes // width)
+        for i in range(width)
+    ]
+
+
+def echo(node: str, instruction: str, dep: str | None, dep_text: str | None) -> str:
+    """The echo model's response, with the dependency block the executor renders."""
+    if dep is not None:
+        instruction += f"\n\n[RESULTS OF DEPENDENCIES]\n### {dep} (completed)\n{dep_text}"
+    return f"[echo {node}]\n{instruction}"
+
+
+# -- rows (each runs in a child) -------------------------------------------------------------
+
+
+def merge(a: dict[str, str], b: dict[str, str]) -> dict[str, str]:
+    # In place: a copying reducer would charge LangGraph O(n) per write, O(n²) per run.
+    a.update(b)
+    return a
+
+
+class State(TypedDict):
+    """LangGraph's state: every node's result, merged (module level: its hints resolve)."""
+
+    results: Annotated[dict[str, str], merge]
+
+
+async def run_gather(nodes: list[tuple[str, str, str | None]]) -> dict[str, Any]:
+    done = {k: asyncio.Event() for k, _, _ in nodes}
+    results: dict[str, str] = {}
+
+    async def node(k: str, instruction: str, dep: str | None) -> None:
+        if dep is not None:
+            await done[dep].wait()
+        results[k] = echo(k, instruction, dep, results.get(dep) if dep else None)
+        done[k].set()
+
+    await asyncio.gather(*(node(*n) for n in nodes))
+    return {"completed": len(results)}
+
+
+def prepare_langgraph(nodes: list[tuple[str, str, str | None]]) -> Callable[[], Any]:
+    from langgraph.graph import END, START, StateGraph
+
+    builder = StateGraph(State)
+
+    def make(k: str, instruction: str, dep: str | None) -> Callable[[State], Any]:
+        async def node(state: State) -> dict[str, dict[str, str]]:
+            dep_text = state["results"].get(dep) if dep else None
+            return {"results": {k: echo(k, instruction, dep, dep_text)}}
+
+        return node
+
+    for k, instruction, dep in nodes:
+        builder.add_node(k, make(k, instruction, dep))
+        builder.add_edge(dep or START, k)
+    has_child = {dep for _, _, dep in nodes if dep}
+    for k, _, _ in nodes:
+        if k not in has_child:
+            builder.add_edge(k, END)
+    graph = builder.compile()
+
+    async def run() -> dict[str, Any]:
+        out = await graph.ainvoke({"results": {}}, {"recursion_limit": LAYERS * 2 + 10})
+        return {"completed": len(out["results"])}
+
+    return run
+
+
+def prepare_steerflow(
+    nodes: list[tuple[str, str, str | None]], tmp: Path, *, checkpoint: bool
+) -> Callable[[], Any]:
+    from steerflow.executor import FlowExecutor, SharedContext, build_graph
+    from steerflow.plan import parse_plan
+    from steerflow.providers import EchoProvider
+
+    entries = [
+        {"agent_id": k, "instruction": instruction, **({"depends_on": [dep]} if dep else {})}
+        for k, instruction, dep in nodes
+    ]
+    plan = parse_plan({"plan": entries}, source="bench", max_entries=None)
+    graph = build_graph(plan)
+    provider = EchoProvider()
+    home = tmp / "home"
+    home.mkdir(mode=0o700)
+    context = SharedContext()
+    artifacts = tmp / "artifacts"
+    artifacts.mkdir(mode=0o700)
+    executor = FlowExecutor(
+        graph,
+        provider_for=lambda op: provider,
+        run_id="bench",
+        home=home,
+        artifact_dir=lambda leg: artifacts / leg,
+        concurrency=CONCURRENCY,
+        context=context,
+    )
+    if not checkpoint:
+
+        async def run_plain() -> dict[str, Any]:
+            await executor.run()
+            return {"completed": sum(op.status == "completed" for op in graph)}
+
+        return run_plain
+
+    from steerflow.checkpoint import CheckpointWriter
+    from steerflow.home import allocate_run_dir
+    from steerflow.orchestrate._recorder import CheckpointRecorder
+    from steerflow.plan import plan_to_checkpoint
+
+    run_dir = allocate_run_dir(home)
+    writer = CheckpointWriter(
+        run_dir.checkpoint_path,
+        session_id="0" * 32,
+        prompt="executor scale",
+        plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
+        config={"model_spec": "echo", "concurrency": CONCURRENCY, "kind": "flow"},
+        flow_context=context.content,
+        version=3,
+    )
+    recorder = CheckpointRecorder(writer, graph, run_dir, context, executor.events)
+    executor.observers.append(recorder.record_outcome)
+    executor.spawn_observers.append(recorder.record_intent)
+
+    async def run_v3() -> dict[str, Any]:
+        await recorder.flush()
+        await executor.run()
+        outcome = await recorder.close()
+        if not outcome.persisted:
+            raise RuntimeError(f"checkpoint not persisted: {outcome.error}")
+        counted = getattr(writer, "bytes_written", None)
+        return {
+            "completed": sum(op.status == "completed" for op in graph),
+            "writer_bytes": counted if isinstance(counted, int) else None,
+        }
+
+    return run_v3
+
+
+def wchar() -> int | None:
+    try:
+        with open("/proc/self/io", encoding="ascii") as handle:
+            for line in handle:
+                if line.startswith("wchar:"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return None
+
+
+def child(row: str, count: int) -> None:
+    """Run one row and print its figures as one JSON line (RSS is read by the parent)."""
+    nodes = dag(count)
+    with tempfile.TemporaryDirectory(prefix="steerflow-scale-") as tmp:
+        try:
+            if row == "asyncio.gather":
+                run: Callable[[], Any] = lambda: run_gather(nodes)  # noqa: E731
+            elif row == "langgraph":
+                run = prepare_langgraph(nodes)
+            else:
+                run = prepare_steerflow(nodes, Path(tmp), checkpoint=row == "steerflow+v3")
+        except (ImportError, AttributeError, TypeError) as exc:
+            print(json.dumps({"skipped": f"{type(exc).__name__}: {exc}"}))
+            return
+        written, cpu, wall = wchar(), time.process_time(), time.perf_counter()
+        out = asyncio.run(run())
+        wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+        after = wchar()
+        out |= {"wall": wall, "cpu": cpu, "nodes": len(nodes)}
+        out["bytes"] = after - written if after is not None and written is not None else None
+        print(json.dumps(out), flush=True)
+
+
+# -- the parent ----------------------------------------------------------------------------
+
+
+def measure(row: str, count: int) -> dict[str, Any]:
+    argv = [sys.executable, os.path.abspath(__file__), "--child", row, str(count)]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stdout, stderr = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    if proc.returncode != 0:
+        tail = stderr.strip().splitlines()[-1:] or ["?"]
+        return {"skipped": f"child exited {proc.returncode}: {tail[0]}"}
+    out: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
+    out["rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
+    if "skipped" not in out and out["completed"] != out["nodes"]:
+        out = {"skipped": f"only {out['completed']} of {out['nodes']} nodes completed"}
+    return out
+
+
+def fmt_bytes(n: object) -> str:
+    return f"{n / 1e6:.1f} MB" if isinstance(n, int) else "-"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--nodes", default="1000,10000", help="comma-separated sizes")
+    parser.add_argument("--quick", action="store_true", help="1,000 nodes only")
+    parser.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
+    parser.add_argument("--child", nargs=2, metavar=("ROW", "NODES"), help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(args.child[0], int(args.child[1]))
+        return 0
+    sizes = [1000] if args.quick else [int(n) for n in args.nodes.split(",")]
+    rows = [r for r in args.rows.split(",") if r]
+    unknown = set(rows) - set(ROWS)
+    if unknown:
+        parser.error(f"unknown rows {sorted(unknown)}")
+    import platform
+
+    try:
+        from importlib.metadata import version
+
+        lg = version("langgraph")
+    except Exception:
+        lg = None
+    print(
+        f"DAG: {LAYERS} layers, each node depends on one node of the previous layer; echo "
+        f"model; steerflow concurrency {CONCURRENCY}; each row in a fresh child process"
+    )
+    print(
+        f"platform: {platform.platform()} python {sys.version.split()[0]} "
+        f"cpus={os.cpu_count()} langgraph={lg or 'not installed'}"
+    )
+    if lg is None and "langgraph" in rows:
+        print(f"langgraph row skipped: not installed; {LANGGRAPH_HINT}")
+        rows.remove("langgraph")
+    header = (
+        f"{'row':<15} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
+        f"{'CPU µs/node':>12} {'peak RSS MiB':>13} {'written':>10} {'ckpt':>10} "
+        f"{'CPU slope':>10}"
+    )
+    print(header)
+    seen: dict[tuple[str, int], dict[str, Any]] = {}
+    for row in rows:
+        cpu_at: dict[int, float] = {}
+        for count in sizes:
+            out = measure(row, count)
+            if "skipped" in out:
+                print(f"{row:<15} {count:>6}  skipped: {out['skipped']}")
+                continue
+            n = out["nodes"]
+            cpu_at[n] = out["cpu"]
+            seen[row, n] = out
+            slope = "-"
+            if len(cpu_at) > 1:
+                lo, hi = min(cpu_at), max(cpu_at)
+                slope = f"{math.log(cpu_at[hi] / cpu_at[lo]) / math.log(hi / lo):.2f}"
+            print(
+                f"{row:<15} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
+                f"{out['wall'] / n * 1e6:>9.0f} {out['cpu'] / n * 1e6:>12.0f} "
+                f"{out['rss_mib']:>13.1f} {fmt_bytes(out['bytes']):>10} "
+                f"{fmt_bytes(out.get('writer_bytes')):>10} {slope:>10}",
+                flush=True,
+            )
+    print(
+        "written: every byte the child wrote during the run (/proc/self/io wchar: base, "
+        "journal, compactions, branch files); ckpt: checkpoint bytes the writer counts "
+        "(- where the tree has no counter); CPU slope: log-log slope of CPU vs nodes "
+        "(1.0 = linear)"
+    )
+    for n in sorted({n for _, n in seen}):
+        ours, theirs = seen.get(("steerflow", n)), seen.get(("langgraph", n))
+        if ours and theirs:
+            print(
+                f"steerflow / langgraph at {n} nodes: wall {ours['wall'] / theirs['wall']:.2f}x, "
+                f"CPU {ours['cpu'] / theirs['cpu']:.2f}x (target <= 1)"
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
