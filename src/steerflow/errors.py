@@ -64,6 +64,7 @@ class ExitCode(IntEnum):
     FAILED = 1
     USAGE = 2
     REFUSED = 3
+    STOPPED = 75
     DEADLINE = 124
     SIGINT = 130
     SIGTERM = 143

@@ -428,6 +428,63 @@ async def test_final_pass_stamps_rows_that_came_too_late(
     assert target.calls == []
 
 
+class StoppableTarget(Target):
+    """A target that can be stopped (``ctl stop``); records the stops it got."""
+
+    def __init__(self) -> None:
+        super().__init__(report_paused=True)
+        self.stops: list[tuple[bool, str | None, str]] = []
+
+    def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
+        if self.fail_with:
+            raise self.fail_with
+        self.stops.append((now, reason, control_id))
+        self.gate_closed = False
+        self.calls.append("stop")
+
+
+async def test_stop_is_applied_ends_a_pause_and_sets_the_phase(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    target = StoppableTarget()
+    poller = _poller(home, sid, target, consumer)
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    assert writer.get_session(sid).phase == "paused"  # type: ignore[union-attr]
+    graceful = writer.insert_control(
+        session_id=sid, verb="stop", payload={"now": False, "reason": "maintenance"}
+    )
+    hard = writer.insert_control(session_id=sid, verb="stop", payload={"now": True})
+    await poller.tick()
+    assert target.calls == ["pause", "stop", "stop"]
+    assert target.stops == [(False, "maintenance", graceful.id), (True, None, hard.id)]
+    assert [writer.get_control(c.id).result for c in (pause, graceful, hard)] == [  # type: ignore[union-attr]
+        "applied",
+        "applied",
+        "applied",
+    ]
+    assert writer.get_session(sid).phase == "planning"  # type: ignore[union-attr]
+
+    target.fail_with = RuntimeError("cannot stop")
+    broken = writer.insert_control(session_id=sid, verb="stop", payload=None)
+    await poller.tick()
+    assert writer.get_control(broken.id).result == "rejected:error:cannot stop"  # type: ignore[union-attr]
+
+
+async def test_stop_after_the_run_ended_is_rejected_run_ended(
+    home: Path, writer: StateDB, sid: str
+) -> None:
+    target = StoppableTarget()
+    poller = ControlPoller(home, sid, target, interval=5.0)  # the loop would not tick again
+    task = asyncio.ensure_future(poller.run())
+    await _poller_active(writer, sid)
+    late = writer.insert_control(session_id=sid, verb="stop", payload={"now": True})
+    await poller.stop()
+    await asyncio.wait_for(task, 10)
+    assert writer.get_control(late.id).result == "rejected:run-ended"  # type: ignore[union-attr]
+    assert target.stops == []
+
+
 async def test_poller_survives_a_db_that_cannot_be_opened_yet(tmp_path: Path) -> None:
     home = tmp_path / "home"
     poller = ControlPoller(home, "f" * 32, Target(), interval=0.01)

@@ -85,11 +85,17 @@ def test_payloads_and_usage(home: Path, sid: str) -> None:
             enqueue_control(home, sid, "message", blank)
     with pytest.raises(UsageError, match="65536 bytes"):
         enqueue_control(home, sid, "message", "x" * (MAX_MESSAGE_BYTES + 1))
-    bad: Any = "stop"
-    with pytest.raises(UsageError, match="unknown control verb 'stop'"):
+    stopped = enqueue_control(home, sid, "stop", "maintenance window", now=True)
+    with StateDB.open(home) as db:
+        assert db.get_control(stopped.control_id).payload == {  # type: ignore[union-attr]
+            "now": True,
+            "reason": "maintenance window",
+        }
+    bad: Any = "halt"
+    with pytest.raises(UsageError, match="unknown control verb 'halt'"):
         enqueue_control(home, sid, bad)
     with StateDB.open(home) as db:
-        assert db.count_controls() == 2
+        assert db.count_controls() == 3
 
 
 def test_resolve_only_applying_rows(home: Path, sid: str) -> None:
@@ -120,11 +126,15 @@ _ACCEPTS = {
     ("agent", "pause"): False,
     ("agent", "resume"): False,
     ("agent", "message"): True,
+    ("flow", "stop"): True,
+    ("play", "stop"): True,
+    ("agent", "stop"): False,
 }
 _ACCEPTED_BY = {
     "pause": "flow, play",
     "resume": "flow, play",
     "message": "agent, flow, play",
+    "stop": "flow, play",
 }
 
 
@@ -157,7 +167,8 @@ def test_kind_verb_matrix(home: Path, kind: str, verb: CliVerb, via: str) -> Non
             verb,
             True,
         )
-        assert row.payload == ({"text": "steer"} if verb == "message" else None)
+        expected = {"message": {"text": "steer"}, "stop": {"now": False, "reason": None}}
+        assert row.payload == expected.get(verb)
     else:
         with pytest.raises(KindNotAllowedError) as info:
             enqueue_control(home, target, verb, text)
@@ -182,9 +193,9 @@ def test_a_play_target_uses_its_session_kind(home: Path) -> None:
 
 
 def test_unknown_verb_is_refused_before_the_database_is_opened(home: Path) -> None:
-    bad: Any = "stop"
+    bad: Any = "halt"
     with pytest.raises(
-        UsageError, match="unknown control verb 'stop': expected pause, resume or message"
+        UsageError, match="unknown control verb 'halt': expected pause, resume, message or stop"
     ):
         enqueue_control(home / "missing", "0" * 32, bad)
 

@@ -123,7 +123,7 @@ def test_message_reaches_exactly_the_next_operation_in_50_trials(tmp_path: Path)
     assert all(m["rendered_into_op"] == found[m["text"]][0] for m in queue)
 
 
-def test_message_without_pending_operation_and_unsupported_verb(tmp_path: Path) -> None:
+def test_message_without_pending_operation_and_a_graceful_stop(tmp_path: Path) -> None:
     home = tmp_path / "home"
     independent_plan(tmp_path / "plan.yaml", 1)
     # The only node stays in flight until both rows are stamped (with a wide margin for a
@@ -134,15 +134,14 @@ def test_message_without_pending_operation_and_unsupported_verb(tmp_path: Path) 
         sid = flow.session_id
         flow.wait_nodes(lambda s: s.get("n000") == "running", what="the only node running")
         late = ctl_ok(home, "msg", sid, "too-late-for-anyone")
-        # `stop` is schema-reserved and has no CLI producer: insert it like another caller would.
+        # A row without a payload (another caller than the CLI) is a graceful stop.
         with state_db(home) as db:
             stop = db.insert_control(session_id=sid, verb="stop", payload=None)
         assert wait_stamped(home, late, alive=flow.proc).result == "rejected:no-pending-ops"
-        assert wait_stamped(home, stop.id, alive=flow.proc).result == (
-            "rejected:unsupported-verb:stop"
-        )
+        assert wait_stamped(home, stop.id, alive=flow.proc).result == "applied"
         # Both verdicts came from the live run (not from its final pass), which goes on:
-        # its only operation is still in flight, so there was none left to render the message.
+        # its only operation is still in flight (a graceful stop lets it finish), so there
+        # was none left to render the message.
         assert node_statuses(home, sid) == {"n000": "running"}
         with state_db(home) as db:
             session = db.get_session(sid)
@@ -152,14 +151,14 @@ def test_message_without_pending_operation_and_unsupported_verb(tmp_path: Path) 
             what="both verdicts in the control log",
             alive=flow.proc,
         )
-        assert logged == ["rejected:no-pending-ops", "rejected:unsupported-verb:stop"]
-        assert flow.terminate() == 143, flow.stderr()  # nothing left to observe
+        assert logged == ["rejected:no-pending-ops", "applied"]
+        assert flow.terminate() == 143, flow.stderr()  # a signal after the stop still wins
     assert [line["node"] for line in invocations(home)] == ["n000"]
     assert flow.result()["status"] == "interrupted"
     assert node_metadata(home, sid)["poller"] == "stopped"
     assert [(c.id, c.result) for c in controls(home, sid)] == [
         (late, "rejected:no-pending-ops"),
-        (stop.id, "rejected:unsupported-verb:stop"),
+        (stop.id, "applied"),
     ]
 
 

@@ -264,6 +264,7 @@ def test_ctl_msg_refuses_blank_and_oversized_text(home: Path, plan: Path) -> Non
         (("ctl", "pause"), {"0", "1", "2", "3"}),
         (("ctl", "resume"), {"0", "1", "2", "3"}),
         (("ctl", "msg"), {"0", "1", "2", "3"}),
+        (("ctl", "stop"), {"0", "1", "2", "3"}),
         (("ctl", "resolve"), {"0", "1", "2", "3"}),
     ],
 )

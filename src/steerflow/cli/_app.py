@@ -35,6 +35,7 @@ Exit codes:
   2    usage error (bad flags, bad plan file)
   3    refused: unknown/ambiguous id, session not running, kind not allowed,
        resume refused, checkpoint recovery refused, database busy
+  75   stopped by an operator (ctl stop); completed work persisted and resumable
   124  deadline reached; completed work persisted and resumable
   130  interrupted by SIGINT; completed work persisted
   143  terminated by SIGTERM; completed work persisted
@@ -350,10 +351,17 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
             lines.append(f"checkpoint error: {printable(result.checkpoint['error'])}")
     if result.resumed_from:
         lines.append(f"resumed from session: {result.resumed_from}")
+    if result.stopped_by is not None:
+        how = "ctl stop --now" if result.stopped_by.get("now") else "ctl stop"
+        why = result.stopped_by.get("reason")
+        lines.append(
+            f"stopped by an operator ({how}, control {result.stopped_by.get('control_id')})"
+            + (f": {printable(why)}" if why else "")
+        )
     from steerflow.cli._reading import node_list
 
     lines += node_list(result.nodes, result.run_id)
-    if result.status in ("timed_out", "interrupted") and result.run_id:
+    if result.status in ("timed_out", "interrupted", "stopped") and result.run_id:
         ckpt_path = result.checkpoint.get("path")
         if ckpt_path and Path(ckpt_path).is_file():
             lines.append(f"resume with: steerflow resume {result.run_id}")
@@ -644,10 +652,12 @@ def ctl() -> None:
     """Steer a running flow from another terminal (queued; applied by the flow's poller)."""
 
 
-def _queued(home: Path, target: str, verb: str, text: str | None = None) -> int:
+def _queued(
+    home: Path, target: str, verb: str, text: str | None = None, *, now: bool = False
+) -> int:
     from steerflow.control import enqueue_control
 
-    queued = enqueue_control(home, target, verb, text)  # type: ignore[arg-type]
+    queued = enqueue_control(home, target, verb, text, now=now)  # type: ignore[arg-type]
     emit_text(
         f"{queued.control_id}\nqueued {verb} for session {queued.session_id} "
         "(queued, not yet applied: see `steerflow ctl status`)"
@@ -678,6 +688,21 @@ def ctl_resume(ctx: click.Context, target: str) -> int:
 def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
     """Send a correction into the next operation (at most once)."""
     return _queued(_home(ctx), target, "message", text)
+
+
+@ctl.command("stop", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.option(
+    "--now",
+    is_flag=True,
+    help="Also cancel the operations already running, as SIGINT does (their nodes stay "
+    "pending and rerun on resume).",
+)
+@click.option("--reason", metavar="TEXT", help="Why; recorded and shown in the run's output.")
+@click.pass_context
+def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> int:
+    """Stop a flow: admit nothing new, let running operations finish, exit 75 (resumable)."""
+    return _queued(_home(ctx), target, "stop", reason, now=now)
 
 
 @ctl.command("resolve", epilog=RESOLVE_EPILOG)

@@ -13,6 +13,10 @@ Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
   tick, and the next tick retries that stamp before anything else, so no later
   control overtakes it.
 * ``pause``/``resume`` are idempotent and applied without a claim.
+* ``stop`` is idempotent too and applied without a claim: the target closes
+  admission (and with ``now`` cancels the calls in flight) and opens the pause
+  gate; a target without :meth:`SteeringTarget.stop` stamps
+  ``rejected:unsupported-verb:stop``.
 * ``message`` is at most once: claim ``applying:<claimant>``, check that an
   operation is still pending, append, stamp ``applied``. A row already claimed is
   never touched again, not even by a later poller of the same session. A target
@@ -20,7 +24,7 @@ Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
   stamped ``applied`` only once an operation was invoked with the message
   (:meth:`ControlPoller.messages_delivered`); one no operation took by the end of
   the run is ``rejected:no-pending-ops`` (decision 36).
-* Any other verb (``stop`` included) is ``rejected:unsupported-verb:<verb>``; an
+* Any other verb is ``rejected:unsupported-verb:<verb>``; an
   exception while applying is ``rejected:error:<message cut to 500>``.
 * The poller state (``pending`` -> ``active`` -> ``stopped``) and a compact log of
   the controls it stamped live in the session's ``node_metadata``.
@@ -107,6 +111,14 @@ class SteeringTarget(abc.ABC):
         The target then reports deliveries to :meth:`ControlPoller.messages_delivered`.
         """
         return False
+
+    def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
+        """``ctl stop``: admit nothing new (``now``: also cancel the calls in flight).
+
+        Idempotent; it also ends a pause. A target that cannot stop keeps this
+        default and the row is ``rejected:unsupported-verb:stop``.
+        """
+        raise NotImplementedError
 
     def is_paused(self) -> bool | None:
         """Whether the gate is closed, or ``None`` when the target cannot tell.
@@ -415,7 +427,7 @@ class ControlPoller:
                 return stamped
             if outcome is None:
                 continue  # claimed or stamped by someone else: not ours to touch
-            if row.verb in ("pause", "resume") and outcome == "applied":
+            if row.verb in ("pause", "resume", "stop") and outcome == "applied":
                 # The phase follows the gate, so it is written before the row is stamped:
                 # whoever sees the stamp also sees the phase (end of tick retries a failure).
                 with contextlib.suppress(SteerflowError):
@@ -445,7 +457,27 @@ class ControlPoller:
             return "applied"
         if row.verb == "message":
             return await self._apply_message(db, row)
+        if row.verb == "stop":
+            return self._apply_stop(row)
         return f"rejected:unsupported-verb:{row.verb}"
+
+    def _apply_stop(self, row: ControlRow) -> str:
+        if self._draining:
+            return "rejected:run-ended"
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        reason = payload.get("reason")
+        try:
+            self.target.stop(
+                now=payload.get("now") is True,
+                reason=reason if isinstance(reason, str) or reason is None else str(reason),
+                control_id=row.id,
+            )
+        except NotImplementedError:
+            return "rejected:unsupported-verb:stop"
+        except Exception as exc:  # the row records the failure; the run goes on
+            return _error_result(exc)
+        self._paused_by_controls = False  # a stop ends a pause
+        return "applied"
 
     async def _apply_message(self, db: StateDB, row: ControlRow) -> str | None:
         try:

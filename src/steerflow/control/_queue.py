@@ -1,4 +1,4 @@
-"""The writers: ``ctl pause|resume|msg`` insert rows, ``ctl resolve`` closes one (D1).
+"""The writers: ``ctl pause|resume|msg|stop`` insert rows, ``ctl resolve`` closes one (D1).
 
 A writer only queues. Every refusal (missing state DB, unknown or ambiguous id,
 session not running, invocation kind without a consumer for the verb) happens
@@ -32,7 +32,7 @@ __all__ = [
     "resolve_control",
 ]
 
-CliVerb = Literal["pause", "resume", "message"]
+CliVerb = Literal["pause", "resume", "message", "stop"]
 
 DB_BUSY_TIMEOUT_S = 10.0
 #: Largest ``ctl msg`` text, in UTF-8 bytes.
@@ -44,6 +44,8 @@ ALLOWED_KINDS: dict[str, frozenset[str]] = {
     "pause": frozenset({"flow", "play"}),
     "resume": frozenset({"flow", "play"}),
     "message": frozenset({"flow", "play", "agent"}),
+    # An agent invocation has no admission to close, so a stop has nothing to act on there.
+    "stop": frozenset({"flow", "play"}),
 }
 
 
@@ -88,6 +90,7 @@ def enqueue_control(
     verb: CliVerb,
     text: str | None = None,
     *,
+    now: bool = False,
     busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
 ) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
@@ -95,6 +98,10 @@ def enqueue_control(
     ``target`` is a session, invocation or play id, or a prefix of one: sessions
     are searched first, then invocations, then plays; several matches in the first
     table that has any are refused, and a full 32-character id is taken as is.
+
+    For ``stop``, ``text`` is the optional operator reason and ``now`` asks for the
+    in-flight operations to be cancelled too; both are kept in the row payload
+    (``{"now": bool, "reason": str | None}``).
 
     Raises:
         UsageError: A message without text, or a verb the CLI does not send.
@@ -105,7 +112,7 @@ def enqueue_control(
         DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
     """
     if verb not in ALLOWED_KINDS:
-        raise UsageError(f"unknown control verb {verb!r}: expected pause, resume or message")
+        raise UsageError(f"unknown control verb {verb!r}: expected pause, resume, message or stop")
     if verb == "message":
         check_message_text(text)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
@@ -119,7 +126,11 @@ def enqueue_control(
             raise KindNotAllowedError(
                 f"{verb} is not accepted by a {kind!r} invocation (accepted: {allowed})"
             )
-        payload = {"text": text} if verb == "message" else None
+        payload: dict[str, object] | None = None
+        if verb == "message":
+            payload = {"text": text}
+        elif verb == "stop":
+            payload = {"now": now, "reason": text}
         row = db.insert_control(
             session_id=session.id, verb=verb, payload=payload, require_running=True
         )

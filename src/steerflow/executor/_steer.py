@@ -168,6 +168,8 @@ class Steering(SteeringTarget):
         self.context = context if context is not None else SharedContext()
         self.finished = False
         self._pending: Callable[[], bool] | None = None
+        #: What ``ctl stop`` does to the run (set by the runner); ``None``: not stoppable.
+        self.on_stop: Callable[[bool, str | None, str], None] | None = None
 
     def attach(self, pending: Callable[[], bool]) -> None:
         """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
@@ -183,6 +185,14 @@ class Steering(SteeringTarget):
 
     def resume(self) -> None:
         """Open the pause gate (idempotent)."""
+        self.gate.resume()
+
+    def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
+        """``ctl stop``: the runner closes admission; then the pause (if any) ends."""
+        if self.on_stop is None:
+            raise NotImplementedError
+        self.on_stop(now, reason, control_id)
+        # After admission closed: a waiter the gate releases sees it closed and stays pending.
         self.gate.resume()
 
     def has_pending_operation(self) -> bool:

@@ -22,9 +22,9 @@ __all__ = [
 ]
 
 #: How a run that started ended; stored as the session status.
-EndStatus = Literal["completed", "failed", "timed_out", "interrupted"]
+EndStatus = Literal["completed", "failed", "timed_out", "interrupted", "stopped"]
 #: ``FlowResult.status``: an end status, or ``planned`` for a dry run (CONTRACT §3).
-RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted"]
+RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted", "stopped"]
 
 
 @dataclass
@@ -108,6 +108,8 @@ class FlowResult:
     usage: dict[str, Any] = field(default_factory=dict)
     #: ``resume --rerun-unsettled``: ``{id, unsettled}`` per node that ran again.
     rerun_unsettled: list[dict[str, Any]] = field(default_factory=list)
+    #: ``ctl stop``: ``{control_id, reason, now}`` of the stop that ended the run.
+    stopped_by: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -128,6 +130,8 @@ class FlowResult:
         }
         if self.error is not None:
             out["error"] = self.error
+        if self.stopped_by is not None:
+            out["stopped_by"] = self.stopped_by
         if self.rerun_unsettled:
             out["rerun_unsettled"] = self.rerun_unsettled
         return out

@@ -67,6 +67,8 @@ __all__ = ["FlowRun", "run_flow"]
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 #: ``admission_reason`` once an outcome could not be persisted (decision 35).
 CHECKPOINT_LOST = "checkpoint-failed"
+#: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
+STOP_REASON = "stop"
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,9 @@ class FlowRun:
         self.executor: FlowExecutor | None = None
         self.stop_signal: int | None = None
         self.deadline_hit = False
+        #: ``ctl stop``: ``{"control_id", "reason", "now"}`` of the first stop applied.
+        self.stopped_by: dict[str, Any] | None = None
+        self.steering.on_stop = self.request_operator_stop
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
@@ -116,6 +121,17 @@ class FlowRun:
             self.executor.close_admission(reason, cancel_inflight=True)
         if self._planning is not None:
             self._planning.cancel(reason)
+
+    def request_operator_stop(self, now: bool, reason: str | None, control_id: str) -> None:
+        """``ctl stop``: admit nothing new; with ``now`` cancel in-flight calls; exit 75."""
+        if self.stopped_by is None:
+            self.stopped_by = {"control_id": control_id, "reason": reason, "now": now}
+        elif now:
+            self.stopped_by["now"] = True  # a later --now escalates a graceful stop
+        if self.executor is not None:
+            self.executor.close_admission(STOP_REASON, cancel_inflight=now)
+        if self._planning is not None:
+            self._planning.cancel(STOP_REASON)
 
     def _deadline(self) -> None:
         self.deadline_hit = True
@@ -383,7 +399,7 @@ class FlowRun:
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan; None if a signal or the deadline stopped planning."""
-        if self.stop_signal is not None or self.deadline_hit:
+        if self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None:
             return None
         self._planning = scope = CallScope()
         try:
@@ -397,10 +413,14 @@ class FlowRun:
         return None  # the scope caught the cancellation request_stop/_deadline made
 
     async def _stopped_while_planning(self, s: _Session) -> FlowResult:
-        status: EndStatus = (
-            "timed_out" if self.deadline_hit and self.stop_signal is None else "interrupted"
-        )
-        await self._finish_session(s, status, {})
+        status: EndStatus
+        if self.stop_signal is not None:
+            status = "interrupted"
+        elif self.stopped_by is not None:
+            status = "stopped"  # an operator's stop outranks a deadline that came with it
+        else:
+            status = "timed_out" if self.deadline_hit else "interrupted"
+        await self._finish_session(s, status, self._stop_extra())
         checkpoint = CheckpointOutcome(
             path=str(s.run_dir.checkpoint_path), version=self.options.checkpoint_version
         )
@@ -541,6 +561,8 @@ class FlowRun:
         self.executor = executor
         if self.stop_signal is not None:
             executor.close_admission(signal.Signals(self.stop_signal).name, cancel_inflight=True)
+        elif self.stopped_by is not None:
+            executor.close_admission(STOP_REASON, cancel_inflight=bool(self.stopped_by["now"]))
         elif self.deadline_hit:
             executor.close_admission("deadline", cancel_long_running=True)
         # Nothing more can be saved: admit nothing, let the calls already paid for finish.
@@ -563,6 +585,7 @@ class FlowRun:
             "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
             "usage": usage_total(graph),
+            **self._stop_extra(),
         }
         await self._finish_session(s, status, extra)
         return self._result(s, graph, status, checkpoint)
@@ -573,8 +596,13 @@ class FlowRun:
         if any(op.status == "failed" for op in graph) or checkpoint.error:
             return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
+            if self.stopped_by is not None:
+                return "stopped"
             return "timed_out" if self.deadline_hit else "interrupted"
         return "completed"
+
+    def _stop_extra(self) -> dict[str, Any]:
+        return {"stopped_by": dict(self.stopped_by)} if self.stopped_by is not None else {}
 
     async def _finish_session(self, s: _Session, status: EndStatus, extra: dict[str, Any]) -> None:
         def finish() -> None:
@@ -588,6 +616,8 @@ class FlowRun:
             return ExitCode.OK
         if status == "timed_out":
             return ExitCode.DEADLINE
+        if status == "stopped":
+            return ExitCode.STOPPED
         if status == "interrupted" and self.stop_signal:
             return _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
         return ExitCode.FAILED
@@ -620,6 +650,7 @@ class FlowRun:
             degraded_context=seed.degraded if seed else [],
             usage=usage_total(graph),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
+            stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
         )
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass, fields
 from typing import Any, Protocol, TypeVar
@@ -160,11 +160,51 @@ class Migration:
         version: Position of the step, starting at 1, without gaps.
         description: One line recorded in ``schema_version``.
         statements: DDL statements applied in order inside one transaction.
+        apply: A step that needs values read inside the transaction (run after
+            ``statements``, in the same transaction).
     """
 
     version: int
     description: str
     statements: tuple[str, ...]
+    apply: Callable[[StateTransaction], None] | None = None
+
+
+_STATUS_CHECK_V1 = "'timed_out', 'interrupted')"
+_STATUS_CHECK_V3 = "'timed_out', 'interrupted', 'stopped')"
+
+
+def _allow_stopped_status(tx: StateTransaction) -> None:
+    """Widen ``sessions.status``'s CHECK by ``stopped`` (the status of ``ctl stop``).
+
+    SQLite cannot alter a CHECK, and rebuilding ``sessions`` would cascade-delete
+    every child row while foreign keys are on (they cannot be turned off inside
+    the migration's transaction). A widened CHECK accepts every stored row, so the
+    stored DDL is edited in place, the documented procedure for loosening a
+    constraint; bumping ``schema_version`` makes every connection re-read it.
+    A PostgreSQL backend would drop and re-add the constraint instead.
+    """
+    version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
+    tx.execute("PRAGMA writable_schema = ON")
+    try:
+        tx.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
+            " AND name = 'sessions'",
+            (_STATUS_CHECK_V1, _STATUS_CHECK_V3),
+        )
+        stored = tx.query(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'sessions'"
+        )
+        if not stored or _STATUS_CHECK_V3 not in str(stored[0]["sql"]):
+            # A definition edited by hand: refuse (the transaction rolls back) rather than
+            # record a migration whose CHECK would still refuse 'stopped'.
+            raise RefusedError(
+                "state database: the sessions table's status CHECK has an unexpected"
+                " definition; cannot add 'stopped' (schema migration 3)"
+            )
+        tx.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        tx.execute("PRAGMA writable_schema = OFF")
 
 
 MIGRATIONS: tuple[Migration, ...] = (
@@ -191,6 +231,12 @@ MIGRATIONS: tuple[Migration, ...] = (
             RESUME_CLAIMS_DDL,
             "CREATE INDEX idx_resume_claims_source ON resume_claims(source_run_id, created_at)",
         ),
+    ),
+    Migration(
+        version=3,
+        description="sessions.status accepts 'stopped' (ctl stop)",
+        statements=(),
+        apply=_allow_stopped_status,
     ),
 )
 """Every migration, oldest first."""
@@ -497,6 +543,8 @@ def migrate(backend: StateBackend) -> None:
                 continue
             for statement in step.statements:
                 tx.execute(statement)
+            if step.apply is not None:
+                step.apply(tx)
             tx.execute(
                 "INSERT INTO schema_version (version, applied_at, description) VALUES (?, ?, ?)",
                 (step.version, time.time(), step.description),

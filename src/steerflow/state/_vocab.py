@@ -18,7 +18,7 @@ __all__ = [
     "TargetVia",
 ]
 
-SessionStatus = Literal["running", "completed", "failed", "timed_out", "interrupted"]
+SessionStatus = Literal["running", "completed", "failed", "timed_out", "interrupted", "stopped"]
 """Stored status of a session (and of an invocation)."""
 
 Phase = Literal["planning", "executing", "paused"]
@@ -28,7 +28,7 @@ InvocationKind = Literal["flow", "play", "agent"]
 """Kind of a session or an invocation."""
 
 ControlVerb = Literal["pause", "resume", "message", "stop"]
-"""Verbs the ``session_controls`` CHECK accepts (``stop`` is reserved, never consumed)."""
+"""Verbs the ``session_controls`` CHECK accepts."""
 
 NodeKind = Literal["planned", "spawned"]
 """A node from the plan, or one spawned at run time by a reactive node."""
