@@ -21,7 +21,7 @@ def planning(monkeypatch: pytest.MonkeyPatch) -> asyncio.Event:
 
     async def held_plan(self: echo.EchoProvider, request: echo.PlanRequest) -> object:
         started.set()
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()  # until cancelled
         raise AssertionError("the planner was not stopped")
 
     monkeypatch.setattr(echo.EchoProvider, "plan", held_plan)

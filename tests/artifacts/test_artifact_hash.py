@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -36,7 +35,6 @@ def test_a_streamed_digest_equals_the_one_shot_digest(tmp_path: Path, size: int)
     assert hash_file(tmp_path / "f", chunk=7) == (size, _expected(data))
 
 
-@pytest.mark.skipif(shutil.which("b2sum") is None, reason="b2sum not installed")
 def test_the_digest_is_what_b2sum_l_256_prints(tmp_path: Path) -> None:
     (tmp_path / "f").write_bytes(b"hello artifact\n" * 1000)
     out = subprocess.run(
@@ -162,7 +160,6 @@ _MEASURE = textwrap.dedent(
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="needs /proc VmHWM")
 def test_a_2gb_sparse_artifact_is_hashed_with_flat_memory(tmp_path: Path) -> None:
     size = 2 * 1024**3
     path = tmp_path / "sparse.bin"

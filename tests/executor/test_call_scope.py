@@ -65,7 +65,7 @@ async def test_the_scope_swallows_only_its_own_cancellation() -> None:
     async def call() -> str:
         with scope:
             entered.set()
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # until cancelled
         return "after the scope"
 
     task = asyncio.create_task(call())
@@ -85,7 +85,7 @@ async def test_a_cancellation_from_outside_still_propagates() -> None:
     async def call() -> None:
         with scope:
             entered.set()
-            await asyncio.sleep(60)
+            await asyncio.Event().wait()  # until cancelled
 
     task = asyncio.create_task(call())
     await entered.wait()

@@ -20,7 +20,7 @@ class _SlowWriter(Provider):
         # off the loop, as a real provider must (the blockbuster fixture checks it)
         await asyncio.to_thread((request.artifact_dir / "partial.txt").write_text, "half done")
         self.started.set()
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()  # until cancelled
         return ProviderResponse(text="never")
 
     async def plan(self, request: PlanRequest) -> object:

@@ -84,7 +84,7 @@ class _Blocker(Provider):
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         self.started.set()
-        await asyncio.sleep(60)
+        await asyncio.Event().wait()  # until cancelled
         return ProviderResponse(text="never")
 
     async def plan(self, request: PlanRequest) -> object:
