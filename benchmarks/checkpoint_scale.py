@@ -26,55 +26,22 @@ import argparse
 import asyncio
 import json
 import math
-import os
 import platform
 import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+# Same directory: the byte counter is the one checkpoint_bytes.py validates (positive control).
+from checkpoint_bytes import WriteCounter
 
 TASKS = 64
 RESPONSE = ("abcdefghijklmnopqrstuvwxyz0123456789" * 20)[:600]
 NO_COMPACT = {"max_records": 10**9, "max_bytes": 1 << 40}
-
-
-class WriteCounter:
-    """Wraps ``os.write`` and ``os.writev`` process-wide and sums the returned byte counts."""
-
-    def __init__(self) -> None:
-        self.total = 0
-        self._lock = threading.Lock()
-        self._orig: Callable[[int, Any], int] = os.write
-        self._origv: Callable[[int, Any], int] = os.writev
-
-    def __enter__(self) -> WriteCounter:
-        orig, origv = self._orig, self._origv
-
-        def counting(fd: int, data: Any) -> int:
-            n = orig(fd, data)
-            with self._lock:
-                self.total += n
-            return n
-
-        def counting_v(fd: int, buffers: Any) -> int:
-            n = origv(fd, buffers)
-            with self._lock:
-                self.total += n
-            return n
-
-        os.write = counting  # type: ignore[assignment]
-        os.writev = counting_v  # type: ignore[assignment]
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        os.write = self._orig  # type: ignore[assignment]
-        os.writev = self._origv  # type: ignore[assignment]
 
 
 def plan(n: int) -> list[dict[str, Any]]:
