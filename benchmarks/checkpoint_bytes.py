@@ -3,9 +3,9 @@
 Workload (ADR-0069 Amendment 2, verification 1): operation ``i`` records an 8,192-byte
 ASCII response and appends an 8,192-byte ASCII item to ``context["nested"]["entries"]``.
 
-Counting: every ``os.write`` and ``os.writev`` in the process is wrapped and the byte
-counts they *return* are summed (short writes and retries included; temporary files,
-bases, journals and compactions all go through them).  Positive control: the sum is
+Counting: every ``os.write``, ``os.writev`` and ``os.copy_file_range`` in the process is
+wrapped and the byte counts they *return* are summed (short writes and retries included;
+temporary files, bases, journals and compactions all go through them).  Positive control: the sum is
 compared with the process's ``wchar`` delta from ``/proc/self/io``, which the kernel
 increments for every write system call.  Nothing is printed while a variant is measured.
 
@@ -44,16 +44,19 @@ def payload(kind: str, i: int) -> str:
 
 
 class WriteCounter:
-    """Wraps ``os.write`` and ``os.writev`` process-wide and sums the returned byte counts."""
+    """Wraps ``os.write``, ``os.writev`` and ``os.copy_file_range`` process-wide and sums
+    the returned byte counts (a base copies its unchanged entries from the previous one
+    with ``copy_file_range``; the kernel counts those bytes in ``wchar`` too)."""
 
     def __init__(self) -> None:
         self.total = 0
         self._lock = threading.Lock()
         self._orig: Callable[[int, Any], int] = os.write
         self._origv: Callable[[int, Any], int] = os.writev
+        self._origc: Callable[..., int] = os.copy_file_range
 
     def __enter__(self) -> WriteCounter:
-        orig, origv = self._orig, self._origv
+        orig, origv, origc = self._orig, self._origv, self._origc
 
         def counting(fd: int, data: Any) -> int:
             n = orig(fd, data)
@@ -67,13 +70,21 @@ class WriteCounter:
                 self.total += n
             return n
 
+        def counting_c(src: int, dst: int, count: int, *args: Any) -> int:
+            n = origc(src, dst, count, *args)
+            with self._lock:
+                self.total += n
+            return n
+
         os.write = counting
         os.writev = counting_v
+        os.copy_file_range = counting_c
         return self
 
     def __exit__(self, *exc: object) -> None:
         os.write = self._orig
         os.writev = self._origv
+        os.copy_file_range = self._origc
 
 
 def wchar() -> int:

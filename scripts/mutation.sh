@@ -53,7 +53,7 @@ tests_for() {
     control/_poller.py)
       # the source scan would count mutmut's copies of the poller's functions as callers
       echo tests/control/test_poller.py tests/control/test_poller_timing.py \
-        tests/control/test_phase_owner.py \
+        tests/control/test_phase_owner.py tests/control/test_poller_turn_boundary.py \
         --deselect=tests/control/test_phase_owner.py::test_only_the_poller_calls_set_session_phase ;;
     state/_db.py)
       echo tests/state/test_state_controls.py tests/state/test_state_resume_claims.py \

@@ -7,6 +7,9 @@ from collections.abc import Iterator
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+from pg_support import PgServer, pg_server
+from steerflow.state import STATE_DB_URL_ENV
+
 # The modules whose code runs on a run's event loop. A blocking call with one of their
 # frames on the loop's stack stalls every other task of the run (poller, heartbeat,
 # publisher), so it must go through asyncio.to_thread. The synchronous layers (state/,
@@ -33,3 +36,22 @@ def blockbuster() -> Iterator[BlockBuster]:
     """
     with blockbuster_ctx(LOOP_MODULES) as bb:
         yield bb
+
+
+@pytest.fixture(scope="session")
+def pg() -> Iterator[PgServer]:
+    """One real PostgreSQL server for the whole run, started on first use (pg_support)."""
+    with pg_server() as server:
+        yield server
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run the test against each state backend: the home's SQLite file, or a fresh
+    PostgreSQL database named by ``STEERFLOW_STATE_DB_URL`` (children inherit it)."""
+    if request.param == "postgresql":
+        server: PgServer = request.getfixturevalue("pg")
+        monkeypatch.setenv(STATE_DB_URL_ENV, server.new_database())
+    else:
+        monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    return str(request.param)

@@ -2,7 +2,7 @@
 
 Lowest first; packages in one group may import each other:
 errors, home, plan; state, checkpoint, providers, artifacts; control, resume; executor;
-orchestrate; cli.
+orchestrate; views; cli, mcp, studio.
 """
 
 from __future__ import annotations
@@ -22,7 +22,8 @@ LAYERS: list[set[str]] = [
     {"control", "resume"},
     {"executor"},
     {"orchestrate"},
-    {"cli", "__main__"},
+    {"views"},  # the typed readers the CLI, the MCP server and the Studio share
+    {"cli", "__main__", "mcp", "studio"},
 ]
 LEVEL = {name: level for level, names in enumerate(LAYERS) for name in names}
 ROOT_MODULES = {"__init__"}  # steerflow/__init__.py: the public facade, see below

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 from pathlib import Path
 
@@ -76,3 +77,28 @@ async def test_cancelling_the_run_itself_is_not_taken_for_a_stop(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_no_planner_retry_after_the_deadline(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A planner that swallows the deadline's cancellation and answers badly anyway gets
+    no second call: a retry is a new assignment, and admission stays closed (issue 13)."""
+    calls: list[str | None] = []
+
+    async def stubborn_plan(self: echo.EchoProvider, request: echo.PlanRequest) -> object:
+        calls.append(request.feedback)
+        if len(calls) == 1:
+            # swallowed: the call "answers" after the deadline cancelled it
+            with contextlib.suppress(asyncio.CancelledError):
+                await asyncio.Event().wait()
+        return {"plan": "not a plan"}
+
+    monkeypatch.setattr(echo.EchoProvider, "plan", stubborn_plan)
+    home = tmp_path / "home"
+    result = await FlowRun(
+        FlowOptions(prompt="fix it", model="echo", timeout_s=0.2), home=home
+    ).run()
+    assert calls == [None]
+    assert (result.status, result.exit_code) == ("timed_out", ExitCode.DEADLINE)
+    assert _stored_status(home, result.session_id) == "timed_out"

@@ -91,3 +91,27 @@ def test_out_of_range_or_hand_edited_limits() -> None:
     # A config value the writer could not take reads as the default, never as a crash.
     odd = RunSettings.from_checkpoint_config({"compact_records": 0, "compact_bytes": "big"})
     assert (odd.compact_records, odd.compact_bytes) == (128, 8_388_608)
+
+
+def test_synthesis_flag_replaces_the_plans_instruction_and_is_recorded() -> None:
+    entries = [{"agent_id": "a", "instruction": "x"}]
+    planned = parse_plan(
+        {"synthesis": {"instruction": "Join.", "model": "script:s.yaml"}, "plan": entries},
+        source="t",
+    )
+    own = RunSettings.from_options(FlowOptions(), planned)
+    assert own.synthesis == {"instruction": "Join.", "model": "script:s.yaml"}
+    assert own.synthesis_model == "script:s.yaml"
+    flagged = RunSettings.from_options(FlowOptions(synthesize="Sum up."), planned)
+    assert flagged.synthesis == {"instruction": "Sum up.", "model": "script:s.yaml"}
+    bare = RunSettings.from_options(FlowOptions(synthesize="Sum up."), None)
+    assert bare.synthesis == {"instruction": "Sum up.", "model": None}
+    assert bare.synthesis_model == bare.model == "echo"
+    # A resume owes the synthesis its source recorded (and none if it recorded none).
+    config = flagged.to_checkpoint_config()
+    assert list(config)[-1] == "synthesis"
+    assert RunSettings.from_checkpoint_config(config).synthesis == flagged.synthesis
+    assert "synthesis" not in RunSettings.from_options(FlowOptions(), None).to_checkpoint_config()
+    assert RunSettings.from_checkpoint_config({"synthesis": {"model": "echo"}}).synthesis is None
+    with pytest.raises(UsageError, match="--synthesize"):
+        RunSettings.from_options(FlowOptions(synthesize="  "), None)

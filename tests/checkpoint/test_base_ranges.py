@@ -10,10 +10,13 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import Any
 
+import pytest
 from ckpt_support import _disarm_faults, make_writer  # noqa: F401
 
 from steerflow.checkpoint import load_checkpoint
+from steerflow.checkpoint._io import Span
 from steerflow.checkpoint._state import Item, State, dumps_compact
 
 
@@ -99,3 +102,67 @@ def test_a_base_assembled_before_a_change_is_not_adopted(tmp_path: Path) -> None
         raise AssertionError("the descriptor was left open")
     except OSError:
         pass
+
+
+async def test_compaction_copies_unchanged_entries_in_the_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Kept entries go from the previous base to the new one with copy_file_range: no
+    # byte of them is read into the process (no transient buffers for malloc to keep).
+    read, copied = [0], [0]
+    real_pread, real_copy = os.pread, os.copy_file_range
+
+    def pread(fd: int, n: int, offset: int) -> bytes:
+        data = real_pread(fd, n, offset)
+        read[0] += len(data)
+        return data
+
+    def copy(src: int, dst: int, count: int, *args: Any) -> int:
+        done = real_copy(src, dst, count, *args)
+        copied[0] += done
+        return done
+
+    monkeypatch.setattr(os, "pread", pread)
+    monkeypatch.setattr(os, "copy_file_range", copy)
+    w = make_writer(tmp_path, version=3, max_records=4)
+    await w.flush()
+    for i in range(30):
+        await w.record(f"op-{i % 12}", status="completed", response=f"r{i}" * 200)
+    await w.close()
+    assert read[0] == 0
+    assert copied[0] > 12 * 400  # every compaction after the first copies kept entries
+    final, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean"
+    assert {k: e["response"] for k, e in final["ops"].items()} == {
+        f"op-{i % 12}": f"r{i}" * 200 for i in range(30)
+    }
+
+
+def test_changed_entries_anywhere_are_patched_into_the_copied_runs(tmp_path: Path) -> None:
+    state = State(
+        meta={"session_id": "0" * 32, "prompt": "p", "plan": [], "config": {}},
+        context={},
+        to_json=lambda c: c,
+    )
+    for i in range(8):
+        state.apply(Item("op", f"k{i}", {"agent_id": f"k{i}", "response": "x" * i}, None, {}))
+        state.apply(Item("spawn", f"s{i}", {"node_id": f"s{i}", "response": i}, None, {}))
+    for generation in range(3):
+        head = {"version": 3, "generation": f"g{generation}", "journal_seq": 0}
+        path = tmp_path / f"base{generation}"
+        path.write_bytes(b"".join(state.chunks(head)))
+        assert path.read_bytes() == dumps_compact(state.document(head))
+        state.published(os.open(path, os.O_RDONLY))
+        assert all(isinstance(enc, int) for enc in _kept(state))
+        # first, last, adjacent and new entries change, in an order unlike the document's
+        for key in ("k7", "k0", f"k{9 + generation}", "k3", "k4"):
+            entry = {"agent_id": key, "response": f"{key}@{generation}"}
+            state.apply(Item("op", key, entry, None, {}))
+        for node in ("s7", "s0", f"s{9 + generation}", "s4", "s3"):
+            entry = {"node_id": node, "response": f"{node}@{generation}"}
+            state.apply(Item("spawn", node, entry, None, {}))
+        pieces = list(state.pieces(head))
+        # unchanged runs are single spans: k1-k2 and k5-k6 (and later the new keys' runs)
+        assert sum(isinstance(p, Span) for p in pieces) <= 6
+    final = {"version": 3, "generation": "last", "journal_seq": 0}
+    assert b"".join(state.chunks(final)) == dumps_compact(state.document(final))

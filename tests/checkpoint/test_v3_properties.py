@@ -20,7 +20,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from ckpt_support import _disarm_faults, make_writer  # noqa: F401
+from ckpt_support import PLAN, _disarm_faults, make_writer  # noqa: F401
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -160,11 +160,14 @@ spawned_entry = st.fixed_dictionaries(
     },
 )
 spawned = st.dictionaries(st.text(min_size=1, max_size=6), spawned_entry, max_size=4)
+# An entry with ``escalated_from`` (a splice witness) needs the planned node ids beside it
+# (Amendment 3 item 5), so these checkpoints carry them.
+GUARDED_PLAN = [{**item, "node_id": f"{i:032x}"} for i, item in enumerate(PLAN)]
 
 
 async def rerecord(run: Path, state: dict[str, Any], version: int) -> dict[str, Any]:
     """What a resume does: a new writer, every entry recorded again in stored order."""
-    w = make_writer(run, version=version, flow_context=state["flow_context"])
+    w = make_writer(run, version=version, flow_context=state["flow_context"], plan=GUARDED_PLAN)
     await w.flush()
     for entry in state["ops"].values():
         await w.record(entry["agent_id"], status=entry["status"], response=entry["response"])
@@ -179,7 +182,7 @@ async def rerecord(run: Path, state: dict[str, Any], version: int) -> dict[str, 
 
 async def migration(root: Path, ops: dict[str, Any], spawns: dict[str, Any], ctx: Any) -> None:
     (root / "v2").mkdir()
-    w = make_writer(root / "v2", version=2, flow_context=ctx)
+    w = make_writer(root / "v2", version=2, flow_context=ctx, plan=GUARDED_PLAN)
     await w.flush()
     for agent_id, (status, response) in ops.items():
         await w.record(agent_id, status=status, response=response)

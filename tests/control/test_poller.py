@@ -1,13 +1,14 @@
-"""The control poller at library level, on a real SQLite state DB (ADR-0069 D1-D3).
+"""The control poller at library level, on each real state backend (ADR-0069 D1-D3).
 
 Rows are written through a second connection (as a ``ctl`` process would), so the
-poller's ``PRAGMA data_version`` check sees them.
+poller's ``PRAGMA data_version`` check (SQLite) or its ``LISTEN`` (PostgreSQL) sees them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import sqlite3
 import time
 from collections.abc import Iterator
@@ -17,6 +18,7 @@ from typing import Any
 import pytest
 from blockbuster import BlockBuster
 
+from pg_support import PgRaw
 from steerflow import _faults
 from steerflow.control import (
     CONTROL_LOG_MAX,
@@ -27,7 +29,7 @@ from steerflow.control import (
     poll_interval,
 )
 from steerflow.errors import DatabaseBusyError
-from steerflow.state import ControlRow, StateDB
+from steerflow.state import STATE_DB_URL_ENV, ControlRow, StateDB
 from waiting import wait_until_async
 
 
@@ -98,7 +100,7 @@ class FlakyDB(StateDB):
 
 
 @pytest.fixture
-def home(tmp_path: Path) -> Path:
+def home(tmp_path: Path, state_backend: str) -> Path:
     return tmp_path / "home"
 
 
@@ -125,8 +127,9 @@ def consumer(home: Path, writer: StateDB) -> Iterator[FlakyDB]:
         db.close()
 
 
-def _raw(writer: StateDB) -> sqlite3.Connection:
-    assert writer.path is not None
+def _raw(writer: StateDB) -> Any:
+    if writer.path is None:
+        return PgRaw(os.environ[STATE_DB_URL_ENV])
     return sqlite3.connect(writer.path, isolation_level=None)
 
 

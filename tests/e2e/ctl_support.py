@@ -23,7 +23,7 @@ from typing import Any, TypeVar
 import yaml
 
 from steerflow.checkpoint import load_checkpoint
-from steerflow.state import ControlRow, StateDB
+from steerflow.state import STATE_DB_URL_ENV, ControlRow, StateDB, db_exists
 from waiting import wait_until
 
 T = TypeVar("T")
@@ -43,7 +43,8 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if not k.startswith("STEERFLOW_") or k == "STEERFLOW_CONTROL_POLL_S"
+        # The state DB URL stays: a test on the PostgreSQL backend (state_backend) sets it.
+        if not k.startswith("STEERFLOW_") or k in ("STEERFLOW_CONTROL_POLL_S", STATE_DB_URL_ENV)
     }
     env.update(extra or {})
     return env
@@ -125,7 +126,7 @@ def control(home: Path, control_id: str) -> ControlRow:
 
 def count_controls(home: Path) -> int:
     """Rows in ``session_controls`` (0 when there is no state DB)."""
-    if not (home / "state.db").exists():
+    if not db_exists(home):
         return 0
     with state_db(home) as db:
         return db.count_controls()
@@ -219,7 +220,7 @@ class LiveFlow:
         """Wait until the flow's session row exists; return its id."""
 
         def found() -> tuple[str, str] | None:
-            if not (self.home / "state.db").exists():
+            if not db_exists(self.home):
                 return None
             with state_db(self.home) as db:
                 rows = db.list_sessions(limit=1)

@@ -64,7 +64,9 @@ def _poll_once_as_new_consumer(home: Path, session_id: str) -> list[str]:
     return asyncio.run(go())
 
 
-def test_crash_after_claim_leaves_applying_until_resolved(tmp_path: Path) -> None:
+def test_crash_after_claim_leaves_applying_until_resolved(
+    tmp_path: Path, state_backend: str
+) -> None:
     home = tmp_path / "home"
     independent_plan(tmp_path / "plan.yaml", 2)
     # The first node stays in flight far longer than the three `ctl` processes below can

@@ -37,7 +37,7 @@ def _completed(home: Path, session_id: str) -> int:
 
 
 @pytest.mark.timeout(300)  # two hundred `ctl` processes: minutes on a loaded machine
-def test_concurrent_senders(tmp_path: Path) -> None:
+def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
     home = tmp_path / "home"
     independent_plan(tmp_path / "plan.yaml", NODES)
     write_yaml(tmp_path / "script.yaml", {"*": {"delay": NODE_S}})

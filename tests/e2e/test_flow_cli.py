@@ -31,7 +31,16 @@ from steerflow.checkpoint import load_checkpoint
 
 HEX32 = re.compile(r"^[0-9a-f]{32}$")
 RUN_ID = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
-DEMO_NODES = ["scope", "angle-history", "angle-tools", "angle-risks", "draft", "review", "summary"]
+DEMO_NODES = [
+    "scope",
+    "angle-history",
+    "angle-tools",
+    "angle-risks",
+    "draft",
+    "review",
+    "summary",
+    "synthesis",  # the demo's top-level synthesis: last, over every worker's result
+]
 
 
 @pytest.fixture

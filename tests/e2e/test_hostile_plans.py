@@ -304,3 +304,23 @@ def test_playbook_role_naming_an_agent_worker_needs_consent(home: Path, tmp_path
     dry = run_cli(home, "play", "coding", "--allow-agent-workers", "--dry-run", "--json", env=env)
     assert dry.returncode == 0, dry.explain()
     assert json.loads(dry.stdout)["status"] == "planned"
+
+
+def test_a_synthesis_naming_an_agent_worker_needs_consent(home: Path, tmp_path: Path) -> None:
+    env, marker = _fake_worker(tmp_path)
+    plan = write_yaml(
+        tmp_path / "plan.yaml",
+        {
+            "synthesis": {"instruction": "join", "model": "codex/gpt"},
+            "plan": [{"agent_id": "scope", "instruction": "read"}],
+        },
+    )
+    refused = run_cli(home, "flow", "--plan", plan, env=env)
+    assert refused.returncode == 2, refused.explain()
+    assert "codex/gpt" in refused.stderr and "the plan's synthesis" in refused.stderr
+    assert "synthesis" in refused.stderr.split("codex/gpt", 1)[1]
+    assert not marker.exists() and _run_dirs(home) == []
+    dry = run_cli(home, "flow", "--plan", plan, "--allow-agent-workers", "--dry-run", "--json",
+                  env=env)  # fmt: skip
+    assert dry.returncode == 0, dry.explain()
+    assert [n["id"] for n in json.loads(dry.stdout)["nodes"]] == ["scope", "synthesis"]

@@ -16,6 +16,7 @@ from steerflow.plan import (
     MAX_PLAN_ENTRIES,
     Dependency,
     SpawnSpec,
+    SynthesisSpec,
     is_agent_id,
     load_plan_file,
     parse_plan,
@@ -651,3 +652,41 @@ def test_unreadable_plan_file_is_a_usage_error_naming_it(tmp_path: Path) -> None
 def test_reactive_unset_is_off(spec: bool | None) -> None:
     policy = parse_reactive(spec)
     assert (policy.enabled, policy.roles, policy.spec) == (False, None, "off")
+
+
+# -- synthesis (CONTRACT §10) ------------------------------------------------------------
+
+
+def test_synthesis_is_parsed_and_its_key_is_reserved(tmp_path: Path) -> None:
+    plan = load_plan_file(
+        _write(
+            tmp_path,
+            GOOD.replace("plan:\n", "synthesis: {instruction: Join., model: echo}\nplan:\n", 1),
+        )
+    )
+    assert plan.synthesis is not None
+    assert (plan.synthesis.instruction, plan.synthesis.model) == ("Join.", "echo")
+    entries = [{"agent_id": "a", "instruction": "x"}]
+    assert parse_plan({"plan": entries}, source="t").synthesis is None
+    # boundaries: one character each is enough (an empty one is refused below)
+    tiny = parse_plan(
+        {"synthesis": {"instruction": "J", "model": "e"}, "plan": entries}, source="t"
+    )
+    assert tiny.synthesis == SynthesisSpec(instruction="J", model="e")
+    # reserved whether or not the plan asks for a synthesis: --synthesize may add one
+    _, msg = _error(tmp_path, "plan: [{agent_id: synthesis, instruction: x}]\n")
+    assert "plan[0].agent_id 'synthesis' is reserved" in msg
+
+
+@pytest.mark.parametrize(
+    ("spec", "field"),
+    [
+        ("{instruction: ''}", "synthesis.instruction"),
+        ("{model: echo}", "synthesis.instruction"),
+        ("{instruction: x, extra: 1}", "synthesis.extra"),
+        ("{instruction: x, model: ''}", "synthesis.model"),
+    ],
+)
+def test_bad_synthesis_is_refused(tmp_path: Path, spec: str, field: str) -> None:
+    _, msg = _error(tmp_path, f"synthesis: {spec}\nplan: [{{agent_id: a, instruction: x}}]\n")
+    assert field in msg

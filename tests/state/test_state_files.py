@@ -123,8 +123,8 @@ def test_state_db_url_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> No
         assert db.path == target
         db.create_session(kind="flow")
     assert _mode(target) == 0o600
-    monkeypatch.setenv("STEERFLOW_STATE_DB_URL", "postgresql://u@h/db")
-    with pytest.raises(UsageError, match="sqlite:///PATH"):
+    monkeypatch.setenv("STEERFLOW_STATE_DB_URL", "mysql://u@h/db")
+    with pytest.raises(UsageError, match="sqlite:///PATH or postgresql://"):
         StateDB.open(tmp_path / "home")
 
 

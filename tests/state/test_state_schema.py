@@ -32,6 +32,12 @@ CREATE INDEX idx_session_controls_pending
 SID = "a" * 32
 
 
+@pytest.fixture
+def state_backend() -> str:
+    """SQLite's own catalog is read here; the PostgreSQL twin is test_state_postgres.py."""
+    return "sqlite"
+
+
 def _norm(sql: str) -> str:
     return re.sub(r"\s+", " ", sql).strip().rstrip(";")
 

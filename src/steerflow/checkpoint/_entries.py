@@ -38,13 +38,22 @@ __all__ = [
     "planned_entry",
     "spawned_entry",
     "typed_state",
+    "unguarded_splice",
 ]
 
 EntryKind = Literal["op", "spawn"]
 PlannedStatus = Literal["completed", "failed"]
 SpawnedStatus = Literal["completed", "failed", "pending"]
 
-_OPTIONAL_TEXT = ("operation", "assignee", "instruction", "parent_id", "spawn_id")
+_OPTIONAL_TEXT = (
+    "operation",
+    "assignee",
+    "instruction",
+    "parent_id",
+    "spawn_id",
+    "escalated_from",
+    "model",
+)
 # Only id-shaped strings are echoed into a report or message: never a value.
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 
@@ -147,6 +156,10 @@ class SpawnedEntry:
     result_digest: str | None
     spawned_ids: tuple[str, ...] | None
     raw: Mapping[str, Any] = field(repr=False, compare=False)
+    #: An escalation retry's splice witness: the node id of the logical operation it
+    #: retries (its ``parent_id`` is the attempt it replaces), and the model it runs at.
+    escalated_from: str | None = None
+    model: str | None = None
 
     @property
     def name(self) -> str:
@@ -185,7 +198,27 @@ def spawned_entry(raw: object) -> SpawnedEntry:
         result_digest=entry.get("result_digest"),
         spawned_ids=_ids(entry, "spawned_ids"),
         raw=entry,
+        escalated_from=entry.get("escalated_from"),
+        model=entry.get("model"),
     )
+
+
+def unguarded_splice(plan: object, spawned: object) -> object | None:
+    """The first spawned entry carrying a splice witness the plan does not guard, or None.
+
+    A splice witness (``escalated_from``) is only meaningful against planned node ids
+    (``plan[].node_id``) in the same snapshot (Amendment 3 item 5); without them it
+    would be read as an ordinary edge.
+    """
+    if not isinstance(spawned, list):
+        return None
+    witnessed = [e for e in spawned if isinstance(e, dict) and e.get("escalated_from") is not None]
+    if not witnessed:
+        return None
+    items = plan if isinstance(plan, list) else []
+    if items and all(isinstance(i, dict) and isinstance(i.get("node_id"), str) for i in items):
+        return None
+    return witnessed[0]
 
 
 @dataclass(frozen=True)

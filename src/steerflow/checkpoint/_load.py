@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 from typing import Any, NamedTuple
 
-from ._entries import CheckpointState, EntryError, typed_state
+from ._entries import CheckpointState, EntryError, entry_ref, typed_state, unguarded_splice
 from ._load_v2 import load_v2
 from ._load_v3 import load_v3
 from ._read import CHECKPOINT_FILENAME, JOURNAL_FILENAME, Parsed, parse_json, read_pinned
@@ -72,6 +72,14 @@ def load_state(path: str | os.PathLike[str], *, v2_lenient: bool = False) -> Loa
         target = target / CHECKPOINT_FILENAME
     report = Report(default_file=target.name)
     doc, report_dict = _load_doc(target, report)
+    unguarded = unguarded_splice(doc.get("plan"), doc.get("spawned"))
+    if unguarded is not None:  # version 2 refused it already; a version 3 base + journal here
+        raise report.refuse(
+            "unguarded-splice",
+            detail="an escalation retry's splice witness (escalated_from) without the "
+            "planned node ids (plan[].node_id) it refers to",
+            entry=entry_ref("spawn", unguarded),
+        )
     try:
         state = typed_state(doc, lenient=v2_lenient and report.checkpoint_version == 2)
     except EntryError as bad:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ._entries import entry_ref
+from ._entries import entry_ref, unguarded_splice
 from ._read import SNAPSHOT_TYPES, Parsed
 from ._report import Report
 
@@ -40,4 +40,13 @@ def load_v2(parsed: Parsed, report: Report) -> tuple[dict[str, Any], dict[str, A
                 detail="a spawned entry is malformed",
                 entry=entry_ref("spawn", entry) or {"kind": "spawn", "index": index},
             )
+    # Never read an unguarded splice as an ordinary edge (Amendment 3 item 5).
+    bad = unguarded_splice(doc["plan"], doc["spawned"])
+    if bad is not None:
+        raise report.refuse(
+            "unguarded-splice",
+            detail="an escalation retry's splice witness (escalated_from) without the "
+            "planned node ids (plan[].node_id) it refers to",
+            entry=entry_ref("spawn", bad),
+        )
     return doc, report.as_dict()

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import errno
 import json
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from itertools import accumulate
 from typing import Any, Literal
 
 from ._digest import JSON, entry_digest
+from ._io import Span, read_span
 
 __all__ = [
     "Item",
@@ -37,18 +37,20 @@ Kind = Literal["op", "spawn"]
 #: there is in the parallel offsets list; :attr:`State.base_fd`, decision 65).
 _Kept = bytes | int
 
-#: Largest single read of kept bytes back from the base while assembling a new one.
-_READ_CHUNK = 1 << 20
+#: What :meth:`State.pieces` assembled: the change count it saw, each member's length
+#: (ops, spawned), where each member landed (ops, spawned), and whether it was patched
+#: from the adopted base (only the entries changed since are then adopted one by one).
+_Layout = tuple[int, list[int], list[int], list[int], list[int], bool]
 
-#: What :meth:`State.chunks` assembled: the change count it saw, each member's length
-#: (ops, spawned) and where each member landed (ops, spawned).
-_Layout = tuple[int, list["_Kept"], list["_Kept"], list[int], list[int]]
+
+#: ``json.dumps`` with these options builds an encoder per call; the writer encodes
+#: several values per record, so one is kept (``encode`` keeps no state between calls).
+_COMPACT = json.JSONEncoder(separators=(",", ":"), ensure_ascii=True, allow_nan=False)
 
 
 def dumps_compact(value: JSON) -> bytes:
     """Compact ASCII JSON, refusing NaN and infinities (the on-disk encoding)."""
-    text = json.dumps(value, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
-    return text.encode("ascii")
+    return _COMPACT.encode(value).encode("ascii")
 
 
 def group_lines(lines: list[bytes], chunk: int = 1 << 20) -> Iterator[bytes]:
@@ -108,7 +110,7 @@ class State:
     around a fresh encoding of the context (reused while the context object is the
     same), so a compaction re-encodes nothing that did not change.  Once a v3 base
     holding them is published (:meth:`published`), the kept bytes are replaced by their
-    ranges in that base and read back from it for the next one (decision 65).  ``entry_encodes``
+    ranges in that base and copied from it into the next one (decisions 65, 77).  ``entry_encodes``
     and ``encoded_bytes`` count the JSON encoding work, so tests can see the reuse.
     """
 
@@ -131,7 +133,18 @@ class State:
     base_fd: int | None = field(default=None, repr=False)
     _ops_at: list[int] = field(default_factory=list, repr=False)
     _spawned_at: list[int] = field(default_factory=list, repr=False)
+    # While a base is adopted: each entry's length there and each planned key's position,
+    # and what changed since (kept as bytes): a compaction then handles the changed
+    # entries one by one and the unchanged runs between them as whole spans, so its
+    # Python work does not grow with the number of entries.
+    _ops_len: list[int] = field(default_factory=list, repr=False)
+    _spawned_len: list[int] = field(default_factory=list, repr=False)
+    _ops_pos: dict[str, int] = field(default_factory=dict, repr=False)
+    _ops_dirty: dict[str, None] = field(default_factory=dict, repr=False)
+    _spawned_dirty: set[int] = field(default_factory=set, repr=False)
     _layout: _Layout | None = field(default=None, repr=False)
+    #: The byte length of the document the last :meth:`pieces` call assembled.
+    assembled: int = field(default=0, repr=False)
     _changes: int = field(default=0, repr=False)
     _meta_enc: tuple[bytes, bytes] | None = field(default=None, repr=False)
     _ctx_enc: tuple[Any, bytes] | None = field(default=None, repr=False)
@@ -151,14 +164,17 @@ class State:
         """
         enc = encoded if encoded is not None else self.encode_entry(item.entry)
         self._changes += 1
+        adopted = self.base_fd is not None
         if item.kind == "op":
             self.ops[item.key] = item.entry
             if self._complete:
                 self._ops_enc[item.key] = dumps_compact(item.key) + b":" + enc
+                if adopted:
+                    self._ops_dirty[item.key] = None
         else:
             at = self.spawn_index.get(item.key)
             if at is None:
-                self.spawn_index[item.key] = len(self.spawned)
+                at = self.spawn_index[item.key] = len(self.spawned)
                 self.spawned.append(item.entry)
                 if self._complete:
                     self._spawned_enc.append(enc)
@@ -166,6 +182,8 @@ class State:
                 self.spawned[at] = item.entry
                 if self._complete:
                     self._spawned_enc[at] = enc
+            if self._complete and adopted:
+                self._spawned_dirty.add(at)
         self.context = item.context
 
     def reset(
@@ -177,6 +195,7 @@ class State:
         self.spawn_index = {str(e["node_id"]): i for i, e in enumerate(spawned)}
         self.context = context
         self._ops_enc, self._spawned_enc, self._complete = {}, [], False
+        self._forget_base()
         self._changes += 1
         self.release()
 
@@ -191,9 +210,22 @@ class State:
         if layout is None or layout[0] != self._changes:
             os.close(fd)
             return
-        _, ops_len, spawned_len, self._ops_at, self._spawned_at = layout
-        ops_enc: dict[str, _Kept] = dict(zip(self._ops_enc, ops_len, strict=True))
-        self._ops_enc, self._spawned_enc = ops_enc, spawned_len
+        _, ops_len, spawned_len, self._ops_at, self._spawned_at, patched = layout
+        if patched:  # only what changed since the previous base was held as bytes
+            positions = self._ops_pos
+            for key in self._ops_dirty:  # new keys come in ``ops`` order, after the rest
+                at = positions.get(key)
+                if at is None:
+                    at = positions[key] = len(positions)
+                self._ops_enc[key] = ops_len[at]
+            for at in self._spawned_dirty:
+                self._spawned_enc[at] = spawned_len[at]
+        else:
+            self._ops_enc = dict(zip(self._ops_enc, ops_len, strict=True))
+            self._spawned_enc = list(spawned_len)
+            self._ops_pos = dict(zip(self._ops_enc, range(len(ops_len)), strict=True))
+        self._ops_len, self._spawned_len = ops_len, spawned_len
+        self._ops_dirty, self._spawned_dirty = {}, set()
         old, self.base_fd = self.base_fd, fd
         if old is not None:
             with contextlib.suppress(OSError):
@@ -205,9 +237,14 @@ class State:
         if fd is None:
             return
         self._ops_enc, self._spawned_enc, self._complete = {}, [], False
-        self._ops_at, self._spawned_at = [], []
+        self._forget_base()
         with contextlib.suppress(OSError):
             os.close(fd)
+
+    def _forget_base(self) -> None:
+        self._ops_at, self._spawned_at = [], []
+        self._ops_len, self._spawned_len, self._ops_pos = [], [], {}
+        self._ops_dirty, self._spawned_dirty = {}, set()
 
     def document(self, head: dict[str, JSON]) -> dict[str, JSON]:
         """The snapshot as a plain JSON object, ``head`` members first."""
@@ -224,11 +261,23 @@ class State:
         return doc
 
     def chunks(self, head: dict[str, JSON]) -> Iterator[bytes]:
+        """Exactly ``dumps_compact(self.document(head))``, as bytes pieces in order.
+
+        :meth:`pieces`, with every span of the published base read back in runs of at
+        most 1 MiB as the pieces are consumed (never all at once).
+        """
+        for piece in self.pieces(head):
+            if isinstance(piece, Span):
+                yield from read_span(piece)
+            else:
+                yield piece
+
+    def pieces(self, head: dict[str, JSON]) -> Iterator[bytes | Span]:
         """Exactly ``dumps_compact(self.document(head))``, as pieces in order.
 
         The pieces are the kept encodings themselves, meant for a vectored write;
-        entries kept as ranges of the published base are read back from it in runs of
-        at most 1 MiB as the pieces are consumed (never all at once). Where this
+        entries kept as ranges of the published base are :class:`~._io.Span` pieces of
+        it (adjacent ones merged), which the write copies in the kernel. Where this
         document puts each entry is remembered for :meth:`published`.
         """
         if not self._complete:
@@ -247,8 +296,6 @@ class State:
         if self._ctx_enc is None or self._ctx_enc[0] is not self.context:
             self._ctx_enc = (self.context, self._counted(self.to_json(self.context)))
         pre_b, post_b = self._meta_enc
-        ops = list(self._ops_enc.values())
-        spawned = list(self._spawned_enc)
         lead = [
             dumps_compact(head)[:-1] + b",",
             pre_b,  # the plan can be large: never copied into another buffer
@@ -257,29 +304,65 @@ class State:
             b',"ops":{',
         ]
         middle = b'},"spawned":['
-        ops_len: list[_Kept] = [e if isinstance(e, int) else len(e) for e in ops]
-        spawned_len: list[_Kept] = [e if isinstance(e, int) else len(e) for e in spawned]
+        fd = self.base_fd
+        ops_pieces: Iterable[bytes | Span]
+        spawned_pieces: Iterable[bytes | Span]
+        if fd is not None:
+            ops_pieces, ops_len = self._patch_ops(fd)
+            spawned_pieces, spawned_len = self._patch_spawned(fd)
+        else:  # every kept entry is bytes
+            ops = list(self._ops_enc.values())
+            spawned = list(self._spawned_enc)
+            ops_len = [e if isinstance(e, int) else len(e) for e in ops]
+            spawned_len = [e if isinstance(e, int) else len(e) for e in spawned]
+            ops_pieces = _members(ops, self._ops_at, fd)
+            spawned_pieces = _members(spawned, self._spawned_at, fd)
         start = sum(map(len, lead))
         ops_at = _offsets(ops_len, start)
-        end = ops_at[-1] + int(ops_len[-1]) if ops else start
+        end = ops_at[-1] + ops_len[-1] if ops_len else start
         spawned_at = _offsets(spawned_len, end + len(middle))
-        self._layout = (self._changes, ops_len, spawned_len, ops_at, spawned_at)
-        return self._pieces(
-            lead,
-            _members(ops, self._ops_at, self.base_fd),
-            middle,
-            _members(spawned, self._spawned_at, self.base_fd),
-            [b"],", post_b, b"}"],
-        )
+        self._layout = (self._changes, ops_len, spawned_len, ops_at, spawned_at, fd is not None)
+        tail = [b"],", post_b, b"}"]
+        last = spawned_at[-1] + spawned_len[-1] if spawned_len else end + len(middle)
+        self.assembled = last + sum(map(len, tail))
+        return self._pieces(lead, ops_pieces, middle, spawned_pieces, tail)
+
+    def _patch_ops(self, fd: int) -> tuple[list[bytes | Span], list[int]]:
+        positions, kept = self._ops_pos, self._ops_enc
+        changed: list[tuple[int, bytes]] = []
+        fresh: list[bytes] = []
+        for key in self._ops_dirty:
+            enc = kept[key]
+            assert isinstance(enc, bytes)
+            at = positions.get(key)
+            if at is None:
+                fresh.append(enc)  # new keys follow every key of the base, in order
+            else:
+                changed.append((at, enc))
+        changed.sort()
+        return _runs(self._ops_len, self._ops_at, changed, fresh, fd)
+
+    def _patch_spawned(self, fd: int) -> tuple[list[bytes | Span], list[int]]:
+        count = len(self._spawned_len)
+        changed: list[tuple[int, bytes]] = []
+        fresh: list[bytes] = []
+        for at in sorted(self._spawned_dirty):
+            enc = self._spawned_enc[at]
+            assert isinstance(enc, bytes)
+            if at < count:
+                changed.append((at, enc))
+            else:
+                fresh.append(enc)
+        return _runs(self._spawned_len, self._spawned_at, changed, fresh, fd)
 
     @staticmethod
     def _pieces(
         lead: list[bytes],
-        ops: Iterator[bytes],
+        ops: Iterable[bytes | Span],
         middle: bytes,
-        spawned: Iterator[bytes],
+        spawned: Iterable[bytes | Span],
         tail: list[bytes],
-    ) -> Iterator[bytes]:
+    ) -> Iterator[bytes | Span]:
         yield from lead
         yield from ops
         yield middle
@@ -292,22 +375,56 @@ class State:
         return data
 
 
-def _offsets(lengths: list[_Kept], start: int) -> list[int]:
+def _offsets(lengths: list[int], start: int) -> list[int]:
     """Where each member lands when written comma-separated from ``start``."""
     if not lengths:
         return []
     # in C: this runs over every entry at every compaction
-    return list(accumulate(map((1).__add__, lengths[:-1]), initial=start))  # type: ignore[arg-type]
+    return list(accumulate(map((1).__add__, lengths[:-1]), initial=start))
 
 
-def _members(members: list[_Kept], at: list[int], fd: int | None) -> Iterator[bytes]:
-    """``members`` comma-separated; adjacent ranges of the base are read as one span.
+def _runs(
+    lengths: list[int],
+    at: list[int],
+    changed: list[tuple[int, bytes]],
+    fresh: list[bytes],
+    fd: int,
+) -> tuple[list[bytes | Span], list[int]]:
+    """A base-backed section's pieces, and every member's new length.
+
+    Unchanged runs are spans, ``changed`` (sorted) and ``fresh`` (appended) entries
+    bytes, comma-separated. In the base, consecutive members are separated by exactly
+    one comma, the separator they need here too, so a run of unchanged members is one
+    span.
+    """
+    out: list[bytes | Span] = []
+    new_len = list(lengths)
+    count = len(lengths)
+    done = 0  # members before this one are placed
+    for index, enc in changed:
+        if index > done:
+            out += (Span(fd, at[done], at[index - 1] + lengths[index - 1]), b",")
+        out += (enc, b",")
+        new_len[index] = len(enc)
+        done = index + 1
+    if done < count:
+        out += (Span(fd, at[done], at[count - 1] + lengths[count - 1]), b",")
+    for enc in fresh:
+        out += (enc, b",")
+        new_len.append(len(enc))
+    if out:
+        out.pop()
+    return out, new_len
+
+
+def _members(members: list[_Kept], at: list[int], fd: int | None) -> Iterator[bytes | Span]:
+    """``members`` comma-separated; adjacent ranges of the base become one :class:`Span`.
 
     A member kept as its length is at ``at[index]`` in the base. In the base two
     members that follow each other are separated by exactly one comma, the separator
-    they need here too, so a run of them is one read.
+    they need here too, so a run of them is one copy.
     """
-    span: list[int] | None = None  # [start, end) of base bytes not yet read
+    span: list[int] | None = None  # [start, end) of base bytes not yet yielded
     for index, enc in enumerate(members):
         if isinstance(enc, int):
             begin = at[index]
@@ -316,7 +433,7 @@ def _members(members: list[_Kept], at: list[int], fd: int | None) -> Iterator[by
                 continue
         if span is not None:
             assert fd is not None
-            yield from _read(fd, span[0], span[1])
+            yield Span(fd, span[0], span[1])
             span = None
         if index:
             yield b","
@@ -326,14 +443,4 @@ def _members(members: list[_Kept], at: list[int], fd: int | None) -> Iterator[by
             yield enc
     if span is not None:
         assert fd is not None
-        yield from _read(fd, span[0], span[1])
-
-
-def _read(fd: int, start: int, end: int) -> Iterator[bytes]:
-    """Bytes ``[start, end)`` of ``fd``'s file, at most :data:`_READ_CHUNK` at a time."""
-    while start < end:
-        chunk = os.pread(fd, min(_READ_CHUNK, end - start), start)
-        if not chunk:
-            raise OSError(errno.EIO, "the published base is shorter than its kept entries")
-        start += len(chunk)
-        yield chunk
+        yield Span(fd, span[0], span[1])

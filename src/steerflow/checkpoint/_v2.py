@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from steerflow.errors import PersistenceError
 
 from . import _io
+from ._entries import unguarded_splice
 from ._state import State, Ticket, seal
 
 __all__ = ["V2Backend"]
@@ -37,19 +38,39 @@ class V2Backend:
         self.state = state
         self._dir_fd: int | None = None
         self.bytes_written = 0  # every byte written to a snapshot, published or not
+        # A snapshot never carries a splice witness without the planned node ids it
+        # refers to (Amendment 3 item 5): every run's plan has them, so this guards input.
+        self._plan = state.meta.get("plan")
+        if unguarded_splice(self._plan, state.spawned) is not None:
+            raise ValueError(
+                "an escalation retry's entry needs the plan's node ids (plan[].node_id)"
+            )
 
     def persist(self, batch: list[Ticket]) -> None:
         """Fold the batch and publish one snapshot covering all of it."""
         seal(batch)
         for ticket in batch:
-            if ticket.item is not None:
-                self.state.apply(ticket.item)
+            item = ticket.item
+            if (
+                item is not None
+                and item.kind == "spawn"
+                and unguarded_splice(self._plan, [item.entry]) is not None
+            ):
+                ticket.done = True
+                ticket.error = PersistenceError(
+                    f"cannot record {item.key!r}: an escalation retry's entry needs the "
+                    "plan's node ids (plan[].node_id)"
+                )
+                continue
+            if item is not None:
+                self.state.apply(item)
         try:
             self._publish(self.state.chunks({"version": 2}))
         except OSError as exc:
             error = PersistenceError(f"checkpoint write failed: {exc}")
             for ticket in batch:
-                ticket.done, ticket.error = True, error
+                if ticket.error is None:
+                    ticket.done, ticket.error = True, error
             return
         for ticket in batch:
             ticket.done = True

@@ -58,6 +58,7 @@ from ._state import Item, State, Ticket, dumps_compact, group_lines, seal
 __all__ = ["V3Backend"]
 
 _Pin = tuple[int, _io.Identity]  # (open creation fd, identity)
+_KIND_ENTRY = {kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn")}
 
 
 class V3Backend:
@@ -84,6 +85,7 @@ class V3Backend:
         self._journal: _Pin | None = None
         self.compactions = 0
         self.bytes_written = 0  # bases, journal lines and compactions, published or not
+        self._head: tuple[str | None, bytes] = (None, b"")  # (generation, its lines' start)
 
     # -- batch entry point -----------------------------------------------------
 
@@ -239,7 +241,7 @@ class V3Backend:
 
     def _tail(self, item: Item, entry: bytes) -> bytes:
         """The members after ``seq``: kind, the encoded entry, the context change."""
-        tail = b',"kind":' + dumps_compact(item.kind) + b',"entry":' + entry
+        tail = _KIND_ENTRY[item.kind] + entry
         if self.resync:
             # Disk and the admitted baseline may differ after reconciliation: restate it.
             patch: object = [{"op": "replace", "path": "", "value": item.context}]
@@ -251,8 +253,10 @@ class V3Backend:
 
     def _line(self, tail: bytes, seq: int) -> bytes:
         """Exactly ``dumps_compact(record) + LF`` for the record of ``item`` at ``seq``."""
-        head = b'{"version":3,"generation":' + dumps_compact(self.generation) + b',"seq":'
-        return head + str(seq).encode("ascii") + tail
+        if self._head[0] != self.generation:  # encoded once per generation, not per line
+            gen = dumps_compact(self.generation)
+            self._head = (self.generation, b'{"version":3,"generation":' + gen + b',"seq":')
+        return b"".join((self._head[1], str(seq).encode("ascii"), tail))
 
     def _commit(self, buf: list[bytes], pending: list[Ticket]) -> None:
         """Write and fsync the buffered lines, check reachability, acknowledge them."""
@@ -320,7 +324,8 @@ class V3Backend:
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
         if old_journal is not None:
             _io.close(old_journal[0], "pin")
-        self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        data, size = self._base_bytes()
+        self._base = self._publish(self.name, data, "base", previous=old_base, size=size)
         self._adopt_base()
         if old_base is not None:
             _io.close(old_base[0], "pin")
@@ -348,15 +353,20 @@ class V3Backend:
             return
         self.state.published(fd)
 
-    def _base_bytes(self) -> Iterator[bytes]:
+    def _base_bytes(self) -> tuple[Iterator[bytes | _io.Span], int]:
+        """The new base's pieces and its exact length (its blocks are reserved first)."""
         head: dict[str, object] = {"version": 3, "generation": self.generation, "journal_seq": 0}
-        return self.state.chunks(head)
+        # Spans of the previous base are copied in the kernel (copy_file_range), never
+        # read into this process: no transient buffers for its malloc arena to keep.
+        pieces = self.state.pieces(head)
+        return pieces, self.state.assembled
 
     def _compact(self) -> None:
         """Publish the folded state as a new generation's base, then an empty journal."""
         self.generation = uuid.uuid4().hex
         old_base, old_journal = self._base, self._journal
-        self._base = self._publish(self.name, self._base_bytes(), "base", previous=old_base)
+        data, size = self._base_bytes()
+        self._base = self._publish(self.name, data, "base", previous=old_base, size=size)
         self._adopt_base()
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
         self.seq = self.jbytes = 0
@@ -366,9 +376,18 @@ class V3Backend:
                 _io.close(pin[0], "pin")
 
     def _publish(
-        self, name: str, data: bytes | Iterable[bytes], obj: str, *, previous: _Pin | None
+        self,
+        name: str,
+        data: bytes | Iterable[bytes | _io.Span],
+        obj: str,
+        *,
+        previous: _Pin | None,
+        size: int | None = None,
     ) -> _Pin:
-        """Create, fill, fsync and install one object under ``name``; return its pin."""
+        """Create, fill, fsync and install one object under ``name``; return its pin.
+
+        ``size``: the exact length of ``data`` when known (bases), reserved before writing.
+        """
         assert self._pfd is not None and self._sfd is not None
         sfd = self._sfd
         append = obj == "journal"
@@ -379,7 +398,7 @@ class V3Backend:
             fd = _io.create_exclusive(sfd, temp, obj, append=append)
         created = _io.identity(fd)
         try:
-            self.bytes_written += _io.write_all(fd, data, obj, vectored=True)
+            self.bytes_written += _io.write_all(fd, data, obj, vectored=True, size=size)
             _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
             _faults.seam(f"{obj}-flush", "after")
             _io.fsync(fd, obj)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import io
 import math
+import os
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -214,6 +215,14 @@ def run_options(func: F) -> F:
             help="Let a plan file or playbook run the claude-code/codex workers it names "
             "(they execute code here); not needed for a worker given with --model.",
         ),
+        click.option(
+            "--synthesize",
+            metavar="TEXT",
+            help="Finish with a synthesis node that receives every worker's final result "
+            "(replaces the instruction of the plan's synthesis, keeps its model). Required "
+            "work: a run whose deadline or stop withholds it is timed_out/stopped, and a "
+            "resume computes it from the recorded results.",
+        ),
         click.option("--dry-run", is_flag=True, help="Plan and show the graph; run nothing."),
         click.option(
             "--show-graph",
@@ -239,9 +248,16 @@ def run_options(func: F) -> F:
     envvar="STEERFLOW_HOME",
     help="Home directory (default: $STEERFLOW_HOME or ~/.steerflow).",
 )
+@click.option(
+    "--state-db",
+    "state_db",
+    metavar="URL",
+    help="State database URL: sqlite:///PATH, or postgresql://... (extra 'postgres'; "
+    "default: $STEERFLOW_STATE_DB_URL, else <home>/state.db).",
+)
 @click.version_option(package_name="steerflow")
 @click.pass_context
-def app(ctx: click.Context, home: str | None) -> None:
+def app(ctx: click.Context, home: str | None, state_db: str | None) -> None:
     """Run LLM-agent flows as a dependency graph you can steer live and resume faithfully.
 
     \b
@@ -255,6 +271,9 @@ def app(ctx: click.Context, home: str | None) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
+    if state_db is not None:
+        # Through the environment, so the flow's child processes use the same database.
+        os.environ["STEERFLOW_STATE_DB_URL"] = state_db
 
 
 def _flow_options(**kw: Any) -> FlowOptions:
@@ -278,6 +297,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
         compact_records=kw.get("compact_records"),
         compact_bytes=kw.get("compact_bytes"),
         allow_agent_workers=bool(kw.get("allow_agent_workers")),
+        synthesize=kw.get("synthesize"),
     )
 
 
@@ -410,6 +430,61 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
 
 
 @app.command(epilog=EXIT_EPILOG)
+@click.argument("task")
+@click.option(
+    "--model",
+    "model",
+    metavar="SPEC",
+    default="echo",
+    show_default=True,
+    help="The agent: claude-code/M, codex/M, openai/M, anthropic/M, echo, script:PATH.",
+)
+@click.option(
+    "--max-turns",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Most turns (TASK is turn 1); messages still pending when it "
+    "is reached are stamped rejected:max-turns.",
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="Deadline: start no new turn after it (an agent worker's turn is stopped), "
+    "persist, exit 124.",
+)
+@click.option(
+    "--save",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
+          save: Path | None, as_json: bool) -> int:  # fmt: skip
+    """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
+
+    After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
+    TEXT`, at most once each) become the next turn's prompt under an [OPERATOR STEER]
+    block; with none queued the agent is done. claude-code continues its own session
+    (--resume), other models get the earlier turns. `ctl stop` ends it after the current
+    turn (--now: cancels the turn), exit 75; `ctl pause|resume` are refused (flow-only).
+    Each finished turn is checkpointed as turn-<n>; `steerflow resume RUN` continues.
+    """
+    from steerflow.cli._agent import execute_agent
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    if not task.strip():
+        raise UsageError("agent needs a non-empty TASK")
+    options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
+                           save=save)  # fmt: skip
+    return execute_agent(_home(ctx), options, as_json=as_json)
+
+
+@app.command(epilog=EXIT_EPILOG)
 @click.argument("target")
 @click.option(
     "--retry-failed",
@@ -482,6 +557,8 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     from steerflow.orchestrate import FlowOptions, prepare_resume
 
     home = _home(ctx)
+    if (agent_exit := _resume_agent(home, target, kw)) is not None:
+        return agent_exit
     seed = prepare_resume(
         home,
         target,
@@ -501,6 +578,24 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         compact_bytes=kw["compact_bytes"],
     )
     return execute(home, options, as_json=kw["as_json"])
+
+
+def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
+    """Resume ``target`` as an agent run (issue 19); ``None`` when it is not one."""
+    from steerflow.orchestrate._agent_resume import agent_resume_source, prepare_agent_resume
+
+    run = agent_resume_source(home, target)
+    if run is None:
+        return None
+    for flag in ("allow_degraded_context", "rerun_unsettled", "dry_run", "show_graph"):
+        if kw.get(flag):
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to an agent run")
+    from steerflow.cli._agent import execute_agent
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    seed = prepare_agent_resume(home, run, retry_failed=kw["retry_failed"], fork=kw["fork"])
+    options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
+    return execute_agent(home, options, as_json=kw["as_json"])
 
 
 VERIFY_EPILOG = (
@@ -597,7 +692,11 @@ def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: 
     if links := resume_links(view):
         lines.append(links)
     ckpt = view.get("checkpoint") or {}
-    if ckpt.get("path") and not ckpt.get("exists"):
+    if not view.get("reachable", True):
+        from steerflow.cli._views import unreachable_line
+
+        lines.append(unreachable_line(view))
+    elif ckpt.get("path") and not ckpt.get("exists"):
         lines.append("checkpoint: none (the run saved no checkpoint; nothing to resume)")
     elif ckpt.get("path") and ckpt.get("version") is None:
         lines.append(f"checkpoint: {ckpt['path']} (unreadable)")
@@ -686,7 +785,7 @@ def ctl_resume(ctx: click.Context, target: str) -> int:
 @click.argument("text")
 @click.pass_context
 def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
-    """Send a correction into the next operation (at most once)."""
+    """Send a correction into the next operation, or an agent's next turn (at most once)."""
     return _queued(_home(ctx), target, "message", text)
 
 
@@ -701,7 +800,10 @@ def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
 @click.option("--reason", metavar="TEXT", help="Why; recorded and shown in the run's output.")
 @click.pass_context
 def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> int:
-    """Stop a flow: admit nothing new, let running operations finish, exit 75 (resumable)."""
+    """Stop a flow, or an agent after its current turn; exit 75 (resumable).
+
+    A flow admits nothing new and lets running operations finish.
+    """
     return _queued(_home(ctx), target, "stop", reason, now=now)
 
 
@@ -740,10 +842,135 @@ def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
     lines = [
         f"session: {view['session_id']}  status: {view['status']}  phase: {view['phase']}  "
         f"poller: {view['poller']}"
+        + (f"  turns: {view['turns']}" if view.get("turns") is not None else "")
     ]
     for c in view["controls"]:
         lines.append(f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}")
     emit_text("\n".join(lines))
+    return 0
+
+
+DB_COPY_EPILOG = (
+    "\b\nExit codes:\n  0    copied\n"
+    + _UNEXPECTED
+    + "  2    usage error (bad URL; a postgresql:// URL without the 'postgres' extra)\n"
+    + "  3    refused: no state database here, target holds another home's sessions\n"
+    + "       (without --merge), source and target the same, database busy\n"
+)
+
+
+@app.group()
+def db() -> None:
+    """The state database itself."""
+
+
+@db.command("copy", epilog=DB_COPY_EPILOG)
+@click.option(
+    "--to",
+    "to_url",
+    required=True,
+    metavar="URL",
+    help="Target: postgresql://... or sqlite:///PATH (tables created when missing).",
+)
+@click.option(
+    "--merge",
+    is_flag=True,
+    help="Add this home's rows to a target that already holds other sessions.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def db_copy(ctx: click.Context, to_url: str, merge: bool, as_json: bool) -> int:
+    """Copy this home's state database (sessions, controls, node status...) to URL.
+
+    Idempotent: rows already there are brought up to date, nothing is duplicated.
+    Checkpoints stay in the run directories; only the state rows move.
+    """
+    from steerflow.state import StateDB, copy_state
+
+    with (
+        StateDB.open(_home(ctx), create=False, read_only=True) as source,
+        StateDB.open_url(to_url, create=True) as target,
+    ):
+        report = copy_state(source, target, merge=merge)
+    if as_json:
+        emit_json(report.to_json())
+        return 0
+    total = ", ".join(f"{n} {table}" for table, n in report.rows.items())
+    emit_text(f"copied {total}\nfrom {report.source}\nto {report.target}")
+    return 0
+
+
+MCP_EPILOG = (
+    "\b\nExit codes:\n  0    the client closed the connection\n"
+    + _UNEXPECTED
+    + "  2    usage error (bad flags, or the mcp extra is not installed)\n"
+)
+
+
+@app.command("mcp", epilog=MCP_EPILOG)
+@click.option(
+    "--allow-control",
+    is_flag=True,
+    help="Also offer the tools pause, resume, message and stop, which steer running flows "
+    "as `steerflow ctl` does; without it the server only reads.",
+)
+@click.pass_context
+def mcp_command(ctx: click.Context, allow_control: bool) -> int:
+    """Serve runs to an agent: an MCP server on stdin/stdout (needs the extra `mcp`).
+
+    \b
+    Tools: list_runs, show_run, node_detail, checkpoint_report, resume_preflight;
+    with --allow-control also pause, resume, message, stop.
+    """
+    from steerflow.mcp import serve
+
+    serve(_home(ctx), allow_control=allow_control)
+    return 0
+
+
+STUDIO_EPILOG = (
+    "\b\nExit codes:\n  0    stopped (SIGINT/SIGTERM)\n"
+    + _UNEXPECTED
+    + "  2    usage error (bad flags, a non-loopback --host without --allow-remote, an\n"
+    "       address that cannot be bound, or the studio extra is not installed)\n"
+)
+
+
+@app.command("studio", epilog=STUDIO_EPILOG)
+@click.option("--host", default="127.0.0.1", show_default=True, help="Address to listen on.")
+@click.option(
+    "--port",
+    type=click.IntRange(0, 65535),
+    default=8765,
+    show_default=True,
+    help="Port to listen on (0: any free port; the printed URL names it).",
+)
+@click.option("--open", "open_browser", is_flag=True, help="Open the URL in a browser.")
+@click.option(
+    "--allow-remote",
+    is_flag=True,
+    help="Allow a --host other than loopback (anyone who can reach it and has the URL's "
+    "token can steer your runs).",
+)
+@click.pass_context
+def studio_command(
+    ctx: click.Context, host: str, port: int, open_browser: bool, allow_remote: bool
+) -> int:
+    """Watch and steer runs in a browser (needs the extra `studio`).
+
+    Prints the URL to open; it carries a one-time access token, which the first page
+    load moves into a cookie. Stop with Ctrl-C.
+    """
+    from steerflow.studio import serve
+
+    serve(
+        _home(ctx),
+        host=host,
+        port=port,
+        allow_remote=allow_remote,
+        open_browser=open_browser,
+        on_ready=lambda url: emit_text(f"steerflow studio: {url}"),
+    )
     return 0
 
 

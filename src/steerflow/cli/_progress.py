@@ -229,6 +229,14 @@ def _line(event: FlowEvent) -> str:
     if event.type == "control_applied":
         count = event.data.get("messages")
         detail = f" ({count} operator message{'s' if count != 1 else ''})"
+    elif event.data.get("escalation"):
+        # An escalation retry: which attempt of which failed node, at which model.
+        detail = (
+            f" (escalation {event.data['escalation']} after {event.data.get('emitter')}, "
+            f"model {event.data.get('model')})"
+        )
+    elif event.data.get("model"):
+        detail = f" (model {event.data['model']})"
     elif event.data.get("reason"):
         detail = f" ({event.data['reason']}"
         detail += f": {event.data['detail']})" if event.data.get("detail") else ")"

@@ -3,7 +3,9 @@
 Every tick it reads ``PRAGMA data_version`` (microseconds, no table read) and runs
 the indexed pending-rows query only when another connection committed something
 (or at least every :data:`_FORCED_LIST_S`), so a short interval gives low latency
-without measurable idle CPU.
+without measurable idle CPU. On a backend that notifies (PostgreSQL ``LISTEN``), no
+watcher polls at all: an insert for the session wakes the loop, and the
+:data:`_FORCED_LIST_S` listing is the safety net.
 
 Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
 
@@ -42,7 +44,6 @@ import asyncio
 import contextlib
 import logging
 import os
-import socket
 import threading
 import time
 from collections.abc import Callable
@@ -52,7 +53,7 @@ from typing import Any, Literal
 
 from steerflow import _faults
 from steerflow.errors import SteerflowError
-from steerflow.state import ControlRow, Phase, StateDB
+from steerflow.state import ControlRow, Phase, StateDB, this_host
 
 __all__ = [
     "CONTROL_LOG_MAX",
@@ -196,7 +197,7 @@ class ControlPoller:
         self.session_id = session_id
         self.target = target
         self.interval = poll_interval() if interval is None else max(interval, _MIN_POLL_S)
-        self.claimant = f"{socket.gethostname()}:{os.getpid()}:flow-executor:{session_id[:12]}"
+        self.claimant = f"{this_host()}:{os.getpid()}:flow-executor:{session_id[:12]}"
         self.forced_list = forced_list
         self.state: PollerState = "pending"
         self._executing = False
@@ -209,6 +210,7 @@ class ControlPoller:
         self._draining = False
         self._unstamped: list[_Unstamped] = []
         self._awaiting: dict[str, ControlRow] = {}  # appended, stamp deferred to delivery
+        self._catch_up: list[asyncio.Future[None]] = []  # callers of catch_up() not yet served
         self._log: list[dict[str, Any]] = []
         self._log_dirty = False
         self._state_written: PollerState | None = None
@@ -270,6 +272,37 @@ class ControlPoller:
                 self._unstamped.append(_Unstamped(row, "applied"))
                 self._wake.set()
 
+    def messages_rejected(self, control_ids: list[str | None], result: str) -> None:
+        """No operation will take these delivered messages: stamp their rows ``result``.
+
+        For a consumer with its own reason (an agent out of turns: ``rejected:max-turns``);
+        without this call the end of the run stamps them ``rejected:no-pending-ops``.
+        """
+        for control_id in control_ids:
+            row = self._awaiting.pop(control_id, None) if control_id else None
+            if row is not None:
+                self._unstamped.append(_Unstamped(row, result))
+                self._wake.set()
+
+    async def catch_up(self) -> None:
+        """Return once a tick that began after this call has listed the pending rows.
+
+        A consumer deciding "no message is pending" (an agent at the end of a turn)
+        calls it first, so a row committed just before is claimed now rather than
+        after the decision. Returns at once when the poller has stopped.
+        """
+        if self._stopping.is_set() or self.state == "stopped":
+            return
+        waiter: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._catch_up.append(waiter)
+        self._wake.set()
+        await waiter
+
+    def _serve_catch_up(self, waiters: list[asyncio.Future[None]]) -> None:
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
     @property
     def control_log(self) -> list[dict[str, Any]]:
         """The compact log of stamped controls (newest last, at most :data:`CONTROL_LOG_MAX`)."""
@@ -286,15 +319,17 @@ class ControlPoller:
         """
         loop = asyncio.get_running_loop()
         watcher: _Watcher | None = None
+        unwatch: Callable[[], None] | None = None
         try:
             while not self._stopping.is_set():
+                waiters, self._catch_up = self._catch_up, []
                 if await self._ensure_db():
-                    if watcher is None and self._db is not None:
-                        watcher = _Watcher(self._db, self.interval, self._waker(loop))
-                        watcher.start()
-                    await self._guarded_tick()
+                    if watcher is None and unwatch is None and self._db is not None:
+                        unwatch, watcher = await self._watch(self._db, self._waker(loop))
+                    await self._guarded_tick(force=bool(waiters))
                 else:
                     self._retry_soon = True
+                self._serve_catch_up(waiters)
                 await self._wait()
             self._draining = True
             for _ in range(_STAMP_ATTEMPTS):  # the final pass, retried while a stamp is due
@@ -305,10 +340,29 @@ class ControlPoller:
                 await asyncio.sleep(self.interval)
         finally:
             self.state = "stopped"
+            self._serve_catch_up(self._catch_up)
+            self._catch_up = []
+            if unwatch is not None:
+                unwatch()
             if watcher is not None:
                 watcher.stop()
                 await asyncio.to_thread(watcher.join, _WATCH_JOIN_S)
             await self._close()
+
+    async def _watch(
+        self, db: StateDB, wake: Callable[[], None]
+    ) -> tuple[Callable[[], None] | None, _Watcher | None]:
+        """Be woken by the backend's notifications, else by a ``data_version`` watcher."""
+        try:
+            unwatch = await asyncio.to_thread(db.watch_controls, self.session_id, wake)
+        except SteerflowError as exc:  # no LISTEN now: poll, as on SQLite
+            _log.warning("control poller cannot listen for controls (polling): %s", exc)
+            unwatch = None
+        if unwatch is not None:
+            return unwatch, None
+        watcher = _Watcher(db, self.interval, wake)
+        watcher.start()
+        return None, watcher
 
     async def stop(self) -> None:
         """Ask the loop to end after the current tick (and its final pass)."""

@@ -44,8 +44,8 @@ ALLOWED_KINDS: dict[str, frozenset[str]] = {
     "pause": frozenset({"flow", "play"}),
     "resume": frozenset({"flow", "play"}),
     "message": frozenset({"flow", "play", "agent"}),
-    # An agent invocation has no admission to close, so a stop has nothing to act on there.
-    "stop": frozenset({"flow", "play"}),
+    # An agent stops after its current turn (``--now``: the turn is cancelled).
+    "stop": frozenset({"flow", "play", "agent"}),
 }
 
 
@@ -124,7 +124,8 @@ def enqueue_control(
         if kind not in ALLOWED_KINDS[verb]:
             allowed = ", ".join(sorted(ALLOWED_KINDS[verb]))
             raise KindNotAllowedError(
-                f"{verb} is not accepted by a {kind!r} invocation (accepted: {allowed})"
+                f"kind not allowed: {verb} is not accepted by a {kind!r} invocation "
+                f"(accepted: {allowed})"
             )
         payload: dict[str, object] | None = None
         if verb == "message":

@@ -82,6 +82,12 @@ class Operation:
     model: str | None = None
     started_at: float | None = None
     ended_at: float | None = None
+    # An escalation retry (Amendment 3 item 4): the node id of the logical operation it
+    # retries (the chain's first attempt), its attempt number N (spawn id
+    # ``<agent_id>.esc<N>``; 0 for a first attempt) and the ladder model it runs at.
+    escalated_from: str | None = None
+    escalation: int = 0
+    pinned_model: str | None = None
 
     @property
     def terminal(self) -> bool:
@@ -159,6 +165,10 @@ class Graph:
         self.ops: dict[str, Operation] = {}
         self.by_key: dict[str, Operation] = {}
         self.planned: list[Operation] = []
+        #: Escalation chains: failed attempt's node id -> the retry spliced after it.
+        self.replaced_by: dict[str, str] = {}
+        #: The run's synthesis (CONTRACT §10): runs once every other node is terminal.
+        self.synthesis: Operation | None = None
 
     def add(self, op: Operation) -> None:
         """Add a node; its key must be new."""
@@ -168,6 +178,28 @@ class Graph:
         self.by_key[op.key] = op
         if op.kind == "planned":
             self.planned.append(op)
+
+    def add_synthesis(self, op: Operation) -> None:
+        """Add the synthesis node: in the graph, but not one of the plan's entries."""
+        if op.key in self.by_key:
+            raise ValueError(f"duplicate node key {op.key!r}")
+        self.ops[op.node_id] = op
+        self.by_key[op.key] = op
+        self.synthesis = op
+
+    def workers(self) -> list[Operation]:
+        """Every node but the synthesis, each escalation chain by its last attempt only.
+
+        An attempt is replaced when another node names it as ``parent_id`` while
+        carrying ``escalated_from`` (Amendment 3 item 4), so the rule holds for a graph
+        rebuilt from a checkpoint as well as for one spliced live.
+        """
+        replaced = {op.parent_id for op in self.ops.values() if getattr(op, "escalated_from", None)}
+        return [
+            op
+            for op in self.ops.values()
+            if op is not self.synthesis and op.node_id not in replaced
+        ]
 
     def __iter__(self):  # type: ignore[no-untyped-def]
         return iter(list(self.ops.values()))
@@ -189,6 +221,39 @@ class Graph:
     def dependents(self, node_id: str) -> list[Operation]:
         """Nodes with a direct edge from ``node_id``."""
         return [op for op in self.ops.values() if any(e.source == node_id for e in op.edges)]
+
+    def splice_after(self, anchor: str, retry: Operation) -> None:
+        """Put ``retry`` in ``anchor``'s place: every edge on ``anchor`` moves to it.
+
+        Conditions (``when``, ``if_contains``) move with the edges, so dependents wait
+        for the end of the replacement chain and a ``when: failed`` fallback sees the
+        last attempt. ``retry``'s own edges are left alone; it is added if new. An
+        anchor is replaced at most once (a chain, not a tree).
+        """
+        if anchor not in self.ops:
+            raise ValueError(f"splice anchor {anchor!r} is not in the graph")
+        if anchor in self.replaced_by:
+            raise ValueError(f"node {self.ops[anchor].key!r} is already replaced")
+        if retry.node_id not in self.ops:
+            self.add(retry)
+        for op in self.ops.values():
+            if op is retry or not any(e.source == anchor for e in op.edges):
+                continue
+            op.edges = [
+                Edge(retry.node_id, e.when, e.if_contains) if e.source == anchor else e
+                for e in op.edges
+            ]
+        self.replaced_by[anchor] = retry.node_id
+
+    def chain_end(self, node_id: str) -> str:
+        """The last attempt of the replacement chain ``node_id`` belongs to (itself if none)."""
+        while node_id in self.replaced_by:
+            node_id = self.replaced_by[node_id]
+        return node_id
+
+    def superseded(self, op: Operation) -> bool:
+        """True for a failed attempt that an escalation retry replaced."""
+        return op.node_id in self.replaced_by
 
 
 def _edge(dep: Dependency, ids: dict[str, str]) -> Edge:

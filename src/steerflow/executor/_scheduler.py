@@ -81,6 +81,7 @@ class FlowExecutor:
         observers: list[Observer] | None = None,
         call_timeout_s: float | None = None,
         role_artifacts: Callable[[str | None], Sequence[str]] = lambda assignee: (),
+        escalation: Callable[[str | None], Sequence[str]] = lambda assignee: (),
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -101,6 +102,7 @@ class FlowExecutor:
         self.spawn_observers: list[Callable[[list[Operation]], Awaitable[None]]] = []
         self._call_timeout_s = call_timeout_s
         self._role_artifacts = role_artifacts
+        self._escalation = escalation
         # One future per node, resolved when it stops: lighter than an Event (no waiter
         # deque), which at 10,000 nodes was ~7 MB (decision 65).
         self._done: dict[str, asyncio.Future[None]] = {}
@@ -160,7 +162,9 @@ class FlowExecutor:
 
     def _launch(self, op: Operation) -> None:
         assert self._tg is not None
-        self._done[op.node_id] = asyncio.get_running_loop().create_future()
+        # An escalation retry's future exists from its splice on (see _escalate).
+        if op.node_id not in self._done:
+            self._done[op.node_id] = asyncio.get_running_loop().create_future()
         self._tg.create_task(self._run_node(op), name=f"node:{op.key}")
 
     async def _run_node(self, op: Operation) -> None:
@@ -176,12 +180,17 @@ class FlowExecutor:
                 done.set_result(None)
 
     async def _drive(self, op: Operation) -> None:
-        if op.replayed and op.status == "completed":
+        # A replayed failure is an attempt an escalation retry replaced (never re-run).
+        if op.replayed and op.status in ("completed", "failed"):
             self._emit("node_replayed", op)
             await self._notify(op)
             return
-        for edge in op.edges:
-            await asyncio.shield(self._done[edge.source])
+        if op is self.graph.synthesis and not await self._workers_finished(op):
+            return
+        # Edges are read again after each wait: a splice may have moved one onto an
+        # escalation retry while this node waited for the attempt it replaced.
+        while (waiting := self._unfinished_source(op)) is not None:
+            await asyncio.shield(waiting)
         verdict = self._edge_verdict(op)
         if verdict == "withheld":
             self._emit("node_withheld", op, data={"reason": "dependency not run"})
@@ -204,12 +213,17 @@ class FlowExecutor:
             op.status = "running"
             op.model = self._model_of(op)
             op.started_at = time.time()
-            self._emit("node_started", op)
+            chain = op.escalation or self._escalation(op.assignee)
+            self._emit("node_started", op, data={"model": op.model} if chain else None)
             try:
                 outcome = await self._invoke(op)
             finally:
                 self._release_claim(op, base)
                 _render_later(op, base, self.graph)
+                # Not held across the observers' awaits (checkpoint durability): 64 such
+                # texts, growing layer by layer, left holes the responses could not reuse
+                # (~35 MiB of a 10,000-node v3 run's peak RSS, decision 82).
+                del base
             op.ended_at = time.time()
         finally:
             self.running -= 1
@@ -224,9 +238,35 @@ class FlowExecutor:
                     await spawn_observer(children)
             for child in children:
                 self._launch(child)
+        retry = await self._escalate(op) if outcome == "failed" else None
         if outcome != "pending":
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
+        if retry is not None:
+            self._launch(retry)
+
+    async def _workers_finished(self, op: Operation) -> bool:
+        """Wait until every other node stopped; False (withheld) if a worker did not finish.
+
+        A node's spawns and escalation retries are launched before its own future
+        resolves, so once every known future is done no worker can appear any more.
+        """
+        while waiting := [
+            done for key, done in self._done.items() if key != op.node_id and not done.done()
+        ]:
+            await asyncio.wait(waiting)  # never cancels them: other nodes wait on them too
+        if any(worker.status == "pending" for worker in self.graph.workers()):
+            # Required work withheld: the run ends interrupted, and a resume computes it.
+            self._emit("node_withheld", op, data={"reason": "workers not finished"})
+            return False
+        return True
+
+    def _unfinished_source(self, op: Operation) -> asyncio.Future[None] | None:
+        for edge in op.edges:
+            done = self._done[edge.source]
+            if not done.done():
+                return done
+        return None
 
     def _model_of(self, op: Operation) -> str | None:
         """The spec of the provider that will serve ``op`` (None if it cannot be built)."""
@@ -281,7 +321,7 @@ class FlowExecutor:
             history=tuple(history),
             artifact_dir=self._artifact_dir(op.key),
             home=self._home,
-            allow_spawn=self.reactive.allows(op.assignee),
+            allow_spawn=self.reactive.allows(op.assignee) and op is not self.graph.synthesis,
             timeout_s=self._call_timeout_s,
         )
         try:
@@ -356,8 +396,9 @@ class FlowExecutor:
             return list(op.branch)
         system = self._system_prompt(op)
         history = [Message("system", system)] if system else []
-        if op.inherit_context and op.edges:
-            source = self.graph.ops[op.edges[0].source]
+        inputs = _inputs(op, self.graph)
+        if inputs.inherit_context and inputs.edges:
+            source = self.graph.ops[inputs.edges[0].source]
             history = list(source.branch) or history
         return history
 
@@ -370,7 +411,8 @@ class FlowExecutor:
         requests, emitter.spawn_requests = emitter.spawn_requests, []
         if not requests:
             return []
-        if not self.reactive.allows(emitter.assignee):
+        # The synthesis runs last: nothing it asked for could still reach it.
+        if not self.reactive.allows(emitter.assignee) or emitter is self.graph.synthesis:
             self._emit("spawn_rejected", emitter, data={"reason": "reactive_disabled"})
             return []
         accepted = [self._try_spawn(emitter, raw) for raw in requests]
@@ -383,6 +425,62 @@ class FlowExecutor:
             emitter,
             data={"agent_id": agent_id, "reason": reason, "detail": detail},
         )
+
+    # -- escalation (Amendment 3 item 4) ---------------------------------------------------
+
+    async def _escalate(self, failed: Operation) -> Operation | None:
+        """Splice the next attempt of ``failed``'s escalation ladder after it, or None.
+
+        The retry is recorded (spawn observers) before ``failed``'s outcome and is
+        spliced before ``failed``'s future resolves, so a dependent never sees the
+        failed attempt as the end of the chain.
+        """
+        ladder = self._escalation(failed.assignee)
+        step = failed.escalation + 1
+        if step > len(ladder):
+            return None  # the ladder is exhausted: the failure stands
+        root = self.graph.ops.get(failed.escalated_from or failed.node_id, failed)
+        key = f"{root.key}.esc{step}"
+        if not is_agent_id(key):
+            self._reject(
+                failed, key[:100], "invalid_id", f"escalation id must match {AGENT_ID_PATTERN}"
+            )
+            return None
+        if key in self.graph.by_key:
+            self._reject(failed, key, "duplicate", "a node with this id exists")
+            return None
+        if self.spawned_count >= self.max_spawn:
+            self._reject(
+                failed, key, "max_spawn_exceeded", f"spawn budget of {self.max_spawn} used up"
+            )
+            return None
+        if not self.admission_open:
+            self._reject(failed, key, "admission_closed", "the flow is stopping")
+            return None
+        retry = Operation(
+            key=key,
+            instruction=root.instruction,
+            kind="spawned",
+            assignee=root.assignee,
+            edges=[Edge(source=failed.node_id, when="failed")],
+            parent_id=failed.node_id,
+            branch=list(root.branch) if root.kind == "spawned" else [],
+            declared_artifacts=root.declared_artifacts,
+            escalated_from=root.node_id,
+            escalation=step,
+            pinned_model=ladder[step - 1],
+        )
+        self.graph.splice_after(failed.node_id, retry)
+        self._done[retry.node_id] = asyncio.get_running_loop().create_future()
+        self.spawned_count += 1
+        self._emit(
+            "node_spawned",
+            retry,
+            data={"emitter": failed.key, "escalation": step, "model": retry.pinned_model},
+        )
+        for spawn_observer in self.spawn_observers:
+            await spawn_observer([retry])
+        return retry
 
     def _try_spawn(self, emitter: Operation, raw: object) -> Operation | None:
         if raw is None or raw == {}:
@@ -414,7 +512,12 @@ class FlowExecutor:
         if spec.agent_id in self.graph.by_key:
             self._reject(emitter, spec.agent_id, "duplicate", "a node with this id exists")
             return None
-        unknown = [d for d in spec.depends_on if d not in self.graph.by_key]
+        synthesis = self.graph.synthesis
+        unknown = [
+            d
+            for d in spec.depends_on
+            if d not in self.graph.by_key or (synthesis is not None and d == synthesis.key)
+        ]
         if unknown:
             self._reject(emitter, spec.agent_id, "builder_error", f"unknown depends_on {unknown}")
             return None
@@ -430,7 +533,8 @@ class FlowExecutor:
             self._reject(emitter, spec.agent_id, "admission_closed", "the flow is stopping")
             return None
         edges = [Edge(source=emitter.node_id)] if spec.link_to_emitter else []
-        edges += [Edge(source=self.graph.by_key[d].node_id) for d in spec.depends_on]
+        chain_end = self.graph.chain_end
+        edges += [Edge(source=chain_end(self.graph.by_key[d].node_id)) for d in spec.depends_on]
         child = Operation(
             key=spec.agent_id,
             instruction=spec.instruction,
@@ -465,9 +569,22 @@ class FlowExecutor:
         )
 
 
+def _inputs(op: Operation, graph: Graph) -> Operation:
+    """The operation whose dependencies ``op`` renders and inherits from.
+
+    An escalation retry reruns its chain's first attempt with that attempt's inputs;
+    its own edge (on the attempt it replaces) only orders it.
+    """
+    if op.escalated_from is None:
+        return op
+    return graph.ops.get(op.escalated_from, op)
+
+
 def _render_dependencies(op: Operation, graph: Graph) -> str:
+    if op is graph.synthesis:
+        return _render_workers(op, graph)
     blocks = []
-    for edge in op.edges:
+    for edge in _inputs(op, graph).edges:
         source = graph.ops[edge.source]
         if source.status == "completed":
             blocks.append(f"### {source.key} (completed)\n{source.response}")
@@ -476,6 +593,23 @@ def _render_dependencies(op: Operation, graph: Graph) -> str:
     if not blocks:
         return op.instruction
     return op.instruction + "\n\n[RESULTS OF DEPENDENCIES]\n" + "\n\n".join(blocks)
+
+
+def _render_workers(op: Operation, graph: Graph) -> str:
+    """The synthesis instruction: its text, then every worker's final result.
+
+    Same blocks as a dependency's, in graph order (planned in plan order, then spawned
+    in the order they were accepted); a skipped worker has no result and is left out.
+    """
+    blocks = []
+    for worker in graph.workers():
+        if worker.status == "completed":
+            blocks.append(f"### {worker.key} (completed)\n{worker.response}")
+        elif worker.status == "failed":
+            blocks.append(f"### {worker.key} (failed)\n{worker.error}")
+    if not blocks:
+        return op.instruction
+    return op.instruction + "\n\n[RESULTS OF WORKERS]\n" + "\n\n".join(blocks)
 
 
 def _render_later(op: Operation, base: str, graph: Graph) -> None:

@@ -8,7 +8,7 @@ operator named the same worker with ``--model`` on the command line.
 from __future__ import annotations
 
 from steerflow.errors import UsageError
-from steerflow.plan import PlanFile
+from steerflow.plan import SYNTHESIS_KEY, PlanFile
 
 __all__ = ["AGENT_WORKER_PREFIXES", "check_agent_worker_consent", "worker_of"]
 
@@ -50,6 +50,9 @@ def check_agent_worker_consent(
     candidates = [(model, "the plan's model")] + [
         (spec, f"role {name!r}") for name, spec in role_models.items()
     ]
+    synthesis = plan.synthesis.model if plan.synthesis is not None else None
+    if synthesis:
+        candidates.append((synthesis, "the plan's synthesis"))
     for spec, origin in candidates:
         worker = worker_of(spec)
         if worker is not None and worker != consented:
@@ -61,6 +64,8 @@ def check_agent_worker_consent(
         spec = role_models.get(entry.assignee or "", model).strip()
         if spec in nodes:
             nodes[spec].append(entry.agent_id)
+    if synthesis and synthesis.strip() in nodes:
+        nodes[synthesis.strip()].append(SYNTHESIS_KEY)
     parts = []
     for spec, origins in sources.items():
         ids = nodes[spec]

@@ -18,6 +18,8 @@ from typing import Any
 
 from steerflow.checkpoint import CheckpointState, PlannedEntry, SpawnedEntry, load_state
 from steerflow.errors import AmbiguousIdError, CheckpointRecoveryError, UnknownIdError
+from steerflow.orchestrate._agent_state import is_agent_state, read_turns
+from steerflow.plan import SYNTHESIS_KEY
 from steerflow.resume import resolve_run_target
 from steerflow.state import NodeKind, NodeRow, NodeStatus, Phase, StateDB, db_exists
 
@@ -177,6 +179,37 @@ def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
         )
     for entry in state.spawned:
         keys_by_id[entry.node_id] = entry.spawn_id or entry.node_id
+    nodes += _spawned_nodes(state, keys_by_id)
+    synthesis = state.config.get("synthesis")
+    if isinstance(synthesis, dict) and isinstance(synthesis.get("instruction"), str):
+        # Not in the plan: it depends on every worker's last attempt (CONTRACT §10).
+        replaced = {n.parent for n in nodes if n.extra("escalated_from")}
+        nodes.append(
+            NodeInfo(
+                key=SYNTHESIS_KEY,
+                kind="planned",
+                instruction=synthesis["instruction"],
+                depends_on=[n.key for n in nodes if n.key not in replaced],
+                entry=state.ops.get(SYNTHESIS_KEY),
+            )
+        )
+    if is_agent_state(state):
+        nodes += _agent_turn_nodes(state)
+    return nodes
+
+
+def _agent_turn_nodes(state: CheckpointState) -> list[NodeInfo]:
+    """An agent run's turns (issue 19): each follows the one before, so the result is the last."""
+    turns = read_turns(state).turns
+    return [
+        NodeInfo(key=t.key, kind="planned", assignee="agent", instruction=t.instruction,
+                 depends_on=[turns[i - 1].key] if i else [], entry=t.entry)
+        for i, t in enumerate(turns)
+    ]  # fmt: skip
+
+
+def _spawned_nodes(state: CheckpointState, keys_by_id: dict[str, str]) -> list[NodeInfo]:
+    nodes: list[NodeInfo] = []
     for entry in state.spawned:
         parent = keys_by_id.get(entry.parent_id) if entry.parent_id else None
         recorded = entry.depends_on
@@ -401,7 +434,7 @@ def _synthesis(record: RunRecord) -> NodeInfo | None:
     if record.state is None or not record.state.config.get("synthesis"):
         return None
     for node in record.nodes:
-        if node.key == "synthesis":
+        if node.key == SYNTHESIS_KEY:
             return node
     return None
 

@@ -31,6 +31,8 @@ def graph_text(graph: Graph) -> str:
             deps.append(source + cond)
         who = f" ({_visible(op.assignee)})" if op.assignee else ""
         after = f"  <- {', '.join(deps)}" if deps else "  (root)"
+        if op is graph.synthesis:
+            after = "  <- every worker's result (runs last)"
         status = "" if op.status == "pending" else f" [{op.status}]"
         lines.append(f"  {_visible(op.key)}{who}{status}{after}")
     return "\n".join(lines)

@@ -284,6 +284,11 @@ def _spawn_fields(graph: Graph, op: Operation) -> dict[str, Any]:
         "context": None,
         "depends_on": [graph.ops[e.source].key for e in op.edges],
     }
+    if op.escalated_from is not None:
+        # The splice witness and the attempt's model, in every state of the entry
+        # (pending, completed, failed; recorded, replaced, replayed): Amendment 3 item 4.
+        fields["escalated_from"] = op.escalated_from
+        fields["model"] = op.pinned_model
     if op.declared_artifacts:
         # The config's contract copy predates every spawn: the entry carries the leg's
         # declaration, so the checkpoint unit still describes its whole contract.
@@ -315,20 +320,23 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
     spawned: list[dict[str, Any]] = []
     for op in graph:
         done = op.replayed and op.status == "completed"
+        # A failed attempt an escalation retry replaced is replayed as it was recorded:
+        # the retry's splice needs its anchor's entry in every later checkpoint.
+        replaced = op.replayed and op.status == "failed"
         # A replayed emitter witnesses its children by their node ids in this run.
         witness = {"spawned_ids": list(op.spawned_ids)} if done and op.spawned_ids else {}
         if done:
             witness |= _artifacts_member(op)
-        if op.kind == "planned" and done:
+        if op.kind == "planned" and (done or replaced):
             ops[op.key] = {
                 "agent_id": op.key,
-                "status": "completed",
+                "status": op.status,
                 "response": op.response,
                 **witness,
             }
-        elif op.kind == "spawned" and (done or op.status == "pending"):
-            entry = {"node_id": op.node_id, "status": "completed" if done else "pending"}
-            entry["response"] = op.response if done else None
+        elif op.kind == "spawned" and (done or replaced or op.status == "pending"):
+            entry = {"node_id": op.node_id, "status": op.status}
+            entry["response"] = op.response if done or replaced else None
             spawned.append({**entry, **_spawn_fields(graph, op), **witness})
     return ops, spawned
 

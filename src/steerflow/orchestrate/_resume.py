@@ -18,7 +18,7 @@ from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
-from steerflow.resume import ReplayPlan, RunTarget, plan_replay, resolve_run_target
+from steerflow.resume import ReplayPlan, ReplaySpawn, RunTarget, plan_replay, resolve_run_target
 
 __all__ = ["BRANCHES_DIR", "apply_replay", "load_branch", "prepare_resume", "rerun_report"]
 
@@ -147,6 +147,9 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
         op.branch = list(branches.get(key, []))
         op.spawned_ids = list(replay.witnesses[key])
         op.artifact_records = list(replay.artifacts.get(key, ()))
+    for key, response in replay.superseded.items():
+        _replay_failed(graph.by_key[key], response)
+    retries: list[tuple[ReplaySpawn, Operation]] = []
     for entry in replay.spawned:
         child = Operation(
             key=entry.spawn_id,
@@ -163,15 +166,37 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             child.parent_id = parent.node_id if parent else None
             if parent is not None and entry.status != "completed":
                 child.branch = list(branches.get(parent.key, []))
+        if entry.escalated_from_key is not None:
+            # Remapped to the rebuilt graph: a planned root has a new node id.
+            root = graph.by_key[entry.escalated_from_key]
+            child.escalated_from = root.node_id
+            child.escalation, child.pinned_model = entry.escalation, entry.model
+            child.branch = list(root.branch) if root.kind == "spawned" else []
+            retries.append((entry, child))
         if entry.status == "completed":
             child.status, child.response, child.replayed = "completed", entry.response, True
             child.branch = list(branches.get(entry.spawn_id, []))
             child.spawned_ids = list(entry.spawned_ids)
             child.artifact_records = list(replay.artifacts.get(entry.spawn_id, ()))
+        elif entry.superseded:
+            _replay_failed(child, entry.response)
         graph.add(child)
+    # The replacement chains, first attempts first, once every node they may move an
+    # edge of exists and before anything runs (Amendment 3 item 4).
+    for entry, child in sorted(retries, key=lambda pair: pair[0].escalation):
+        anchor = graph.by_key[str(entry.parent_key)]
+        child.edges = [Edge(source=anchor.node_id, when="failed")]
+        graph.splice_after(anchor.node_id, child)
     if replay.contract is not None:
         for op in graph:
             op.declared_artifacts = replay.contract.declared(op.key)
+
+
+def _replay_failed(op: Operation, response: object) -> None:
+    """A failed attempt an escalation retry replaced: kept failed, as recorded."""
+    op.status, op.response, op.replayed = "failed", response, True
+    error = response.get("error") if isinstance(response, dict) else None
+    op.error = str(error) if error is not None else "failed in the recorded run"
 
 
 def rerun_report(replay: ReplayPlan) -> list[dict[str, Any]]:

@@ -27,6 +27,7 @@ from steerflow.executor import (
     FlowEvent,
     FlowExecutor,
     Graph,
+    Operation,
     SharedContext,
     Steering,
     build_graph,
@@ -54,6 +55,7 @@ from steerflow.orchestrate._recorder import (
 from steerflow.orchestrate._resume import apply_replay, rerun_report
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.plan import (
+    SYNTHESIS_KEY,
     PlanFile,
     find_playbook,
     load_plan_file,
@@ -156,12 +158,14 @@ class FlowRun:
                 given_model=opts.model,
                 allowed=opts.allow_agent_workers,
             )
-        for spec in {settings.model, *settings.role_models.values()}:
+        models = {settings.model, *settings.role_models.values(), *settings.escalation_models}
+        models.add(settings.synthesis_model)
+        for spec in models:
             # refuses a bad model spec before anything starts; in a thread, because
             # building a provider may read a file (script:PATH)
             await asyncio.to_thread(self._providers.get, spec)
         if opts.dry_run and plan is not None:
-            return self._dry_result(plan)
+            return self._dry_result(plan, settings)
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
             return await self._run_with_db(db, plan, prompt, source, settings)
@@ -208,10 +212,19 @@ class FlowRun:
             )
         return RunSettings.from_options(opts, plan)
 
-    def _dry_result(self, plan: PlanFile) -> FlowResult:
+    def _graph_of(self, plan: PlanFile, settings: RunSettings) -> Graph:
+        """The plan's graph, its synthesis node (if requested), a resume's replay applied."""
         graph = build_graph(plan)
+        if settings.synthesis is not None:
+            graph.add_synthesis(
+                Operation(key=SYNTHESIS_KEY, instruction=str(settings.synthesis["instruction"]))
+            )
         if self.options.resume is not None:
             apply_replay(self.options.resume.replay, graph)
+        return graph
+
+    def _dry_result(self, plan: PlanFile, settings: RunSettings) -> FlowResult:
+        graph = self._graph_of(plan, settings)
         return FlowResult(
             session_id=None,
             run_id=None,
@@ -228,11 +241,20 @@ class FlowRun:
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
         )
 
-    async def _plan_with_model(self, prompt: str, model: str) -> PlanFile:
+    def _admission_closed(self) -> bool:
+        """True once a signal, a deadline or a ``ctl stop`` ended admission (never reopened)."""
+        return self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None
+
+    async def _plan_with_model(self, prompt: str, model: str) -> PlanFile | None:
+        """The planner's plan; None if admission closed before a retry could be made."""
         provider = self._providers.get(model)
         schema = PlanFile.model_json_schema()
         feedback: str | None = None
-        for _ in range(2):
+        for attempt in range(2):
+            # A retry is a new assignment: none after a deadline or stop, even when the
+            # provider swallowed the cancellation and answered anyway.
+            if attempt and self._admission_closed():
+                return None
             try:
                 raw = await provider.plan(
                     PlanRequest(
@@ -399,7 +421,7 @@ class FlowRun:
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan; None if a signal or the deadline stopped planning."""
-        if self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None:
+        if self._admission_closed():
             return None
         self._planning = scope = CallScope()
         try:
@@ -438,11 +460,9 @@ class FlowRun:
         self, run_dir: RunDir, plan: PlanFile, settings: RunSettings
     ) -> tuple[Graph, int]:
         """The graph to run (a resume's replay applied) and its spawn budget, announced."""
-        opts, seed = self.options, self.options.resume
+        opts = self.options
         max_spawn = self._spawn_budget(plan, settings)
-        graph = build_graph(plan)
-        if seed is not None:
-            apply_replay(seed.replay, graph)
+        graph = self._graph_of(plan, settings)
         for warning in self.warnings:
             self.events.emit(FlowEvent(type="plan_truncated", data={"message": warning}))
         self.events.emit(
@@ -536,12 +556,18 @@ class FlowRun:
     ) -> FlowExecutor:
         executor = FlowExecutor(
             graph,
-            provider_for=lambda op: self._providers.get(settings.model_for(op.assignee)),
+            # An escalation retry runs at its ladder model, on a resume too.
+            provider_for=lambda op: self._providers.get(
+                op.pinned_model
+                or (settings.synthesis_model if op is graph.synthesis else None)
+                or settings.model_for(op.assignee)
+            ),
             run_id=run_dir.run_id,
             home=self.home,
             artifact_dir=run_dir.leg_artifact_dir,
             system_prompt=lambda op: settings.system_for(op.assignee),
             role_artifacts=role_artifacts(settings),
+            escalation=settings.escalation_for,
             concurrency=settings.concurrency,
             reactive=settings.reactive,
             max_spawn=max_spawn,
@@ -593,7 +619,9 @@ class FlowRun:
     def _final_status(self, graph: Graph, checkpoint: CheckpointOutcome) -> EndStatus:
         if self.stop_signal is not None:
             return "interrupted"
-        if any(op.status == "failed" for op in graph) or checkpoint.error:
+        # A failed attempt an escalation retry replaced is not the run's failure.
+        failed = any(op.status == "failed" and not graph.superseded(op) for op in graph)
+        if failed or checkpoint.error:
             return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
             if self.stopped_by is not None:

@@ -47,6 +47,8 @@ class RunSettings:
     #: The run's artifact contract in its stored form (``steerflow.artifacts``); None
     #: until the run knows its artifact root, and for a source recorded without one.
     artifact_contract: Mapping[str, Any] | None = None
+    #: The requested synthesis, ``{"instruction", "model"}`` (model None: the run's), or None.
+    synthesis: Mapping[str, Any] | None = None
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -78,6 +80,7 @@ class RunSettings:
                 COMPACT_BYTES,
                 "--compact-bytes",
             ),
+            synthesis=_synthesis(options, plan),
         )
 
     def with_compaction(self, records: int | None, size: int | None) -> RunSettings:
@@ -106,6 +109,7 @@ class RunSettings:
             compact_records=_stored(config.get("compact_records"), COMPACT_RECORDS),
             compact_bytes=_stored(config.get("compact_bytes"), COMPACT_BYTES),
             artifact_contract=config.get(CONFIG_KEY),
+            synthesis=_stored_synthesis(config.get("synthesis")),
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
@@ -132,6 +136,9 @@ class RunSettings:
         if self.artifact_contract is not None:
             # The copy that makes the checkpoint unit self-describing (Amendment 1 row 2).
             config[CONFIG_KEY] = self.artifact_contract
+        if self.synthesis is not None:
+            # The request itself, so a resume knows the run still owes its synthesis.
+            config["synthesis"] = dict(self.synthesis)
         return config
 
     @property
@@ -142,6 +149,22 @@ class RunSettings:
     def model_for(self, assignee: str | None) -> str:
         """The model spec that serves an operation assigned to ``assignee``."""
         return self.role_models.get(assignee or "", self.model)
+
+    def escalation_for(self, assignee: str | None) -> list[str]:
+        """The role's escalation ladder (``roles.<role>.escalation``), models in order."""
+        ladder = (self.roles.get(assignee or "") or {}).get("escalation")
+        return [m for m in ladder if isinstance(m, str)] if isinstance(ladder, list) else []
+
+    @property
+    def escalation_models(self) -> set[str]:
+        """Every model some role's escalation ladder names."""
+        return {m for role in self.roles for m in self.escalation_for(role)}
+
+    @property
+    def synthesis_model(self) -> str:
+        """The model spec that serves the synthesis (its own, else the run's)."""
+        model = (self.synthesis or {}).get("model")
+        return model if isinstance(model, str) and model else self.model
 
     def system_for(self, assignee: str | None) -> str | None:
         """The role's system prompt, if it has one."""
@@ -164,6 +187,27 @@ def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, flag:
             f"(default {bound.default})"
         )
     return given
+
+
+def _synthesis(options: FlowOptions, plan: PlanFile | None) -> dict[str, Any] | None:
+    """``--synthesize TEXT`` replaces the plan's instruction and keeps the plan's model."""
+    spec = plan.synthesis if plan is not None else None
+    instruction = options.synthesize
+    if instruction is not None and not instruction.strip():
+        raise UsageError("--synthesize needs a non-empty instruction")
+    if instruction is None:
+        if spec is None:
+            return None
+        instruction = spec.instruction
+    return {"instruction": instruction, "model": spec.model if spec is not None else None}
+
+
+def _stored_synthesis(value: object) -> dict[str, Any] | None:
+    """The synthesis a checkpoint ``config`` requests; one without an instruction is none."""
+    if not isinstance(value, Mapping) or not isinstance(value.get("instruction"), str):
+        return None
+    model = value.get("model")
+    return {"instruction": value["instruction"], "model": model if isinstance(model, str) else None}
 
 
 def _stored(value: object, bound: CompactBound) -> int:

@@ -18,6 +18,7 @@ __all__ = [
     "COMPACT_RECORDS",
     "MAX_ARTIFACT_PATH",
     "MAX_PLAN_ENTRIES",
+    "SYNTHESIS_KEY",
     "CompactBound",
     "Dependency",
     "EdgeWhen",
@@ -25,6 +26,7 @@ __all__ = [
     "PlanFile",
     "RoleSpec",
     "SpawnSpec",
+    "SynthesisSpec",
     "artifact_path_problem",
 ]
 
@@ -52,6 +54,9 @@ COMPACT_RECORDS = CompactBound(1, 1_000_000, 128)
 COMPACT_BYTES = CompactBound(1_024, 1_073_741_824, 8_388_608)
 #: Longest declared artifact path (characters); a component is at most 255 bytes (NAME_MAX).
 MAX_ARTIFACT_PATH = 1024
+#: The node key of a run's synthesis (top-level ``synthesis``, ``--synthesize``). Reserved in
+#: every plan, so adding a synthesis to a plan at run time can never collide with an entry.
+SYNTHESIS_KEY = "synthesis"
 
 EdgeWhen = Literal["completed", "failed", "always"]
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN)]
@@ -128,6 +133,14 @@ class SpawnSpec(_Strict):
         return paths
 
 
+class SynthesisSpec(_Strict):
+    """A final operation that receives every worker's final result (CONTRACT §10)."""
+
+    instruction: str = Field(min_length=1)
+    #: The model that runs it; None: the run's model.
+    model: str | None = Field(default=None, min_length=1)
+
+
 class PlanFile(_Strict):
     """A plan file, playbook, or planner reply."""
 
@@ -146,6 +159,7 @@ class PlanFile(_Strict):
         default=None, ge=COMPACT_BYTES.least, le=COMPACT_BYTES.most, strict=True
     )
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
+    synthesis: SynthesisSpec | None = None
     plan: list[PlanEntry] = Field(min_length=1)
 
     @field_validator("reactive", mode="before")
@@ -162,6 +176,11 @@ class PlanFile(_Strict):
     def _graph_is_sound(self) -> PlanFile:
         ids: dict[str, int] = {}
         for index, entry in enumerate(self.plan):
+            if entry.agent_id == SYNTHESIS_KEY:
+                raise ValueError(
+                    f"plan[{index}].agent_id {SYNTHESIS_KEY!r} is reserved for the run's "
+                    "synthesis: give the entry another id"
+                )
             if entry.agent_id in ids:
                 raise ValueError(
                     f"plan[{index}].agent_id {entry.agent_id!r} repeats plan[{ids[entry.agent_id]}]"

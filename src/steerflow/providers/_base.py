@@ -61,6 +61,9 @@ class ProviderRequest:
     home: Path
     allow_spawn: bool = False
     timeout_s: float | None = None
+    #: A vendor-side conversation to continue (the claude CLI's session id), so an
+    #: agent worker resumes its own context instead of being sent ``history`` again.
+    conversation: str | None = None
 
 
 @dataclass
@@ -75,6 +78,8 @@ class ProviderResponse:
     spawns: list[object] = field(default_factory=list)
     usage: Usage | None = None
     artifacts: list[str] = field(default_factory=list)
+    #: The vendor-side conversation this call ran in, when the worker reports one.
+    conversation: str | None = None
 
 
 @dataclass(frozen=True)

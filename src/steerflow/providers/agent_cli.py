@@ -112,18 +112,25 @@ class AgentCLIProvider(Provider, abc.ABC):
         self.kill_grace_s = env_float(env, "STEERFLOW_AGENT_KILL_GRACE_S", DEFAULT_KILL_GRACE_S)
 
     @abc.abstractmethod
-    def command(self, system: str | None, output_file: Path) -> list[str]:
+    def command(
+        self, system: str | None, output_file: Path, conversation: str | None = None
+    ) -> list[str]:
         """The argv of one run (the prompt is written to stdin).
 
         Args:
             system: The system prompt, if any.
             output_file: A path outside the artifact directory the CLI may write
                 its final message to.
+            conversation: The CLI's own session to continue, if it can resume one.
         """
 
     @abc.abstractmethod
     def parse(self, stdout: str, output_file: Path) -> tuple[str, Usage | None]:
         """Turn a successful run's output into reply text and usage."""
+
+    def conversation_id(self, stdout: str) -> str | None:
+        """The CLI's session id in a successful run's output, if it reports one."""
+        return None
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         """Run the CLI once in the node's artifact directory.
@@ -147,12 +154,16 @@ class AgentCLIProvider(Provider, abc.ABC):
         system, turns = split_history(request.history)
         system = system_with_spawn(system, request.allow_spawn)
         prompt = _with_transcript(turns, request.instruction)
-        text, usage = await self._run(system, prompt, workdir, request.timeout_s)
+        text, usage, conversation = await self._run(
+            system, prompt, workdir, request.timeout_s, request.conversation
+        )
         spawns: list[object] = []
         if request.allow_spawn:
             text, spawns = extract_spawns(text)
         artifacts = await asyncio.to_thread(list_artifacts, workdir)
-        return ProviderResponse(text=text, spawns=spawns, usage=usage, artifacts=artifacts)
+        return ProviderResponse(
+            text=text, spawns=spawns, usage=usage, artifacts=artifacts, conversation=conversation
+        )
 
     async def plan(self, request: PlanRequest) -> object:
         """Ask the agent for a plan as one JSON object, in a scratch directory.
@@ -167,18 +178,23 @@ class AgentCLIProvider(Provider, abc.ABC):
             ProviderError: The run failed or the reply is not a JSON object.
         """
         with tempfile.TemporaryDirectory(prefix="steerflow-plan-") as scratch:
-            text, _ = await self._run(
+            text, _, _ = await self._run(
                 plan_system_prompt(request), plan_user_prompt(request), Path(scratch), None
             )
         return parse_plan_reply(text, self.spec)
 
     async def _run(
-        self, system: str | None, prompt: str, cwd: Path, timeout_s: float | None
-    ) -> tuple[str, Usage | None]:
+        self,
+        system: str | None,
+        prompt: str,
+        cwd: Path,
+        timeout_s: float | None,
+        conversation: str | None = None,
+    ) -> tuple[str, Usage | None, str | None]:
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
         with tempfile.TemporaryDirectory(prefix="steerflow-agent-") as scratch:
             output_file = Path(scratch) / "last-message.txt"
-            argv = self.command(system, output_file)
+            argv = self.command(system, output_file, conversation)
             stdout, stderr, code = await run_process(
                 argv, prompt.encode(), cwd, timeout, self.kill_grace_s, self.spec
             )
@@ -188,7 +204,8 @@ class AgentCLIProvider(Provider, abc.ABC):
                 raise ProviderError(
                     f"{self.spec}: {Path(argv[0]).name} {how}" + (f": {tail}" if tail else "")
                 )
-            return self.parse(stdout, output_file)
+            text, usage = self.parse(stdout, output_file)
+            return text, usage, self.conversation_id(stdout)
 
 
 async def run_process(
@@ -301,13 +318,26 @@ class ClaudeCodeProvider(AgentCLIProvider):
     args_env = "STEERFLOW_CLAUDE_ARGS"
     default_bin = "claude"
 
-    def command(self, system: str | None, output_file: Path) -> list[str]:
-        """The ``claude`` argv (the output file is not used: JSON comes on stdout)."""
+    def command(
+        self, system: str | None, output_file: Path, conversation: str | None = None
+    ) -> list[str]:
+        """The ``claude`` argv (the output file is not used: JSON comes on stdout).
+
+        With ``conversation``, ``--resume <id>`` continues that CLI session.
+        """
         argv = [self.binary, "-p", "--output-format", "json", "--model", self.model]
         argv += ["--permission-mode", "acceptEdits"]
+        if conversation:
+            argv += ["--resume", conversation]
         if system:
             argv += ["--append-system-prompt", system]
         return [*argv, *self.extra_args]
+
+    def conversation_id(self, stdout: str) -> str | None:
+        """The ``session_id`` of the result object (what ``--resume`` takes)."""
+        result = _last_json_object(stdout, lambda obj: obj.get("type") == "result")
+        session = result.get("session_id") if result is not None else None
+        return session if isinstance(session, str) and session else None
 
     def parse(self, stdout: str, output_file: Path) -> tuple[str, Usage | None]:
         """Read the result object; plain text output is taken as the reply."""
@@ -348,8 +378,14 @@ class CodexProvider(AgentCLIProvider):
     args_env = "STEERFLOW_CODEX_ARGS"
     default_bin = "codex"
 
-    def command(self, system: str | None, output_file: Path) -> list[str]:
-        """The ``codex exec`` argv; ``-`` makes codex read the prompt from stdin."""
+    def command(
+        self, system: str | None, output_file: Path, conversation: str | None = None
+    ) -> list[str]:
+        """The ``codex exec`` argv; ``-`` makes codex read the prompt from stdin.
+
+        ``conversation`` is not used: a continued codex conversation gets the earlier
+        turns as a transcript in the prompt (decision: agent continuation).
+        """
         return [
             self.binary,
             "exec",
@@ -366,12 +402,17 @@ class CodexProvider(AgentCLIProvider):
         ]
 
     async def _run(
-        self, system: str | None, prompt: str, cwd: Path, timeout_s: float | None
-    ) -> tuple[str, Usage | None]:
+        self,
+        system: str | None,
+        prompt: str,
+        cwd: Path,
+        timeout_s: float | None,
+        conversation: str | None = None,
+    ) -> tuple[str, Usage | None, str | None]:
         # codex has no system-prompt flag: the system text leads the prompt.
         if system:
             prompt = f"{system}\n\n---\n\n{prompt}"
-        return await super()._run(None, prompt, cwd, timeout_s)
+        return await super()._run(None, prompt, cwd, timeout_s, conversation)
 
     def parse(self, stdout: str, output_file: Path) -> tuple[str, Usage | None]:
         """Read the last message and sum ``turn.completed`` usage."""

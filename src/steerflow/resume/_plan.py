@@ -24,13 +24,22 @@ Rules, in the order they are checked:
    everything downstream of them again instead;
 7. degraded context: a node that will run and inherits a replayed conversation whose
    branch file is lost needs ``--allow-degraded-context``.
+
+Escalation chains (Amendment 3 item 4): a spawned entry with ``escalated_from`` is a
+retry spliced after its ``parent_id`` (the attempt it replaces). Its chain must be
+rebuildable (:func:`_check_chains`) or the resume is refused naming the entry; a failed
+attempt a recorded retry replaced is replayed as failed (it needs no
+``--retry-failed`` and never runs again), and pending retry intent whose anchor never
+recorded its outcome is dropped like other unanchored intent.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+import re
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from steerflow.artifacts import ArtifactContract, ArtifactRecord, Unsettled
 from steerflow.checkpoint import (
@@ -41,7 +50,13 @@ from steerflow.checkpoint import (
     load_branch,
 )
 from steerflow.errors import FlowResumeError, PlanValidationError
-from steerflow.plan import PlanEntry, PlanFile, is_agent_id, plan_from_checkpoint
+from steerflow.plan import (
+    SYNTHESIS_KEY,
+    PlanEntry,
+    PlanFile,
+    is_agent_id,
+    plan_from_checkpoint,
+)
 from steerflow.providers import Message
 from steerflow.resume._settle import settle_replay
 
@@ -66,6 +81,13 @@ class ReplaySpawn:
     parent_key: str | None
     depends_on: tuple[str, ...]
     spawned_ids: tuple[str, ...]
+    #: An escalation retry: the leg key of the logical operation it retries, its
+    #: attempt number and the model it runs at.
+    escalated_from_key: str | None = None
+    escalation: int = 0
+    model: str | None = None
+    #: A failed attempt a recorded retry replaced: replayed as failed, never run again.
+    superseded: bool = False
 
 
 @dataclass(frozen=True)
@@ -95,6 +117,9 @@ class ReplayPlan:
     #: Completed nodes that run again under ``--rerun-unsettled``: the unsettled ones and
     #: everything downstream of them.
     rerun_unsettled: tuple[str, ...] = ()
+    #: Planned leg key -> recorded (failed) response of each planned attempt an
+    #: escalation retry replaced.
+    superseded: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -136,8 +161,18 @@ def plan_replay(
         if isinstance(item, dict) and isinstance(item.get("node_id"), str)
     }
     planned_keys = frozenset(e.agent_id for e in plan.plan)
-    completed, rerun = _check_planned(state, planned_keys, retry_failed=retry_failed)
     kept, notes = _drop_unanchored_intent(state.spawned, plan_ids, state.ops)
+    chains = _check_chains(kept, plan_ids, state)
+    replaced = frozenset(e.parent_id for e in kept if e.node_id in chains and e.parent_id)
+    planned_ids = {key: node_id for node_id, key in plan_ids.items()}
+    superseded = {
+        key: entry.response
+        for key, entry in state.ops.items()
+        if entry.status == "failed" and planned_ids.get(key) in replaced
+    }
+    completed, rerun = _check_planned(
+        state, planned_keys, retry_failed=retry_failed, superseded=frozenset(superseded)
+    )
     _refuse_rejected_spawns(state)
     ids = _Ids(
         plan_ids,
@@ -145,7 +180,9 @@ def plan_replay(
         frozenset(e.node_id for e in kept),
         frozenset(e.spawn_id for e in kept),
     )
-    spawned = _check_spawned(kept, ids, state, retry_failed=retry_failed)
+    spawned = _check_spawned(
+        kept, ids, state, retry_failed=retry_failed, chains=chains, replaced=replaced
+    )
     _check_witnesses(state.ops, kept)
     replayed = [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
     settled = settle_replay(
@@ -162,6 +199,7 @@ def plan_replay(
         # A rebuilt spawn that runs again is pending intent, exactly as if never run.
         spawned = [replace(s, status="pending") if s.spawn_id in again else s for s in spawned]
         replayed = [k for k in replayed if k not in again]
+    completed = _replayable_synthesis(state, completed, rerun, spawned, settled.rerun)
     notes += settled.notes
     branches = {
         key: branch for key in replayed if (branch := load_branch(run_dir, key)) is not None
@@ -186,7 +224,44 @@ def plan_replay(
         artifacts=settled.artifacts,
         unsettled=settled.unsettled,
         rerun_unsettled=settled.rerun,
+        superseded=superseded,
     )
+
+
+def _is_synthesis(state: CheckpointState, key: str) -> bool:
+    """True for the entry of the synthesis the checkpoint's ``config`` requests."""
+    requested = state.config.get("synthesis")
+    return (
+        key == SYNTHESIS_KEY
+        and isinstance(requested, Mapping)
+        and isinstance(requested.get("instruction"), str)
+    )
+
+
+def _replayable_synthesis(
+    state: CheckpointState,
+    completed: dict[str, object],
+    rerun: Sequence[str],
+    spawned: Sequence[ReplaySpawn],
+    unsettled: Sequence[str],
+) -> dict[str, object]:
+    """``completed`` without a recorded synthesis whose inputs will change.
+
+    The synthesis received every worker's result: replaying it is faithful only when no
+    worker runs again (``--retry-failed``, ``--rerun-unsettled``, rebuilt pending or failed
+    spawns). Otherwise it runs again after them, over the new results.
+    """
+    if not _is_synthesis(state, SYNTHESIS_KEY) or SYNTHESIS_KEY not in completed:
+        return completed
+    again = [k for k in rerun if k != SYNTHESIS_KEY] + list(unsettled)
+    again += [
+        s.spawn_id
+        for s in spawned
+        if s.status != "completed" and not getattr(s, "superseded", False)
+    ]
+    if not again:
+        return completed
+    return {k: v for k, v in completed.items() if k != SYNTHESIS_KEY}
 
 
 def _rebuild_plan(state: CheckpointState, run_dir: Path) -> PlanFile:
@@ -202,7 +277,11 @@ def _rebuild_plan(state: CheckpointState, run_dir: Path) -> PlanFile:
 
 
 def _check_planned(
-    state: CheckpointState, planned_keys: frozenset[str], *, retry_failed: bool
+    state: CheckpointState,
+    planned_keys: frozenset[str],
+    *,
+    retry_failed: bool,
+    superseded: frozenset[str] = frozenset(),
 ) -> tuple[dict[str, object], list[str]]:
     """Completed planned nodes (settle-checked) and failed ones to run again."""
     rejected = {r.ref["agent_id"]: r.detail for r in state.rejected if r.kind == "op" and r.ref}
@@ -210,13 +289,15 @@ def _check_planned(
     rerun: list[str] = []
     for key in state.as_dict()["ops"]:
         entry = state.ops.get(key)
-        if key not in planned_keys:
+        if key not in planned_keys and not _is_synthesis(state, key):
             raise FlowResumeError(f"checkpoint records node {key!r}, which is not in its plan")
         if entry is None:
             raise FlowResumeError(f"node {key!r}: {rejected.get(key, 'malformed entry')}")
         if entry.status == "completed":
             _check_digest(f"node {key!r}", entry)
             completed[key] = entry.response
+        elif key in superseded:
+            _check_digest(f"node {key!r}", entry)  # replayed as recorded
         elif not retry_failed:
             raise FlowResumeError(
                 f"node {key!r} failed in the recorded run; resuming would skip it and "
@@ -259,6 +340,7 @@ def _drop_unanchored_intent(
     """
     dropped: set[str] = set()
     notes: list[str] = []
+    pending = {e.node_id for e in spawned if e.status == "pending"}
     changed = True
     while changed:
         changed = False
@@ -267,7 +349,14 @@ def _drop_unanchored_intent(
                 continue
             parent = entry.parent_id
             parent_key = plan_ids.get(parent) if parent is not None else None
-            if (parent_key is not None and parent_key not in ops) or parent in dropped:
+            # An escalation retry is emitted by its anchor's failure: an anchor still
+            # pending never recorded one, and will escalate again if it fails.
+            retry_of_pending = entry.escalated_from is not None and parent in pending
+            if (
+                (parent_key is not None and parent_key not in ops)
+                or parent in dropped
+                or retry_of_pending
+            ):
                 dropped.add(entry.node_id)
                 changed = True
                 notes.append(
@@ -288,7 +377,13 @@ def _refuse_rejected_spawns(state: CheckpointState) -> None:
 
 
 def _check_spawned(
-    entries: list[SpawnedEntry], ids: _Ids, state: CheckpointState, *, retry_failed: bool
+    entries: list[SpawnedEntry],
+    ids: _Ids,
+    state: CheckpointState,
+    *,
+    retry_failed: bool,
+    chains: Mapping[str, _Chain] | None = None,
+    replaced: frozenset[str] = frozenset(),
 ) -> list[ReplaySpawn]:
     """Check every spawned entry before rebuilding any; one bad entry refuses the resume."""
     out: list[ReplaySpawn] = []
@@ -301,14 +396,16 @@ def _check_spawned(
         spawn_id = _check_identity(entry, ids, seen_keys)
         seen_keys.add(spawn_id)
         _check_parent(entry, ids, state.ops)
-        if entry.status == "failed" and not retry_failed:
+        superseded = entry.status == "failed" and entry.node_id in replaced
+        if entry.status == "failed" and not retry_failed and not superseded:
             raise FlowResumeError(
                 f"{entry.name} failed in the recorded run; resuming would skip it and "
                 "everything after it. Re-run it with --retry-failed (this repeats its "
                 "side effects)"
             )
-        if entry.status == "completed":
+        if entry.status == "completed" or superseded:
             _check_digest(entry.name, entry)
+        chain = (chains or {}).get(entry.node_id)
         out.append(
             ReplaySpawn(
                 node_id=entry.node_id,
@@ -321,9 +418,102 @@ def _check_spawned(
                 parent_key=_key_of(entry.parent_id, ids.plan_ids, state.spawned),
                 depends_on=_dependencies(entry, ids, entries),
                 spawned_ids=entry.spawned_ids or (),
+                escalated_from_key=chain.root_key if chain else None,
+                escalation=chain.step if chain else 0,
+                model=chain.model if chain else None,
+                superseded=superseded,
             )
         )
     return _topological(out)
+
+
+@dataclass(frozen=True)
+class _Chain:
+    """A recorded escalation retry, checked: its root's leg key, attempt N, model."""
+
+    root_key: str
+    step: int
+    model: str
+
+
+_ESCALATION_KEY = re.compile(r"\.esc([1-9][0-9]*)\Z")
+
+
+def _check_chains(
+    entries: list[SpawnedEntry], plan_ids: Mapping[str, str], state: CheckpointState
+) -> dict[str, _Chain]:
+    """Every recorded escalation retry, by node id, once its whole chain is rebuildable.
+
+    Its logical operation (``escalated_from``) must be a first attempt with a recorded
+    failure; its anchor (``parent_id``) that operation or an earlier retry of the same
+    chain, recorded failed, replaced by no other retry; its spawn id
+    ``<agent_id>.esc<N>`` one step after its anchor; and its model known (recorded, or
+    the ladder its role recorded). Anything else refuses the resume naming the entry.
+    """
+    by_node = {e.node_id: e for e in entries}
+    retries = [e for e in entries if e.escalated_from is not None]
+    chains: dict[str, _Chain] = {}
+    anchors: dict[str, str] = {}
+
+    def refuse(entry: SpawnedEntry, why: str) -> FlowResumeError:
+        return FlowResumeError(f"{entry.name}: its escalation chain cannot be rebuilt: {why}")
+
+    def step_of(entry: SpawnedEntry, root_key: str) -> int:
+        match = _ESCALATION_KEY.search(entry.spawn_id or "")
+        if match is None or entry.spawn_id != f"{root_key}.esc{match.group(1)}":
+            raise refuse(entry, f"spawn_id {entry.spawn_id!r} is not {root_key}.esc<N>")
+        return int(match.group(1))
+
+    for entry in retries:
+        root_id = str(entry.escalated_from)
+        root_key = plan_ids.get(root_id)
+        if root_key is not None:
+            root_op = state.ops.get(root_key)
+            root_failed = root_op is not None and root_op.status == "failed"
+        else:
+            root = by_node.get(root_id)
+            root_key = root.spawn_id if root is not None else None
+            root_failed = (
+                root is not None and root.status == "failed" and root.escalated_from is None
+            )
+        if root_key is None or not root_failed:
+            raise refuse(
+                entry,
+                f"its logical operation {root_id!r} has no recorded failed first attempt",
+            )
+        step = step_of(entry, root_key)
+        anchor = entry.parent_id
+        if anchor == root_id:
+            anchor_step = 0
+        else:
+            earlier = by_node.get(anchor or "")
+            if earlier is None or earlier.escalated_from != root_id:
+                raise refuse(
+                    entry, f"its anchor {anchor!r} is neither {root_key!r} nor a retry of it"
+                )
+            if earlier.status != "failed":
+                raise refuse(entry, f"its anchor {earlier.spawn_id!r} has no recorded failure")
+            anchor_step = step_of(earlier, root_key)
+        if step != anchor_step + 1:
+            raise refuse(entry, f"attempt {step} cannot follow attempt {anchor_step}")
+        if anchor in anchors:
+            raise refuse(entry, f"its anchor is already replaced by {anchors[anchor]!r}")
+        anchors[str(anchor)] = str(entry.spawn_id)
+        model = entry.model or _ladder_model(state.config, entry.assignee, step)
+        if model is None:
+            raise refuse(entry, f"no model recorded for attempt {step}")
+        chains[entry.node_id] = _Chain(root_key, step, model)
+    return chains
+
+
+def _ladder_model(config: Mapping[str, Any], assignee: str | None, step: int) -> str | None:
+    """Attempt ``step``'s model from the role ladder the run recorded (older entries)."""
+    roles = config.get("roles")
+    role = roles.get(assignee or "") if isinstance(roles, dict) else None
+    ladder = role.get("escalation") if isinstance(role, dict) else None
+    if isinstance(ladder, list) and 0 < step <= len(ladder) and isinstance(ladder[step - 1], str):
+        return str(ladder[step - 1])
+    return None
 
 
 def _check_identity(entry: SpawnedEntry, ids: _Ids, seen_keys: set[str]) -> str:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from steerflow.errors import AmbiguousIdError, FlowResumeError, UnknownIdError, quote_input
 from steerflow.home import is_run_id, list_run_dirs
-from steerflow.state import StateDB, db_exists
+from steerflow.state import SessionRow, StateDB, db_exists, this_host
 
 __all__ = ["RunTarget", "resolve_run_target"]
 
@@ -22,6 +22,11 @@ class RunTarget:
     run_dir: Path
     run_id: str
     session_id: str | None
+    #: False when the state DB knows the run but its directory is not in this home (the run
+    #: ran on another host, or its directory was deleted): only DB facts can be read.
+    reachable: bool = True
+    #: The host that ran it (the session's ``owner_host``), when it is not reachable.
+    owner_host: str | None = None
 
 
 def _session_for_run(home: Path, run_id: str) -> str | None:
@@ -32,6 +37,37 @@ def _session_for_run(home: Path, run_id: str) -> str | None:
     return row.id if row is not None else None
 
 
+def _unreachable(session: SessionRow, run_id: str, run_dir: Path) -> FlowResumeError:
+    """The one line for a run the (shared) state DB knows whose directory is not here."""
+    host = session.owner_host or "an unknown host"
+    return FlowResumeError(
+        f"run {run_id} (session {session.id}, started on {host}) is in the state database, "
+        f"but its run directory {str(run_dir)!r} is missing: not reachable from this host "
+        f"({this_host()}), and this command needs its checkpoint; put the runs directory on "
+        "storage every host shares (README: one state database for a team)"
+    )
+
+
+def _known_elsewhere(home: Path, run_id: str, *, need_dir: bool) -> RunTarget | None:
+    """A full run id that only the state DB knows (its run ran on another host).
+
+    Refused when the caller needs the run directory, else its unreachable target.
+    """
+    if not is_run_id(run_id) or not db_exists(home):
+        return None
+    with StateDB.open(home, create=False) as db:
+        session = db.session_for_run(run_id)
+    if session is None:
+        return None
+    return _elsewhere(session, run_id, home / "runs" / run_id, need_dir=need_dir)
+
+
+def _elsewhere(session: SessionRow, run_id: str, run_dir: Path, *, need_dir: bool) -> RunTarget:
+    if need_dir:
+        raise _unreachable(session, run_id, run_dir)
+    return RunTarget(run_dir, run_id, session.id, reachable=False, owner_host=session.owner_host)
+
+
 def _is_dir(path: Path) -> bool:
     """``is_dir`` that answers False for text no path can be (too long, NUL bytes)."""
     try:
@@ -40,13 +76,16 @@ def _is_dir(path: Path) -> bool:
         return False
 
 
-def resolve_run_target(home: Path, target: str) -> RunTarget:
+def resolve_run_target(home: Path, target: str, *, need_dir: bool = True) -> RunTarget:
     """Resolve ``target`` to one run.
 
     An exact run directory; else a run id or unambiguous prefix; else a session,
     invocation or play id (or prefix) through the state DB to ``node_metadata.run_id``.
 
     Only directories under ``<home>/runs`` are accepted, so no target reaches outside the home.
+    A run the state DB knows whose directory is not in this home is refused in one line
+    (``FlowResumeError``) unless ``need_dir`` is False: then it resolves with
+    ``reachable=False`` (``show`` reads it from the state DB alone).
     """
     runs_root = (home / "runs").resolve()
     candidate = Path(target).expanduser()
@@ -71,6 +110,9 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
         if matches:
             run = matches[0]
             return RunTarget(run, run.name, _session_for_run(home, run.name))
+        elsewhere = _known_elsewhere(home, target, need_dir=need_dir)
+        if elsewhere is not None:
+            return elsewhere
     if not db_exists(home):
         raise UnknownIdError(
             f"no run directory or run id matches {quote_input(target)}, and no state DB"
@@ -96,5 +138,5 @@ def resolve_run_target(home: Path, target: str) -> RunTarget:
             "of the home"
         )
     if not run_dir.is_dir():
-        raise FlowResumeError(f"session {session.id}: run directory {str(run_dir)!r} is missing")
+        return _elsewhere(session, run_id, run_dir, need_dir=need_dir)
     return RunTarget(run_dir.resolve(), run_id, session.id)

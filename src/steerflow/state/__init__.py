@@ -8,13 +8,16 @@ for how a dead owner turns a ``running`` session into ``interrupted``.
 from __future__ import annotations
 
 from steerflow.state._claims import ResumeClaim, ResumedBy
+from steerflow.state._copy import CopyReport, copy_state
 from steerflow.state._db import STATE_DB_URL_ENV, ResolvedTarget, StateDB, db_exists
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
+    HOST_ID_ENV,
     Owner,
     effective_status,
     owner_alive,
     process_start_time,
+    this_host,
 )
 from steerflow.state._schema import (
     SCHEMA_VERSION,
@@ -36,10 +39,12 @@ from steerflow.state._schema import (
 
 __all__ = [
     "HEARTBEAT_STALE_S",
+    "HOST_ID_ENV",
     "SCHEMA_VERSION",
     "STATE_DB_URL_ENV",
     "ControlRow",
     "ControlVerb",
+    "CopyReport",
     "InvocationKind",
     "InvocationRow",
     "NodeKind",
@@ -57,8 +62,10 @@ __all__ = [
     "StateBackend",
     "StateDB",
     "StateTransaction",
+    "copy_state",
     "db_exists",
     "effective_status",
     "owner_alive",
     "process_start_time",
+    "this_host",
 ]

@@ -3,8 +3,10 @@
 :class:`StateDB` speaks portable SQL with ``?`` placeholders through the small
 :class:`StateBackend` protocol. The embedded backend is SQLite
 (:mod:`steerflow.state._sqlite`) at ``<home>/state.db``; the environment
-variable ``STEERFLOW_STATE_DB_URL`` selects another backend by URL scheme
-(today only ``sqlite:///<path>``; a PostgreSQL backend plugs in here).
+variable ``STEERFLOW_STATE_DB_URL`` selects another backend by URL scheme:
+``sqlite:///<path>``, or ``postgresql://...`` for the PostgreSQL backend
+(:mod:`steerflow.state._postgres`, extra ``postgres``). No module outside this
+package knows which one it talks to.
 
 Every method is synchronous and bounded by the busy timeout; async callers
 wrap them in :func:`asyncio.to_thread`.
@@ -18,7 +20,7 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -37,6 +39,7 @@ from steerflow.state._claims import ResumeClaim, ResumedBy, check_claim, record_
 from steerflow.state._claims import resumed_by as _resumed_by
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
+from steerflow.state._postgres import PostgresBackend, is_postgres_url
 from steerflow.state._schema import (
     ControlRow,
     ControlVerb,
@@ -76,23 +79,45 @@ STATE_DB_URL_ENV = "STEERFLOW_STATE_DB_URL"
 """Environment variable naming another state database by URL."""
 
 
+def state_db_url() -> str | None:
+    """``STEERFLOW_STATE_DB_URL`` when set (non-blank), else ``None``."""
+    return os.environ.get(STATE_DB_URL_ENV, "").strip() or None
+
+
+def _postgres_url() -> str | None:
+    url = state_db_url()
+    return url if url is not None and is_postgres_url(url) else None
+
+
 def db_path(home: Path) -> Path:
-    """The state database of ``home``: ``STEERFLOW_STATE_DB_URL``, else ``<home>/state.db``.
+    """The SQLite file of ``home``: ``STEERFLOW_STATE_DB_URL``, else ``<home>/state.db``.
 
     Raises:
-        UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
+        UsageError: ``STEERFLOW_STATE_DB_URL`` names a PostgreSQL database (no file) or
+            an unsupported backend.
     """
-    url = os.environ.get(STATE_DB_URL_ENV, "").strip()  # only sqlite:///PATH for now
+    url = state_db_url()
     return sqlite_path_from_url(url) if url else Path(home) / DB_FILENAME
 
 
 def db_exists(home: Path) -> bool:
     """Whether the state database of ``home`` exists, so a reader can skip it when it does not.
 
+    For PostgreSQL: whether the database has the state tables (migrated at least once).
+
     Raises:
-        UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
+        UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend, or
+            PostgreSQL without the ``postgres`` extra.
+        SteerflowError: The PostgreSQL server cannot be reached.
     """
-    return db_path(home).is_file()
+    url = _postgres_url()
+    if url is None:
+        return db_path(home).is_file()
+    backend = PostgresBackend.open(url, read_only=True, busy_timeout_s=10.0)
+    try:
+        return backend.schema_version() > 0
+    finally:
+        backend.close()
 
 
 _HEX_ID = re.compile(r"[0-9a-f]{1,32}")
@@ -209,7 +234,42 @@ class StateDB:
             DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
             UsageError: ``STEERFLOW_STATE_DB_URL`` names an unsupported backend.
         """
-        path = db_path(home)
+        url = _postgres_url()
+        if url is not None:
+            return cls._open_postgres(
+                url, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+            )
+        return cls._open_sqlite(
+            db_path(home), create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+        )
+
+    @classmethod
+    def open_url(
+        cls, url: str, *, create: bool = True, read_only: bool = False, busy_timeout_s: float = 10.0
+    ) -> StateDB:
+        """Open the state database named by ``url``, whatever ``STEERFLOW_STATE_DB_URL`` says.
+
+        ``url`` is ``sqlite:///PATH`` or ``postgresql://...``; the other arguments are
+        those of :meth:`open`.
+
+        Raises:
+            UsageError: ``url`` names an unsupported backend, or PostgreSQL without the extra.
+        """
+        if is_postgres_url(url):
+            return cls._open_postgres(
+                url, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+            )
+        return cls._open_sqlite(
+            sqlite_path_from_url(url),
+            create=create,
+            read_only=read_only,
+            busy_timeout_s=busy_timeout_s,
+        )
+
+    @classmethod
+    def _open_sqlite(
+        cls, path: Path, *, create: bool, read_only: bool, busy_timeout_s: float
+    ) -> StateDB:
         if create and not read_only and not path.exists():
             _initialize(path, busy_timeout_s=busy_timeout_s)
         backend = SqliteBackend.open(
@@ -221,6 +281,26 @@ class StateDB:
             backend.close()
             raise
         return cls(backend, path=path)
+
+    @classmethod
+    def _open_postgres(
+        cls, url: str, *, create: bool, read_only: bool, busy_timeout_s: float
+    ) -> StateDB:
+        backend = PostgresBackend.open(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
+        try:
+            if not create and backend.schema_version() == 0:
+                # As a missing SQLite file: readers and ctl never create the tables.
+                raise RefusedError(f"no state database at {backend.location}")
+            migrate(backend)
+        except BaseException:
+            backend.close()
+            raise
+        return cls(backend)
+
+    @property
+    def location(self) -> str:
+        """Where the database is, for messages (a path, or a URL without its password)."""
+        return self.backend.location
 
     def close(self) -> None:
         """Close the connection. Closing twice is harmless."""
@@ -240,6 +320,16 @@ class StateDB:
         last value it saw and runs the indexed pending query only on a change.
         """
         return self.backend.data_version()
+
+    def watch_controls(
+        self, session_id: str, callback: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``callback`` (from another thread) when a control for ``session_id`` is inserted.
+
+        Returns the function that stops the calls, or ``None`` when the backend cannot
+        notify (SQLite): the caller then polls :meth:`data_version`.
+        """
+        return self.backend.watch_controls(session_id, callback)
 
     def create_session(
         self,
@@ -271,6 +361,8 @@ class StateDB:
             meta["run_id"] = run_id
         sid = _new_id()
         with self.backend.transaction(write=True) as tx:
+            if resume is not None:  # two resumes of one source: one checks after the other
+                self.backend.lock(tx, "resume", resume.source_run_id)
             stale = check_claim(tx, resume) if resume is not None else []
             now = time.time()
             tx.execute(
@@ -339,10 +431,12 @@ class StateDB:
         """Set the status (with ``expected``: only while stored); return whether it changed."""
         _check_choice(status, SessionStatus, "session status")
         sql = "UPDATE sessions SET status = ?, updated_at = ? WHERE id = ?"
-        params: tuple[object, ...] = (status, time.time(), session_id)
         if expected is not None:
-            sql, params = sql + " AND status = ?", (*params, expected)
-        return self._write(sql, params) == 1
+            sql += " AND status = ?"
+        with self.backend.transaction(write=True) as tx:
+            self.backend.lock(tx, "session", session_id)  # after any control insert in flight
+            params = (status, time.time(), session_id, *([] if expected is None else [expected]))
+            return tx.execute(sql, params) == 1
 
     def set_session_phase(self, session_id: str, phase: Phase) -> None:
         """Record the flow's phase (``planning``, ``executing`` or ``paused``)."""
@@ -363,8 +457,9 @@ class StateDB:
                 (run_id, dump_json(meta), time.time(), session_id),
             )
 
-    @staticmethod
-    def _read_metadata(tx: StateTransaction, session_id: str) -> dict[str, Any]:
+    def _read_metadata(self, tx: StateTransaction, session_id: str) -> dict[str, Any]:
+        # A read-modify-write: the next writer of this session's metadata reads our result.
+        self.backend.lock(tx, "metadata", session_id)
         rows = tx.query("SELECT node_metadata FROM sessions WHERE id = ?", (session_id,))
         if not rows:
             raise UnknownIdError(f"unknown session id {session_id!r}")
@@ -497,6 +592,9 @@ class StateDB:
         body = None if payload is None else dict(payload)
         encoded = None if body is None else dump_json(body)
         with self.backend.transaction(write=True) as tx:
+            # One writer per session at a time (SQLite: every writer), so created_at below
+            # is taken in commit order, and a status change waits for this insert.
+            self.backend.lock(tx, "session", session_id)
             created_at = time.time()
             if require_running:
                 found = tx.query("SELECT * FROM sessions WHERE id = ?", (session_id,))
@@ -508,12 +606,13 @@ class StateDB:
                         f"session {session_id} is {status}, not running: "
                         f"no consumer would apply the {verb}"
                     )
-                newest = tx.query(
-                    "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
-                    (session_id,),
-                )[0]["newest"]
-                if newest is not None and created_at <= float(newest):
-                    created_at = math.nextafter(float(newest), math.inf)
+            # Strictly above the session's newest row even when clocks differ between hosts.
+            newest = tx.query(
+                "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
+                (session_id,),
+            )[0]["newest"]
+            if newest is not None and created_at <= float(newest):
+                created_at = math.nextafter(float(newest), math.inf)
             row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None)
             tx.execute(
                 "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
@@ -679,4 +778,6 @@ class StateDB:
         )
         pid = -1 if row.owner_pid is None else row.owner_pid
         beat = -1.0 if row.heartbeat_at is None else row.heartbeat_at
-        return self._write(sql, (time.time(), session_id, pid, beat)) == 1
+        with self.backend.transaction(write=True) as tx:
+            self.backend.lock(tx, "session", session_id)
+            return tx.execute(sql, (time.time(), session_id, pid, beat)) == 1

@@ -26,6 +26,7 @@ from steerflow.state._vocab import SessionStatus
 
 __all__ = [
     "HEARTBEAT_STALE_S",
+    "HOST_ID_ENV",
     "START_TIME_TOLERANCE_S",
     "OwnedRow",
     "Owner",
@@ -33,6 +34,7 @@ __all__ = [
     "owner_alive",
     "pid_alive",
     "process_start_time",
+    "this_host",
 ]
 
 HEARTBEAT_STALE_S = 30.0
@@ -42,6 +44,10 @@ START_TIME_TOLERANCE_S = 1.0
 """Largest start-time difference still taken as the same process (boot time is whole seconds)."""
 
 _PROC = "/proc"
+
+HOST_ID_ENV = "STEERFLOW_HOST_ID"
+"""Overrides the host name a process records and compares (two "hosts" on one machine,
+or machines whose host names collide on a shared state DB)."""
 
 
 @functools.cache
@@ -124,8 +130,12 @@ def pid_alive(pid: int) -> bool:
 
 
 def this_host() -> str:
-    """The host name recorded in ``owner_host`` for processes on this machine."""
-    return socket.gethostname()
+    """The host name recorded in ``owner_host``: ``STEERFLOW_HOST_ID``, else the host name.
+
+    Only a row whose ``owner_host`` equals it is judged by the local process table;
+    any other is judged by its heartbeat alone, never by a pid of this machine.
+    """
+    return os.environ.get(HOST_ID_ENV, "").strip() or socket.gethostname()
 
 
 class OwnedRow(Protocol):

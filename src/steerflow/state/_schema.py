@@ -504,8 +504,40 @@ class StateBackend(Protocol):
         """The highest applied migration, or 0 on an empty database."""
         ...
 
+    @property
+    def migrations(self) -> tuple[Migration, ...]:
+        """The schema steps in this backend's dialect, numbered as :data:`MIGRATIONS`."""
+        ...
+
+    @property
+    def schema_version_ddl(self) -> str:
+        """The ``schema_version`` table in this backend's dialect."""
+        ...
+
+    def lock(self, tx: StateTransaction, scope: str, key: str) -> None:
+        """Serialize ``tx`` with every other transaction that locks ``(scope, key)``.
+
+        Held until ``tx`` ends; the wait is bounded like any lock wait. A backend
+        whose write transactions already exclude one another does nothing.
+        """
+        ...
+
+    def lock_for_migration(self, tx: StateTransaction) -> None:
+        """Serialize migrations across processes (see :meth:`lock`)."""
+        ...
+
     def data_version(self) -> int:
-        """A number that changes when another connection commits."""
+        """A number that changes when another connection commits (at least a control)."""
+        ...
+
+    def watch_controls(
+        self, session_id: str, callback: Callable[[], None]
+    ) -> Callable[[], None] | None:
+        """Call ``callback`` on each control inserted for ``session_id``; ``None`` if unable.
+
+        Returns the function that stops the calls, or ``None`` when the backend has
+        no notifications (its readers poll :meth:`data_version`).
+        """
         ...
 
     def close(self) -> None:
@@ -515,6 +547,9 @@ class StateBackend(Protocol):
 
 def migrate(backend: StateBackend) -> None:
     """Bring the schema to :data:`SCHEMA_VERSION`, in one write transaction.
+
+    The backend's migration lock is taken first, so of several processes opening a new
+    database at once one migrates and the others find it done.
 
     Raises:
         RefusedError: The schema is newer than this code, or it is older and the
@@ -535,10 +570,11 @@ def migrate(backend: StateBackend) -> None:
             f" {SCHEMA_VERSION}; open it once without read_only to migrate"
         )
     with backend.transaction(write=True) as tx:
-        tx.execute(SCHEMA_VERSION_DDL)
+        backend.lock_for_migration(tx)
+        tx.execute(backend.schema_version_ddl)
         found = tx.query("SELECT MAX(version) AS version FROM schema_version")[0]["version"]
         current = int(found) if found is not None else 0  # another process may have migrated
-        for step in MIGRATIONS:
+        for step in backend.migrations:
             if step.version <= current:
                 continue
             for statement in step.statements:

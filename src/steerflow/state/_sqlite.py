@@ -18,12 +18,13 @@ import contextlib
 import os
 import sqlite3
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.state._schema import MIGRATIONS, SCHEMA_VERSION_DDL, Migration, StateTransaction
 
 __all__ = ["SqliteBackend", "SqliteTransaction", "sqlite_path_from_url"]
 
@@ -43,7 +44,9 @@ def sqlite_path_from_url(url: str) -> Path:
     parts = urlsplit(url)
     path = unquote(parts.path)
     if parts.scheme != "sqlite" or parts.netloc or not path:
-        raise UsageError(f"expected a state database URL sqlite:///PATH, got {url!r}")
+        raise UsageError(
+            f"expected a state database URL sqlite:///PATH or postgresql://..., got {url!r}"
+        )
     return Path(path)
 
 
@@ -183,6 +186,26 @@ class SqliteBackend:
     def location(self) -> str:
         """The database file, as text for messages."""
         return str(self.path)
+
+    @property
+    def migrations(self) -> tuple[Migration, ...]:
+        """The schema steps (written for SQLite)."""
+        return MIGRATIONS
+
+    @property
+    def schema_version_ddl(self) -> str:
+        """The ``schema_version`` table."""
+        return SCHEMA_VERSION_DDL
+
+    def lock(self, tx: StateTransaction, scope: str, key: str) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already serializes every write transaction."""
+
+    def lock_for_migration(self, tx: StateTransaction) -> None:
+        """Nothing to do: ``BEGIN IMMEDIATE`` already serializes every write transaction."""
+
+    def watch_controls(self, session_id: str, callback: Callable[[], None]) -> None:
+        """SQLite has no notifications: readers poll :meth:`data_version`."""
+        return None
 
     @contextlib.contextmanager
     def _translate(self) -> Iterator[None]:

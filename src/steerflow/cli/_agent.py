@@ -1,0 +1,78 @@
+"""``steerflow agent``: run one steerable agent, print its turns (issue 19)."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from steerflow.cli._output import emit_json, emit_text, printable, warn
+
+if TYPE_CHECKING:
+    from steerflow.orchestrate._agent_options import AgentOptions, AgentResult
+
+__all__ = ["execute_agent", "print_agent_result"]
+
+#: How much of the last response the human summary shows.
+_RESULT_TAIL = 4000
+
+
+def execute_agent(home: Path, options: AgentOptions, *, as_json: bool) -> int:
+    """Run an agent with signal handling and print its result; returns the exit code."""
+    from steerflow.orchestrate._agent import AgentRun
+
+    run = AgentRun(options, home=home, progress=lambda line: warn(printable(line)))
+
+    async def main() -> AgentResult:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, run.request_stop, sig)
+        try:
+            return await run.run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    result = asyncio.run(main())
+    print_agent_result(result, as_json=as_json)
+    return int(result.exit_code)
+
+
+def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
+    """One JSON object, or a short summary: status, turns, how to resume, the last reply."""
+    for warning in result.warnings:
+        warn(f"warning: {printable(warning)}")
+    if as_json:
+        emit_json(result.to_json())
+        return
+    lines = [
+        f"status: {result.status}",
+        f"run: {result.run_id}  session: {result.session_id}",
+        f"checkpoint: {result.checkpoint['path']} (v3, "
+        + ("saved" if result.checkpoint.get("persisted") else "NOT persisted")
+        + ")",
+    ]
+    if result.checkpoint.get("error"):
+        lines.append(f"checkpoint error: {printable(result.checkpoint['error'])}")
+    if result.resumed_from:
+        lines.append(f"resumed from session: {result.resumed_from}")
+    if result.stopped_by is not None:
+        how = "ctl stop --now" if result.stopped_by.get("now") else "ctl stop"
+        lines.append(f"stopped by an operator ({how}, control {result.stopped_by['control_id']})")
+    lines.append("turns:")
+    for turn in result.turns:
+        how = " (replayed)" if turn.replayed else ""
+        steer = f", {len(turn.controls)} operator message(s)" if turn.controls else ""
+        lines.append(f"  turn-{turn.number}  {turn.status}{how}{steer}")
+        if turn.error:
+            lines.append(f"    error: {printable(turn.error)}")
+    for rejected in result.rejected:
+        lines.append(f"  control {rejected['control_id']}: {rejected['result']}")
+    if result.status in ("timed_out", "interrupted", "stopped"):
+        lines.append(f"resume with: steerflow resume {result.run_id}")
+    text = result.result_text
+    if text is not None:
+        shown = text if len(text) <= _RESULT_TAIL else "..." + text[-_RESULT_TAIL:]
+        lines += ["result:", printable(shown, keep_newlines=True)]
+    emit_text("\n".join(lines))

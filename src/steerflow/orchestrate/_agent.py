@@ -1,0 +1,591 @@
+"""One ``agent`` invocation: a single long-running agent steered between turns (issue 19).
+
+Turn 1 runs the task. When a turn ends, the pending operator messages (``ctl msg``,
+claimed at most once by the same :class:`~steerflow.control.ControlPoller` a flow
+uses, and held until then) become the next turn's prompt, rendered with the
+operator steer block; with none pending the agent is done. ``--max-turns`` bounds
+the turns; messages still pending when it is reached are ``rejected:max-turns``.
+
+A message row is stamped ``applied`` only once the turn it starts has been made
+durable: the prompt is first recorded in the checkpoint (``next`` in the agent
+context, see :mod:`._agent_state`), so a crash after the stamp loses nothing a
+resume cannot run again. Each finished turn is the checkpoint entry ``turn-<n>``.
+
+Continuation: a worker that reports its own session (``claude-code``) is resumed
+with it (``--resume <id>``); every other provider gets the earlier turns as
+``history`` (the ``codex`` worker turns that into a transcript in its prompt). All
+turns run in one leg directory, ``<artifact_root>/agent``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from steerflow import _faults
+from steerflow.checkpoint import CheckpointWriter
+from steerflow.control import ControlPoller, SteeringTarget
+from steerflow.errors import ExitCode, PersistenceError, SteerflowError
+from steerflow.executor import CallScope, render_steer
+from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
+from steerflow.orchestrate._agent_options import (
+    CONTINUE_INSTRUCTION,
+    AgentOptions,
+    AgentResult,
+    TurnOutcome,
+)
+from steerflow.orchestrate._agent_state import AGENT_CONTEXT_KEY, AGENT_KIND, LEG_KEY, turn_key
+from steerflow.orchestrate._claim import discard_run_dir, resume_claim
+from steerflow.orchestrate._options import EndStatus
+from steerflow.orchestrate._publish import heartbeat_loop
+from steerflow.providers import Message, Provider, ProviderRequest, make_provider
+from steerflow.state import NodeStatus, NodeUpdate, Owner, StateDB, this_host
+
+__all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
+
+#: The stored result of a message still pending when the turn budget ran out.
+MAX_TURNS_RESULT = "rejected:max-turns"
+_SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+#: Bound on waiting for the poller to list rows committed before a turn ended.
+_CATCH_UP_S = 10.0
+
+Progress = Callable[[str], None]
+
+
+class AgentTarget(SteeringTarget):
+    """What the control poller may do to a running agent: queue messages, stop it.
+
+    There is no pause gate: ``ctl pause|resume`` are refused before a row is
+    inserted; a row inserted by another writer is stamped ``rejected:error:...``.
+    """
+
+    def __init__(self) -> None:
+        self.inbox: list[dict[str, Any]] = []
+        #: No further turn will start: later messages are ``rejected:no-pending-ops``.
+        self.finished = False
+        self.on_stop: Callable[[bool, str | None, str], None] | None = None
+
+    def pause(self) -> None:
+        raise SteerflowError("an agent has no pause gate (pause is flow-only)")
+
+    def resume(self) -> None:
+        raise SteerflowError("an agent has no pause gate (resume is flow-only)")
+
+    def has_pending_operation(self) -> bool:
+        return not self.finished
+
+    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
+        self.inbox.append({"text": text, "ts": ts, "control_id": control_id})
+
+    def defers_message_stamp(self) -> bool:
+        """Always: ``applied`` once the turn the message starts is durable."""
+        return True
+
+    def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
+        if self.on_stop is None:
+            raise NotImplementedError
+        self.on_stop(now, reason, control_id)
+
+    def is_paused(self) -> bool:
+        return False
+
+    def take(self) -> list[dict[str, Any]]:
+        """Every message delivered so far, oldest first; the inbox is then empty."""
+        messages, self.inbox = self.inbox, []
+        return messages
+
+
+@dataclass
+class _Live:
+    db: StateDB
+    session_id: str
+    invocation_id: str
+    run_dir: RunDir
+    poller: ControlPoller
+    writer: CheckpointWriter
+
+
+class AgentRun:
+    """A single agent invocation; :meth:`run` raises only for refusals before it starts."""
+
+    def __init__(
+        self,
+        options: AgentOptions,
+        *,
+        home: Path,
+        progress: Progress | None = None,
+        provider: Provider | None = None,
+    ) -> None:
+        self.options = options
+        self.home = home
+        self.progress = progress or (lambda _line: None)
+        seed = options.resume
+        self.task = seed.task if seed else options.task
+        self.model = seed.model if seed else options.model
+        self.max_turns = seed.max_turns if seed else options.max_turns
+        self.target = AgentTarget()
+        self.target.on_stop = self.request_operator_stop
+        self.turns: list[TurnOutcome] = list(seed.turns) if seed else []
+        self.conversation = seed.conversation if seed else None
+        self.context: dict[str, Any] = dict(seed.flow_context) if seed else {}
+        self.stop_signal: int | None = None
+        self.stopped_by: dict[str, Any] | None = None
+        self.deadline_hit = False
+        self.cut_short = False  # a turn was cancelled: its prompt is still to run
+        self.rejected: list[dict[str, str]] = []
+        self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
+        self.checkpoint_error: str | None = None
+        self._scope: CallScope | None = None
+        #: The model; built from the spec by :meth:`run` unless given (library use, tests).
+        self._provider: Provider | None = provider
+
+    # -- stopping --------------------------------------------------------------------------
+
+    def request_stop(self, signum: int) -> None:
+        """SIGINT/SIGTERM: cancel the turn in flight, persist, exit 130/143."""
+        if self.stop_signal is None:
+            self.stop_signal = signum
+        self.target.finished = True
+        if self._scope is not None:
+            self._scope.cancel(signal.Signals(signum).name)
+
+    def request_operator_stop(self, now: bool, reason: str | None, control_id: str) -> None:
+        """``ctl stop``: end after the current turn (``now``: cancel it); exit 75."""
+        if self.stopped_by is None:
+            self.stopped_by = {"control_id": control_id, "reason": reason, "now": now}
+        elif now:
+            self.stopped_by["now"] = True
+        self.target.finished = True
+        if now and self._scope is not None:
+            self._scope.cancel("stop")
+
+    def _deadline(self) -> None:
+        self.deadline_hit = True
+        self.target.finished = True
+        # As in a flow (decision 23): a worker is stopped, a chat call may finish.
+        provider = self._provider
+        if self._scope is not None and provider is not None and provider.cancel_at_deadline:
+            self._scope.cancel("deadline")
+
+    def _ending(self) -> bool:
+        return self.stop_signal is not None or self.stopped_by is not None or self.deadline_hit
+
+    # -- the run ---------------------------------------------------------------------------
+
+    async def run(self) -> AgentResult:
+        """Open the session, run the turns, persist; return the result."""
+        provider = self._provider
+        if provider is None:
+            provider = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
+            self._provider = provider
+        db = await asyncio.to_thread(StateDB.open, self.home)
+        try:
+            return await self._run_with_db(db, provider)
+        finally:
+            await provider.aclose()
+            await asyncio.to_thread(db.close)
+
+    async def _run_with_db(self, db: StateDB, provider: Provider) -> AgentResult:
+        seed = self.options.resume
+        root = seed.artifact_root if seed is not None else self.options.save
+        run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
+        session_id, invocation_id = await self._open_session(db, run_dir)
+        poller = ControlPoller(self.home, session_id, self.target)
+        # ``applying:<claimant>`` names the executor that holds a message.
+        poller.claimant = f"{this_host()}:{os.getpid()}:agent-executor:{session_id[:12]}"
+        stop_heartbeat = asyncio.Event()
+        result: AgentResult | None = None
+        error: Exception | None = None
+        async with asyncio.TaskGroup() as tasks:
+            tasks.create_task(poller.run(), name="control-poller")
+            tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
+            try:
+                writer = await self._open_writer(session_id, run_dir)
+                live = _Live(db, session_id, invocation_id, run_dir, poller, writer)
+                result = await self._under_deadline(live, provider)
+            except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
+                error = exc
+            finally:
+                self.target.finished = True
+                await poller.stop()
+                stop_heartbeat.set()
+        if error is not None:
+            raise error
+        assert result is not None
+        return result
+
+    async def _open_session(self, db: StateDB, run_dir: RunDir) -> tuple[str, str]:
+        seed = self.options.resume
+        metadata: dict[str, Any] = {
+            "run_id": run_dir.run_id,
+            "poller": "pending",
+            "source": "agent",
+            "agent": self._meta(turn=None),
+        }
+        if seed is not None:
+            metadata["resumed_from"] = seed.resumed_from
+            metadata["resumed_from_run"] = seed.source_run_id
+            metadata["checkpoint_recovery"] = seed.checkpoint_recovery
+            if seed.fork:
+                metadata["fork"] = True
+        claim = resume_claim(self.home, seed.source_run_id, fork=seed.fork) if seed else None
+        try:
+            session = await asyncio.to_thread(
+                lambda: db.create_session(
+                    kind=AGENT_KIND,
+                    prompt=self.task,
+                    run_id=run_dir.run_id,
+                    node_metadata=metadata,
+                    owner=Owner.current(),
+                    resume=claim,
+                )
+            )
+        except SteerflowError:
+            await asyncio.to_thread(discard_run_dir, run_dir)
+            raise
+        invocation = await asyncio.to_thread(
+            lambda: db.create_invocation(session_id=session.id, kind=AGENT_KIND)
+        )
+        self.progress(f"agent session {session.id} (run {run_dir.run_id}, model {self.model})")
+        return session.id, invocation.id
+
+    def _meta(self, *, turn: int | None) -> dict[str, Any]:
+        """``node_metadata["agent"]``: what ``ctl status`` shows."""
+        done = sum(1 for t in self.turns if t.status == "completed")
+        return {"turns": done, "turn": turn, "max_turns": self.max_turns, "model": self.model}
+
+    async def _open_writer(self, session_id: str, run_dir: RunDir) -> CheckpointWriter:
+        seed_ops = {
+            turn_key(t.number): {"status": t.status, "response": _stored_response(t)}
+            for t in self.turns
+        }
+        writer = CheckpointWriter(
+            run_dir.checkpoint_path,
+            session_id=session_id,
+            prompt=self.task,
+            plan=[],
+            config={
+                "kind": AGENT_KIND,
+                "model": self.model,
+                "max_turns": self.max_turns,
+                "artifact_root": str(run_dir.artifact_root),
+                "leg": LEG_KEY,
+            },
+            flow_context=self.context,
+            version=3,
+            ops=seed_ops,
+        )
+        await writer.flush()
+        return writer
+
+    async def _under_deadline(self, s: _Live, provider: Provider) -> AgentResult:
+        timeout_s = self.options.timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.call_later(timeout_s, self._deadline) if timeout_s is not None else None
+        try:
+            await s.poller.start_executing()
+            await self._publish_replayed(s)
+            try:
+                await self._turns(s, provider)
+            except PersistenceError as exc:
+                self.checkpoint_error = str(exc)
+        finally:
+            if deadline is not None:
+                deadline.cancel()
+        return await self._conclude(s)
+
+    # -- the turns -------------------------------------------------------------------------
+
+    async def _turns(self, s: _Live, provider: Provider) -> None:
+        seed = self.options.resume
+        prompt: str | None
+        if seed is not None:
+            prompt, controls = seed.next_instruction, seed.next_controls
+        else:
+            prompt, controls = self.task, ()
+        while True:
+            if prompt is None:
+                if self._ending():
+                    return
+                messages = await self._pending_messages(s)
+                if not messages:
+                    return
+                prompt = render_steer(messages, CONTINUE_INSTRUCTION)
+                controls = tuple(str(m["control_id"]) for m in messages)
+                await self._record_next(s, prompt, controls)
+                _faults.seam("agent-next", "after")  # durable, not yet stamped
+                s.poller.messages_delivered(list(controls))
+                self.progress(
+                    f"steer: {len(controls)} operator message(s) start turn {self._next_number()}"
+                )
+            if self._ending():
+                return
+            outcome = await self._run_turn(s, provider, prompt, controls)
+            if outcome is None or outcome.status == "failed":
+                return
+            prompt, controls = None, ()
+
+    def _next_number(self) -> int:
+        return len(self.turns) + 1
+
+    async def _pending_messages(self, s: _Live) -> list[dict[str, Any]]:
+        """The messages the next turn takes; none: the agent is done (or out of turns)."""
+        try:
+            async with asyncio.timeout(_CATCH_UP_S):
+                await s.poller.catch_up()
+        except TimeoutError:
+            pass  # a stuck listing: what was claimed so far is all this turn boundary sees
+        if self._ending():
+            return []
+        # From here to the decision nothing awaits, so no claim can slip in between.
+        messages = self.target.take()
+        if not messages:
+            self.target.finished = True
+            return []
+        if len(self.turns) >= self.max_turns:
+            self.target.finished = True
+            ids = [str(m["control_id"]) for m in messages]
+            s.poller.messages_rejected(list(ids), MAX_TURNS_RESULT)
+            self.rejected += [{"control_id": i, "result": MAX_TURNS_RESULT} for i in ids]
+            self.progress(
+                f"turn budget reached ({self.max_turns}): {len(ids)} message(s) {MAX_TURNS_RESULT}"
+            )
+            return []
+        return messages
+
+    def _agent_context(self) -> dict[str, Any]:
+        agent = self.context.get(AGENT_CONTEXT_KEY)
+        return dict(agent) if isinstance(agent, dict) else {}
+
+    async def _record_next(self, s: _Live, prompt: str, controls: tuple[str, ...]) -> None:
+        """Make the next turn's prompt durable before its messages are stamped ``applied``.
+
+        The context only travels with an entry, so the last turn's entry is recorded
+        again, unchanged, carrying it.
+        """
+        agent = self._agent_context()
+        agent["next"] = {"turn": self._next_number(), "instruction": prompt,
+                         "controls": list(controls)}  # fmt: skip
+        self.context = {**self.context, AGENT_CONTEXT_KEY: agent}
+        last = self.turns[-1]
+        await s.writer.record(
+            turn_key(last.number),
+            status=last.status,
+            response=_stored_response(last),
+            flow_context=self.context,
+        )
+
+    def _request(self, s: _Live, provider: Provider, number: int, prompt: str) -> ProviderRequest:
+        if self.conversation is not None:
+            history: tuple[Message, ...] = ()  # the worker holds the conversation itself
+        else:
+            history = tuple(
+                message
+                for t in self.turns
+                if t.status == "completed"
+                for message in (
+                    Message(role="user", content=t.instruction),
+                    Message(role="assistant", content=t.response or ""),
+                )
+            )
+        return ProviderRequest(
+            run_id=s.run_dir.run_id,
+            node_key=turn_key(number),
+            node_id=uuid.uuid4().hex,
+            kind="planned",
+            assignee="agent",
+            instruction=prompt,
+            history=history,
+            artifact_dir=s.run_dir.leg_artifact_dir(LEG_KEY),
+            home=self.home,
+            conversation=self.conversation,
+        )
+
+    async def _run_turn(
+        self, s: _Live, provider: Provider, prompt: str, controls: tuple[str, ...]
+    ) -> TurnOutcome | None:
+        """Run one turn and record it; ``None`` when it was cancelled (not recorded)."""
+        number = self._next_number()
+        key = turn_key(number)
+        request = self._request(s, provider, number, prompt)
+        if provider.needs_artifact_dir:
+            await asyncio.to_thread(make_private_dirs, request.artifact_dir)
+        detail: dict[str, Any] = {"instruction": prompt, "model": self.model,
+                                  "started_at": time.time()}  # fmt: skip
+        if controls:
+            detail["steers"] = len(controls)
+        await self._publish(s, key, "running", detail)
+        await self._set_meta(s, turn=number)
+        self.progress(f"turn {number} started")
+        scope = CallScope()
+        self._scope = scope
+        error: str | None = None
+        text = ""
+        try:
+            with scope:
+                response = await provider.invoke(request)
+                text = response.text
+                if response.conversation:
+                    self.conversation = response.conversation
+                self._add_usage(response.usage)
+        except Exception as exc:  # the turn fails; the run reports it
+            error = str(exc) or type(exc).__name__
+        finally:
+            self._scope = None
+        detail["ended_at"] = time.time()
+        if scope.cancelled_by is not None:
+            self.cut_short = True
+            detail["cancelled"] = scope.cancelled_by
+            await self._publish(s, key, "pending", detail)
+            self.progress(f"turn {number} cancelled ({scope.cancelled_by}); it reruns on resume")
+            return None
+        outcome = TurnOutcome(
+            number=number,
+            status="failed" if error is not None else "completed",
+            instruction=prompt,
+            response=None if error is not None else text,
+            controls=controls,
+            error=error,
+        )
+        agent = self._agent_context()
+        agent.pop("next", None)
+        record = {"turn": number, "instruction": prompt, "controls": list(controls)}
+        agent["turns"] = [*agent.get("turns", []), record]
+        if self.conversation is not None:
+            agent["conversation"] = self.conversation
+        self.context = {**self.context, AGENT_CONTEXT_KEY: agent}
+        self.turns.append(outcome)
+        await s.writer.record(
+            key,
+            status=outcome.status,
+            response=_stored_response(outcome),
+            flow_context=self.context,
+        )
+        if error is not None:
+            detail["error"] = error
+        await self._publish(s, key, outcome.status, detail)  # type: ignore[arg-type]
+        await self._set_meta(s, turn=None)
+        self.progress(f"turn {number} {outcome.status}" + (f": {error}" if error else ""))
+        return outcome
+
+    def _add_usage(self, usage: Any) -> None:
+        if usage is None:
+            return
+        self.usage["input_tokens"] += usage.input_tokens or 0
+        self.usage["output_tokens"] += usage.output_tokens or 0
+        if usage.cost_usd is not None:
+            self.usage["cost_usd"] = (self.usage["cost_usd"] or 0.0) + usage.cost_usd
+
+    # -- publication -----------------------------------------------------------------------
+
+    async def _publish(
+        self, s: _Live, key: str, status: NodeStatus, detail: dict[str, Any]
+    ) -> None:
+        update = NodeUpdate(node_key=key, kind="planned", status=status, assignee="agent",
+                            detail=dict(detail))  # fmt: skip
+        with contextlib.suppress(SteerflowError):  # a live view; the checkpoint is the record
+            await asyncio.to_thread(s.db.upsert_nodes, s.session_id, [update])
+
+    async def _publish_replayed(self, s: _Live) -> None:
+        for turn in self.turns:
+            await self._publish(
+                s, turn_key(turn.number), turn.status,  # type: ignore[arg-type]
+                {"replayed": True, "model": self.model},
+            )  # fmt: skip
+
+    async def _set_meta(self, s: _Live, *, turn: int | None) -> None:
+        with contextlib.suppress(SteerflowError):  # ``ctl status`` shows a stale count at worst
+            await asyncio.to_thread(
+                s.db.update_node_metadata, s.session_id, {"agent": self._meta(turn=turn)}
+            )
+
+    # -- the end ---------------------------------------------------------------------------
+
+    def _status(self) -> EndStatus:
+        if self.stop_signal is not None:
+            return "interrupted"
+        if self.checkpoint_error is not None or any(t.status == "failed" for t in self.turns):
+            return "failed"
+        if self.stopped_by is not None:
+            return "stopped"
+        if self.deadline_hit:
+            return "timed_out"
+        return "completed"
+
+    def _exit_code(self, status: EndStatus) -> ExitCode:
+        if status == "completed":
+            return ExitCode.OK
+        if status == "timed_out":
+            return ExitCode.DEADLINE
+        if status == "stopped":
+            return ExitCode.STOPPED
+        if status == "interrupted" and self.stop_signal:
+            return _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
+        return ExitCode.FAILED
+
+    async def _conclude(self, s: _Live) -> AgentResult:
+        try:
+            await s.writer.close()
+        except PersistenceError as exc:
+            self.checkpoint_error = self.checkpoint_error or str(exc)
+        status = self._status()
+        checkpoint = {
+            "path": str(s.run_dir.checkpoint_path),
+            "version": 3,
+            "persisted": self.checkpoint_error is None and s.writer.persisted,
+            "error": self.checkpoint_error or s.writer.error,
+            "bytes_written": s.writer.bytes_written,
+        }
+        extra: dict[str, Any] = {
+            "checkpoint": checkpoint,
+            "usage": self.usage,
+            "agent": self._meta(turn=None),
+            "finished_at": time.time(),
+        }
+        if self.stopped_by is not None:
+            extra["stopped_by"] = dict(self.stopped_by)
+
+        def finish() -> None:
+            s.db.update_node_metadata(s.session_id, extra)
+            s.db.set_session_status(s.session_id, status)
+            s.db.set_invocation_status(s.invocation_id, status)
+
+        await asyncio.to_thread(finish)
+        seed = self.options.resume
+        return AgentResult(
+            session_id=s.session_id,
+            invocation_id=s.invocation_id,
+            run_id=s.run_dir.run_id,
+            run_dir=str(s.run_dir.path),
+            status=status,
+            exit_code=self._exit_code(status),
+            checkpoint=checkpoint,
+            turns=list(self.turns),
+            checkpoint_recovery=seed.checkpoint_recovery if seed else None,
+            resumed_from=seed.resumed_from if seed else None,
+            stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
+            rejected=list(self.rejected),
+            usage=self.usage,
+        )
+
+
+def _stored_response(turn: TurnOutcome) -> object:
+    """A completed turn stores its text; a failed one ``{"error": ...}`` (as a flow node)."""
+    if turn.status == "failed":
+        return {"error": turn.error}
+    return turn.response
+
+
+async def run_agent(
+    options: AgentOptions, *, home: Path, progress: Progress | None = None
+) -> AgentResult:
+    """Run one agent invocation (library entry point)."""
+    return await AgentRun(options, home=home, progress=progress).run()

@@ -1,0 +1,139 @@
+"""Inputs and outputs of one ``agent`` run (issue 19), independent of the command line."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from steerflow.errors import ExitCode
+from steerflow.orchestrate._options import EndStatus
+
+__all__ = [
+    "CONTINUE_INSTRUCTION",
+    "DEFAULT_MAX_TURNS",
+    "AgentOptions",
+    "AgentResult",
+    "AgentSeed",
+    "TurnOutcome",
+]
+
+DEFAULT_MAX_TURNS = 20
+#: The instruction under the steer block of a turn started by operator messages.
+CONTINUE_INSTRUCTION = (
+    "Continue the task you are working on, taking the operator's messages above into account."
+)
+
+
+@dataclass(frozen=True)
+class TurnOutcome:
+    """One turn of this run or replayed from the source run."""
+
+    number: int
+    status: str  # completed | failed
+    instruction: str
+    response: str | None
+    controls: tuple[str, ...] = ()
+    replayed: bool = False
+    error: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "id": f"turn-{self.number}",
+            "turn": self.number,
+            "status": self.status,
+            "response": self.response,
+            "controls": list(self.controls),
+            "replayed": self.replayed,
+            **({"error": self.error} if self.error else {}),
+        }
+
+
+@dataclass
+class AgentSeed:
+    """What a resume of an agent hands the runner: the checked turns to replay."""
+
+    task: str
+    model: str
+    max_turns: int
+    artifact_root: Path
+    resumed_from: str
+    source_run_id: str
+    turns: list[TurnOutcome]
+    next_instruction: str | None
+    next_controls: tuple[str, ...]
+    conversation: str | None
+    flow_context: dict[str, Any]
+    checkpoint_recovery: dict[str, Any] | None = None
+    fork: bool = False
+
+
+@dataclass
+class AgentOptions:
+    """Everything ``steerflow agent`` (or ``resume`` of an agent run) decides before running."""
+
+    task: str = ""
+    model: str = "echo"
+    max_turns: int = DEFAULT_MAX_TURNS
+    timeout_s: float | None = None
+    save: Path | None = None
+    resume: AgentSeed | None = None
+
+
+@dataclass
+class AgentResult:
+    """How an agent run ended; ``to_json`` is the ``--json`` object."""
+
+    session_id: str
+    invocation_id: str
+    run_id: str
+    run_dir: str
+    status: EndStatus
+    exit_code: ExitCode
+    checkpoint: dict[str, Any]
+    turns: list[TurnOutcome]
+    checkpoint_recovery: dict[str, Any] | None = None
+    resumed_from: str | None = None
+    stopped_by: dict[str, Any] | None = None
+    rejected: list[dict[str, str]] = field(default_factory=list)
+    usage: dict[str, Any] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def result_text(self) -> str | None:
+        """The last completed turn's response: what the agent finally said."""
+        for turn in reversed(self.turns):
+            if turn.status == "completed":
+                return turn.response
+        return None
+
+    def to_json(self) -> dict[str, Any]:
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "invocation_id": self.invocation_id,
+            "run_id": self.run_id,
+            "kind": "agent",
+            "status": self.status,
+            "exit_code": int(self.exit_code),
+            "checkpoint": self.checkpoint,
+            "checkpoint_recovery": self.checkpoint_recovery,
+            "nodes": [
+                {
+                    "id": f"turn-{t.number}",
+                    "kind": "planned",
+                    "status": t.status,
+                    "assignee": "agent",
+                }
+                for t in self.turns
+            ],
+            "turns": [t.to_json() for t in self.turns],
+            "run_dir": self.run_dir,
+            "resumed_from": self.resumed_from,
+            "rejected_controls": self.rejected,
+            "usage": self.usage,
+            "warnings": self.warnings,
+            "result": self.result_text,
+        }
+        if self.stopped_by is not None:
+            out["stopped_by"] = self.stopped_by
+        return out

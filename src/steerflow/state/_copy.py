@@ -1,0 +1,99 @@
+"""``steerflow db copy --to URL``: move a home's state database to another one.
+
+Every row of every state table is upserted by primary key into the target, in one write
+transaction, parents before children. The source is authoritative for its own rows, so a
+row already in the target is brought up to date, and copying again changes nothing more:
+the copy is idempotent, and one cut short (it rolls back) is simply run again.
+
+A target is refused when it holds a session the source does not have (it is another
+home's database) unless ``merge`` is asked for; then both homes' rows live side by side
+(ids are uuid4: the sets never collide).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from steerflow.errors import RefusedError
+from steerflow.state._db import StateDB
+
+__all__ = ["COPY_TABLES", "CopyReport", "copy_state"]
+
+COPY_TABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("sessions", ("id",)),
+    ("invocations", ("id",)),
+    ("plays", ("id",)),
+    ("session_controls", ("id",)),
+    ("session_nodes", ("session_id", "node_key")),
+    ("resume_claims", ("session_id",)),
+)
+"""The tables copied, parents first, with their primary keys."""
+
+_SHOWN = 5
+
+
+@dataclass(frozen=True)
+class CopyReport:
+    """What a copy did.
+
+    Attributes:
+        source: Where the rows came from (a path or a URL without its password).
+        target: Where they went.
+        rows: Rows upserted per table.
+        foreign_sessions: Sessions in the target that the source does not have.
+    """
+
+    source: str
+    target: str
+    rows: dict[str, int]
+    foreign_sessions: int
+
+    def to_json(self) -> dict[str, object]:
+        """The JSON form ``db copy --json`` prints."""
+        return {
+            "source": self.source,
+            "target": self.target,
+            "rows": dict(self.rows),
+            "foreign_sessions": self.foreign_sessions,
+        }
+
+
+def _upsert_sql(table: str, columns: list[str], key: tuple[str, ...]) -> str:
+    marks = ", ".join("?" for _ in columns)
+    updates = ", ".join(f"{c} = excluded.{c}" for c in columns if c not in key)
+    return (
+        f"INSERT INTO {table} ({', '.join(columns)}) VALUES ({marks})"
+        f" ON CONFLICT ({', '.join(key)}) DO UPDATE SET {updates}"
+    )
+
+
+def copy_state(source: StateDB, target: StateDB, *, merge: bool = False) -> CopyReport:
+    """Copy every state row of ``source`` into ``target`` (see the module doc).
+
+    Raises:
+        RefusedError: Source and target are the same database; or ``target`` holds
+            sessions ``source`` does not have and ``merge`` is false. Nothing is written.
+        DatabaseBusyError: A lock wait on either side ran past its bound.
+    """
+    if source.location == target.location:
+        raise RefusedError(f"db copy: the source and the target are the same: {source.location}")
+    with source.backend.transaction(write=False) as reader:
+        data = {table: reader.query(f"SELECT * FROM {table}") for table, _ in COPY_TABLES}
+    ours = {str(row["id"]) for row in data["sessions"]}
+    counts: dict[str, int] = {}
+    with target.backend.transaction(write=True) as tx:
+        theirs = [str(r["id"]) for r in tx.query("SELECT id FROM sessions ORDER BY id")]
+        foreign = [sid for sid in theirs if sid not in ours]
+        if foreign and not merge:
+            shown = ", ".join(foreign[:_SHOWN]) + (", ..." if len(foreign) > _SHOWN else "")
+            raise RefusedError(
+                f"db copy: {target.location} is not empty: it holds {len(foreign)} session(s)"
+                f" this home does not ({shown}); pass --merge to add this home's rows to them"
+            )
+        for table, key in COPY_TABLES:
+            rows = data[table]
+            for row in rows:
+                columns = list(row)
+                tx.execute(_upsert_sql(table, columns, key), [row[c] for c in columns])
+            counts[table] = len(rows)
+    return CopyReport(source.location, target.location, counts, len(foreign))

@@ -1,0 +1,410 @@
+"""The PostgreSQL backend of the state database: the only module that imports ``psycopg``.
+
+Selected by ``STEERFLOW_STATE_DB_URL=postgresql://...`` (or ``--state-db URL``), with
+the optional extra ``postgres`` installed. It runs the same portable SQL as the SQLite
+backend (``?`` placeholders are rewritten to ``%s``) and keeps the same guarantees:
+
+* Every lock wait is bounded: ``lock_timeout`` is the busy timeout, and a wait past it
+  (SQLSTATE 55P03, or a cancelled statement, 57014) is
+  :class:`~steerflow.errors.DatabaseBusyError`, exit 3.
+* SQLite serializes every writer with ``BEGIN IMMEDIATE``; PostgreSQL runs writers side
+  by side, so the facade asks for the serialization it relies on with :meth:`lock`, a
+  transaction-scoped advisory lock per ``(scope, key)``: the control inserts and status
+  changes of one session, the resume claims of one source run, the migrations.
+* An insert into ``session_controls`` fires a ``NOTIFY`` (see
+  :mod:`steerflow.state._pg_schema`); :meth:`watch_controls` ``LISTEN``s on a second
+  connection in a daemon thread and calls back on each notification for its session,
+  so the flow's poller is woken by the insert instead of polling for it.
+
+One :class:`PostgresBackend` holds one autocommit connection guarded by a lock, so the
+synchronous :class:`~steerflow.state.StateDB` methods may be called from worker threads.
+A connection the server dropped is replaced on the next call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import zlib
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlsplit, urlunsplit
+
+from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.state._pg_schema import CONTROLS_CHANNEL, PG_MIGRATIONS, PG_SCHEMA_VERSION_DDL
+from steerflow.state._schema import Migration, StateTransaction
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["PG_SCHEMES", "PostgresBackend", "PostgresTransaction", "is_postgres_url", "redact"]
+
+PG_SCHEMES = ("postgresql", "postgres")
+_MISSING_EXTRA = (
+    "STEERFLOW_STATE_DB_URL names a PostgreSQL database, but psycopg is not installed:"
+    " pip install 'steerflow[postgres]'"
+)
+_BUSY_STATES = {"55P03", "57014", "40P01", "40001"}  # lock timeout, cancelled, deadlock, serial
+_READ_ONLY_STATE = "25006"
+_UNDEFINED_TABLE = "42P01"
+_LISTEN_SLICE_S = 0.5  # how soon a closed backend's listener thread notices and exits
+_RECONNECT_S = 1.0
+_MIGRATION_LOCK = "schema-migration"
+
+
+def is_postgres_url(url: str) -> bool:
+    """Whether ``url`` names a PostgreSQL database."""
+    return urlsplit(url).scheme in PG_SCHEMES
+
+
+def redact(url: str) -> str:
+    """``url`` without its password, for messages."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    netloc = parts.netloc.rsplit("@", 1)[1]
+    user = parts.username or ""
+    return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+def _psycopg() -> Any:
+    try:
+        import psycopg
+    except ImportError as exc:
+        raise UsageError(_MISSING_EXTRA) from exc
+    return psycopg
+
+
+def _placeholders(sql: str) -> str:
+    """The portable SQL with psycopg's placeholders (no statement quotes a ``?`` or ``%``)."""
+    return sql.replace("%", "%%").replace("?", "%s")
+
+
+def _key(text: str) -> int:
+    """A stable signed 32-bit advisory-lock key (the same in every process and host)."""
+    value = zlib.crc32(text.encode("utf-8"))
+    return value - (1 << 32) if value >= (1 << 31) else value
+
+
+class PostgresTransaction:
+    """Statements run inside one open transaction of a :class:`PostgresBackend`."""
+
+    def __init__(self, backend: PostgresBackend, conn: psycopg.Connection[Any]) -> None:
+        self._backend = backend
+        self._conn = conn  # never a replacement: a dropped connection fails the transaction
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> list[dict[str, Any]]:
+        """Run one parameterised statement and return its rows as dicts."""
+        return self._backend._run_query(sql, params, self._conn)
+
+    def execute(self, sql: str, params: Sequence[object] = ()) -> int:
+        """Run one parameterised write statement and return its row count."""
+        return self._backend._run_execute(sql, params, self._conn)
+
+
+class PostgresBackend:
+    """One psycopg 3 connection to a PostgreSQL state database.
+
+    Attributes:
+        url: The connection URL (with any password: never print it; see :attr:`location`).
+        read_only: Whether every transaction is read-only.
+        busy_timeout_s: Bound on every lock wait (``lock_timeout``).
+    """
+
+    def __init__(self, url: str, *, read_only: bool, busy_timeout_s: float) -> None:
+        if busy_timeout_s < 0:
+            raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        self.url = url
+        self.read_only = read_only
+        self.busy_timeout_s = busy_timeout_s
+        self._lock = threading.RLock()
+        self._closed = False
+        self._conn: psycopg.Connection[Any] | None = None
+        self._listener: _Listener | None = None
+        self._listening = False  # the main connection LISTENs too, for data_version
+        self._notified = 0
+
+    @classmethod
+    def open(cls, url: str, *, read_only: bool, busy_timeout_s: float) -> PostgresBackend:
+        """Connect to the database at ``url``.
+
+        Raises:
+            UsageError: The ``postgres`` extra (psycopg) is not installed.
+            SteerflowError: The server cannot be reached or refuses the login.
+        """
+        backend = cls(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
+        with backend._lock:
+            backend._connection()
+        return backend
+
+    @property
+    def location(self) -> str:
+        """The URL without its password."""
+        return redact(self.url)
+
+    @property
+    def migrations(self) -> tuple[Migration, ...]:
+        """The schema steps in PostgreSQL's dialect."""
+        return PG_MIGRATIONS
+
+    @property
+    def schema_version_ddl(self) -> str:
+        """The ``schema_version`` table in PostgreSQL's dialect."""
+        return PG_SCHEMA_VERSION_DDL
+
+    def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Any]:
+        """A new connection with this backend's settings (bounded lock waits, text JSON)."""
+        pg = _psycopg()
+        from psycopg.conninfo import conninfo_to_dict
+        from psycopg.rows import dict_row
+        from psycopg.types.string import TextLoader
+
+        options = f"-c lock_timeout={int(self.busy_timeout_s * 1000)}"
+        if self.read_only:
+            options += " -c default_transaction_read_only=on"
+        try:  # keep the URL's own options (a search_path, say): ours come after, and win
+            given = conninfo_to_dict(self.url).get("options")
+        except pg.Error as exc:
+            raise UsageError(f"invalid state database URL {self.location}: {exc}") from exc
+        if given:
+            options = f"{given} {options}"
+        try:
+            conn: psycopg.Connection[Any] = pg.connect(
+                self.url,
+                autocommit=autocommit,
+                row_factory=dict_row,
+                options=options,
+                connect_timeout=max(2, int(self.busy_timeout_s)),
+                application_name="steerflow",
+            )
+        except pg.Error as exc:
+            raise SteerflowError(
+                f"cannot connect to the state database {self.location}: {_first_line(exc)}"
+            ) from exc
+        # JSON columns come back as text, as from SQLite: the facade decodes them itself.
+        for name in ("json", "jsonb"):
+            conn.adapters.register_loader(name, TextLoader)
+        return conn
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._closed:
+            raise SteerflowError(f"state database is closed: {self.location}")
+        conn = self._conn
+        if conn is None or conn.closed or conn.broken:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+            conn = self._conn = self.connect()
+            conn.add_notify_handler(self._on_notify)
+            if self._listening:
+                with self._translate():
+                    conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
+                self._notified += 1  # whatever was sent while disconnected: look again
+        return conn
+
+    def _on_notify(self, _note: object) -> None:
+        self._notified += 1
+
+    @contextlib.contextmanager
+    def _translate(self) -> Iterator[None]:
+        psycopg = _psycopg()
+        try:
+            yield
+        except psycopg.Error as exc:
+            state = getattr(exc, "sqlstate", None)
+            if state in _BUSY_STATES:
+                raise DatabaseBusyError(
+                    f"database busy: {self.location} (lock wait exceeded {self.busy_timeout_s:g} s)"
+                ) from exc
+            if state == _READ_ONLY_STATE:
+                raise RefusedError(f"state database is read-only: {self.location}") from exc
+            raise SteerflowError(
+                f"state database error at {self.location}: {_first_line(exc)}"
+            ) from exc
+
+    def _run_query(
+        self, sql: str, params: Sequence[object], conn: psycopg.Connection[Any] | None = None
+    ) -> list[dict[str, Any]]:
+        with self._lock, self._translate():
+            cursor = (conn or self._connection()).execute(_placeholders(sql), tuple(params))
+            return list(cursor.fetchall()) if cursor.description is not None else []
+
+    def _run_execute(
+        self, sql: str, params: Sequence[object], conn: psycopg.Connection[Any] | None = None
+    ) -> int:
+        with self._lock, self._translate():
+            cursor = (conn or self._connection()).execute(_placeholders(sql), tuple(params))
+            return int(cursor.rowcount)
+
+    def query(self, sql: str, params: Sequence[object] = ()) -> list[dict[str, Any]]:
+        """Run one read statement in its own (autocommit) transaction."""
+        return self._run_query(sql, params)
+
+    @contextlib.contextmanager
+    def transaction(self, *, write: bool) -> Iterator[PostgresTransaction]:
+        """Hold the connection for one transaction (READ COMMITTED).
+
+        It commits when the block ends and rolls back when it raises. Writers that
+        depend on one another serialize with :meth:`lock`; a read transaction gets
+        one snapshot per statement, as every reader here needs.
+
+        Raises:
+            RefusedError: A write on a read-only backend.
+        """
+        if write and self.read_only:
+            raise RefusedError(f"state database is read-only: {self.location}")
+        with self._lock:
+            with self._translate():
+                conn = self._connection()
+                conn.execute("BEGIN")
+            try:
+                yield PostgresTransaction(self, conn)
+                with self._translate():
+                    conn.execute("COMMIT")
+            except BaseException:
+                with contextlib.suppress(Exception):
+                    conn.execute("ROLLBACK")  # a no-op after a failed COMMIT
+                raise
+
+    def lock(self, tx: StateTransaction, scope: str, key: str) -> None:
+        """Wait (bounded) for the advisory lock of ``(scope, key)`` until ``tx`` ends."""
+        tx.query("SELECT pg_advisory_xact_lock(?, ?)", (_key(scope), _key(key)))
+
+    def lock_for_migration(self, tx: StateTransaction) -> None:
+        """Serialize migrations: the first process migrates, the others then see it done."""
+        self.lock(tx, _MIGRATION_LOCK, _MIGRATION_LOCK)
+
+    def schema_version(self) -> int:
+        """The highest applied migration, or 0 when the bookkeeping table is missing."""
+        rows = self._run_query("SELECT to_regclass('schema_version') IS NOT NULL AS present", ())
+        if not rows or not rows[0]["present"]:
+            return 0
+        found = self._run_query("SELECT MAX(version) AS version FROM schema_version", ())
+        version = found[0]["version"] if found else None
+        return int(version) if version is not None else 0
+
+    def data_version(self) -> int:
+        """How many control inserts this connection has been notified of.
+
+        It changes when any writer inserts a control row (the NOTIFY trigger). One
+        round trip: PostgreSQL hands an idle listening connection every notification
+        committed before the statement, so an insert committed before this call has
+        always been counted when it returns (the same promise as SQLite's pragma).
+        """
+        with self._lock:
+            conn = self._connection()
+            with self._translate():
+                if not self._listening:
+                    conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
+                    self._listening = True
+                conn.execute("SELECT 1")
+            return self._notified
+
+    def watch_controls(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        """Call ``callback`` (from a daemon thread) on each control insert for ``session_id``.
+
+        ``LISTEN`` is in effect when this returns, so a row inserted afterwards is never
+        missed. Returns the function that stops the calls.
+        """
+        return self._ensure_listener().subscribe(session_id, callback)
+
+    def _ensure_listener(self) -> _Listener:
+        with self._lock:
+            if self._closed:
+                raise SteerflowError(f"state database is closed: {self.location}")
+            if self._listener is None:
+                listener = _Listener(self)
+                listener.start()
+                self._listener = listener
+            return self._listener
+
+    def close(self) -> None:
+        """Close the connection and stop the listener. Closing twice is harmless."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._listener is not None:
+                self._listener.stop()
+            if self._conn is not None:
+                with contextlib.suppress(Exception):
+                    self._conn.close()
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip() or type(exc).__name__
+    return text.splitlines()[0]
+
+
+class _Listener:
+    """A daemon thread holding a ``LISTEN`` connection; counts and dispatches notifications."""
+
+    def __init__(self, backend: PostgresBackend) -> None:
+        self._backend = backend
+        self._stop = threading.Event()
+        self._guard = threading.Lock()
+        self._subscribers: dict[int, tuple[str, Callable[[], None]]] = {}
+        self._next = 0
+        self._conn: psycopg.Connection[Any] | None = None
+        self._thread = threading.Thread(target=self._run, name="steerflow-pg-listen", daemon=True)
+
+    def start(self) -> None:
+        self._conn = self._listen()  # in effect before anyone relies on it
+        self._thread.start()
+
+    def _listen(self) -> psycopg.Connection[Any]:
+        conn = self._backend.connect()
+        with self._backend._translate():
+            conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
+        return conn
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def subscribe(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
+        with self._guard:
+            token, self._next = self._next, self._next + 1
+            self._subscribers[token] = (session_id, callback)
+
+        def unsubscribe() -> None:
+            with self._guard:
+                self._subscribers.pop(token, None)
+
+        return unsubscribe
+
+    def _dispatch(self, session_id: str | None) -> None:
+        with self._guard:
+            callbacks = [cb for sid, cb in self._subscribers.values() if session_id in (None, sid)]
+        for callback in callbacks:
+            with contextlib.suppress(Exception):  # a subscriber's failure is its own
+                callback()
+
+    def _run(self) -> None:
+        conn = self._conn
+        try:
+            while not self._stop.is_set():
+                if conn is None or conn.closed or conn.broken:
+                    conn = self._reconnect(conn)
+                    continue
+                try:
+                    for note in conn.notifies(timeout=_LISTEN_SLICE_S):
+                        self._dispatch(note.payload)
+                except Exception:  # the server went away: reconnect, and re-list everything
+                    conn = self._reconnect(conn)
+        finally:
+            if conn is not None:
+                with contextlib.suppress(Exception):
+                    conn.close()
+
+    def _reconnect(self, old: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
+        if old is not None:
+            with contextlib.suppress(Exception):
+                old.close()
+        if self._stop.wait(_RECONNECT_S):
+            return None
+        try:
+            conn = self._listen()
+        except SteerflowError:
+            return None
+        self._dispatch(None)  # rows may have arrived while nobody listened
+        return conn

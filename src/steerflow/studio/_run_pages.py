@@ -1,0 +1,306 @@
+"""The Run page (graph, nodes, control log, recovery) and the Node page, rendered escaped."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+from steerflow.executor import STEER_CLOSE, STEER_OPEN
+from steerflow.orchestrate._detail import response_text
+from steerflow.studio._pages import (
+    STATUSES,
+    control_forms,
+    duration,
+    esc,
+    page,
+    run_href,
+    when,
+)
+from steerflow.studio._svg import graph_svg
+from steerflow.views import (
+    CheckpointReport,
+    ControlStatus,
+    NodeDetail,
+    ResumePreflight,
+    RunGraph,
+    RunView,
+)
+
+__all__ = ["RECOVERABLE", "node_page", "run_page", "steer_marked"]
+
+#: Run statuses the Recovery section is shown for.
+RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
+
+
+def _status(value: str | None) -> str:
+    shown = value or "unknown"
+    known = shown if shown in STATUSES else "unknown"
+    return f'<span class="status status-{known}" id="run-status">{esc(shown)}</span>'
+
+
+def _facts(rows: list[tuple[str, str]]) -> str:
+    """A ``<dl>``; values are HTML already escaped by the caller."""
+    return (
+        '<dl class="facts">' + "".join(f"<dt>{esc(k)}</dt><dd>{v}</dd>" for k, v in rows) + "</dl>"
+    )
+
+
+def _node_href(run: str, node: str) -> str:
+    return run_href(run) + "/nodes/" + quote(node, safe="")
+
+
+def _resume_links(view: RunView) -> str:
+    parts = []
+    if view.resumed_from_run:
+        parts.append(
+            f'resumed from <a href="{esc(run_href(view.resumed_from_run))}">'
+            f"{esc(view.resumed_from_run)}</a>"
+        )
+    for item in view.resumed_by:
+        target = item.get("run_id") or item.get("session_id")
+        label = esc(target) + (" (fork)" if item.get("fork") else "")
+        parts.append(f'resumed by <a href="{esc(run_href(str(target)))}">{label}</a>')
+    # The script reloads the page when the count changes: the new link is rendered here.
+    return (
+        f'<span id="run-resumes" data-count="{len(view.resumed_by)}">'
+        + ("; ".join(parts) or "-")
+        + "</span>"
+    )
+
+
+def _nodes_table(view: RunView) -> str:
+    rows = []
+    for node in view.nodes:
+        status = node.status if node.status else "unknown"
+        rows.append(
+            f'<tr data-node="{esc(node.id)}">'
+            f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
+            f"<td>{esc(node.kind)}</td>"
+            f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
+            f"<td>{esc(node.model or '-')}</td>"
+            f'<td class="num">{esc(duration(node.duration_s))}</td>'
+            f"<td>{esc(node.assignee or '-')}</td>"
+            f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
+        )
+    return (
+        "<table><thead><tr><th>node</th><th>kind</th><th>status</th><th>model</th>"
+        "<th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _control_log(status: ControlStatus | None) -> str:
+    if status is None or not status.controls:
+        return "<p>no controls sent</p>"
+    rows = [
+        f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
+        f"<td>{esc(_payload(c.payload))}</td><td>{esc(when(c.created_at))}</td>" + _result(c.result)
+        for c in status.controls
+    ]
+    return (
+        "<table><thead><tr><th>control</th><th>verb</th><th>payload</th><th>sent</th>"
+        "<th>result</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+    )
+
+
+def _result(result: str | None) -> str:
+    if result:
+        return f"<td>{esc(result)}</td></tr>"
+    # The script reloads the page once the flow stamps a pending row (a changed answer).
+    return "<td data-control-pending>pending</td></tr>"
+
+
+def _payload(payload: object) -> str:
+    if payload is None:
+        return "-"
+    if isinstance(payload, dict):
+        return ", ".join(f"{k}: {v}" for k, v in payload.items())
+    return str(payload)
+
+
+def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight, csrf: str) -> str:
+    rec = report.report or {}
+    lines = [
+        "<h3>checkpoint</h3>",
+        _facts(
+            [
+                ("status", esc(report.status)),
+                ("version", esc(report.version if report.version is not None else "-")),
+                ("records applied", esc(rec.get("records_applied", "-"))),
+                ("torn tail bytes", esc(rec.get("discarded_tail_bytes", "-"))),
+                ("refusal", esc(report.error or "-")),
+            ]
+        ),
+        "<h3>resume preflight (<code>steerflow resume --dry-run</code>)</h3>",
+    ]
+    if preflight.refusal is not None:
+        lines.append(
+            f'<p class="error" id="preflight-refusal"><strong>refused: '
+            f"{esc(preflight.refusal.code)}</strong> (exit {preflight.refusal.exit_code}): "
+            f"{esc(preflight.refusal.message)}</p>"
+        )
+        return "\n".join(lines)
+    replayed, to_run = preflight.replayed, preflight.to_run
+    lines.append(
+        '<p id="preflight-verdict">would replay '
+        f"{len(replayed)}: {esc(', '.join(replayed) or '-')}; would run {len(to_run)}: "
+        f"{esc(', '.join(to_run) or '-')}</p>"
+    )
+    if preflight.degraded_context:
+        lines.append(f"<p>degraded context: {esc(', '.join(preflight.degraded_context))}</p>")
+    lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
+    action = esc(run_href(run_id) + "/resume")
+    lines.append(
+        f'<form method="post" action="{action}">'
+        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+        "<button>Resume</button> (starts <code>steerflow resume</code> in the background)"
+        "</form>"
+    )
+    return "\n".join(lines)
+
+
+def run_page(
+    view: RunView,
+    graph: RunGraph,
+    control: ControlStatus | None,
+    recovery: tuple[CheckpointReport, ResumePreflight] | None,
+    *,
+    csrf: str,
+    notice: str | None = None,
+) -> str:
+    """One run: facts, controls while it runs, the DAG, the nodes, the control log, recovery."""
+    summary = view.summary
+    body = [f"<h2>run {esc(view.run_id)}</h2>"]
+    if notice:
+        body.append(f'<p class="notice">{esc(notice)}</p>')
+    body.append(
+        _facts(
+            [
+                ("status", _status(view.status)),
+                ("phase", f'<span id="run-phase">{esc(view.phase or "-")}</span>'),
+                ("kind", esc(view.kind or "-")),
+                ("session", f"<code>{esc(view.session_id or '-')}</code>"),
+                (
+                    "progress",
+                    f'<span id="run-progress">{esc(summary.get("completed"))} completed, '
+                    f"{esc(summary.get('failed'))} failed, {esc(summary.get('running'))} "
+                    f"running of {esc(summary.get('total'))}</span>",
+                ),
+                ("resumes", _resume_links(view)),
+                (
+                    "checkpoint",
+                    esc(f"v{view.checkpoint_version}" if view.checkpoint_exists else "none"),
+                ),
+            ]
+        )
+    )
+    if view.status == "running" and view.session_id:
+        back = run_href(view.run_id)
+        body.append(f"<p>{control_forms(view.session_id, csrf, back=back)}</p>")
+    body.append('<h3>graph</h3><div class="graph">')
+    body.append(graph_svg(graph, base=run_href(view.run_id) + "/nodes/"))
+    body.append("</div><h3>nodes</h3>")
+    body.append(_nodes_table(view))
+    body.append("<h3>control log</h3>")
+    body.append(_control_log(control))
+    if recovery is not None:
+        body.append('<section id="recovery"><h2>recovery</h2>')
+        body.append(_recovery(view.run_id, *recovery, csrf=csrf))
+        body.append("</section>")
+    live = "/api/runs/" + quote(view.run_id, safe="")
+    return page(f"steerflow studio: run {view.run_id}", "\n".join(body), live=live)
+
+
+def steer_marked(instruction: str) -> str:
+    """The instruction escaped, each operator steer block inside ``<mark class="steer">``."""
+    out: list[str] = []
+    rest = instruction
+    while True:
+        start = rest.find(STEER_OPEN)
+        end = rest.find(STEER_CLOSE, start + len(STEER_OPEN)) if start >= 0 else -1
+        if start < 0 or end < 0:
+            out.append(esc(rest))
+            return "".join(out)
+        stop = end + len(STEER_CLOSE)
+        out.append(esc(rest[:start]))
+        out.append(f'<mark class="steer">{esc(rest[start:stop])}</mark>')
+        rest = rest[stop:]
+
+
+def _artifacts(items: tuple[object, ...], base: str) -> str:
+    if not items:
+        return "<p>none recorded</p>"
+    rows = []
+    for item in items:
+        if isinstance(item, dict) and isinstance(item.get("path"), str):
+            href = esc(base + quote(item["path"], safe="/"))
+            rows.append(
+                f'<tr><td><a href="{href}">{esc(item["path"])}</a></td><td class="num">'
+                f"{esc(item.get('bytes', '?'))}</td><td><code>{esc(item.get('digest') or '-')}"
+                "</code></td></tr>"
+            )
+        else:
+            rows.append(f"<tr><td>{esc(item)}</td><td>?</td><td>-</td></tr>")
+    return (
+        "<table><thead><tr><th>path</th><th>bytes</th><th>digest</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table>"
+    )
+
+
+def _usage(usage: dict[str, object] | None) -> str:
+    if not usage:
+        return "not reported"
+    cost = usage.get("cost_usd")
+    text = f"{usage.get('input_tokens') or 0} in / {usage.get('output_tokens') or 0} out tokens"
+    return text + (f", ${cost}" if cost is not None else "")
+
+
+def _links(run: str, keys: tuple[str, ...] | list[str]) -> str:
+    return ", ".join(f'<a href="{esc(_node_href(run, k))}">{esc(k)}</a>' for k in keys) or "-"
+
+
+def node_page(detail: NodeDetail) -> str:
+    """One node: facts, the instruction as sent (steer blocks marked), response, artifacts."""
+    run = detail.run_id
+    facts = [
+        ("run", f'<a href="{esc(run_href(run))}">{esc(run)}</a>'),
+        ("status", esc(detail.status)),
+        ("kind", esc(detail.kind)),
+        ("assignee", esc(detail.assignee or "-")),
+        ("model", esc(detail.model or "-")),
+        ("started", esc(when(detail.started_at))),
+        ("ended", esc(when(detail.ended_at))),
+        ("duration", esc(duration(detail.duration_s))),
+        ("usage", esc(_usage(detail.usage))),
+        ("depends on", _links(run, detail.depends_on)),
+        ("spawned by", _links(run, [detail.parent] if detail.parent else [])),
+        ("spawned", _links(run, detail.spawned)),
+    ]
+    attempt = detail.raw.get("escalation_attempt")
+    if attempt is not None:
+        facts.append(("escalation attempt", esc(attempt)))
+    if detail.replayed:
+        origin = detail.raw.get("replayed_from") or {}
+        facts.append(("replayed", esc(f"recorded by run {origin.get('run_id') or '?'}")))
+    if detail.note:
+        facts.append(("note", esc(detail.note)))
+    if detail.checkpoint_error:
+        facts.append(("checkpoint", esc(detail.checkpoint_error)))
+    body = [f"<h2>node {esc(detail.id)}</h2>", _facts(facts)]
+    body.append("<h3>instruction (as the provider received it)</h3>")
+    if detail.instruction is None:
+        body.append("<p>not rendered yet</p>")
+    else:
+        body.append(f'<pre class="instruction">{steer_marked(detail.instruction)}</pre>')
+    if detail.status == "failed":
+        body.append(f"<h3>error</h3><pre>{esc(detail.error or 'not recorded')}</pre>")
+    else:
+        shown = None if detail.response is None else response_text(detail.response)
+        body.append("<h3>response</h3>")
+        body.append(
+            f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
+        )
+    body.append("<h3>artifacts</h3>")
+    body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
+    return page(f"steerflow studio: {detail.id} of {run}", "\n".join(body))

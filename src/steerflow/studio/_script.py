@@ -1,0 +1,126 @@
+"""The Studio's one script, served from ``/static/studio.js`` (the CSP allows no inline script).
+
+It polls the page's ``data-live`` JSON (``show --json`` of the run; 304 while nothing
+changed, see ``_live``) and updates statuses
+with ``textContent`` and class names only, never HTML; when a node appears that the page
+does not draw (a spawn), it reloads the page, which the server renders escaped.
+"""
+
+from __future__ import annotations
+
+__all__ = ["POLL_MS", "SCRIPT"]
+
+#: How often a Run page asks for the run's state (updates land within a second).
+POLL_MS = 500
+
+SCRIPT = """\
+(function () {
+  "use strict";
+  var source = document.body.getAttribute("data-live");
+  if (!source) { return; }
+  var kind = document.body.getAttribute("data-live-kind");
+  var NODE = ["pending", "running", "paused", "completed", "failed", "skipped"];
+  var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped"];
+  function setStatus(el, status, known) {
+    var keep = (el.getAttribute("class") || "").split(/\\s+/).filter(function (c) {
+      return c && c.indexOf("status-") !== 0;
+    });
+    keep.push("status-" + (known.indexOf(status) >= 0 ? status : "unknown"));
+    el.setAttribute("class", keep.join(" "));
+  }
+  function typing() {
+    var fields = document.querySelectorAll("input[type=text]");
+    for (var i = 0; i < fields.length; i += 1) {
+      if (fields[i].value || fields[i] === document.activeElement) { return true; }
+    }
+    return false;
+  }
+  function applyRuns(list) {
+    var byId = {};
+    (list.runs || []).forEach(function (r) { byId[r.session_id] = r; });
+    var shown = {};
+    var stale = false;
+    document.querySelectorAll("tr[data-run]").forEach(function (tr) {
+      var id = tr.getAttribute("data-run");
+      var r = byId[id];
+      shown[id] = true;
+      if (!r) { return; }
+      if (r.status !== tr.getAttribute("data-status")) { stale = true; }
+      tr.querySelectorAll("[data-field]").forEach(function (td) {
+        var value = r[td.getAttribute("data-field")];
+        if (value !== undefined) { td.textContent = value; }
+      });
+    });
+    (list.runs || []).forEach(function (r) { if (!shown[r.session_id]) { stale = true; } });
+    // A new run or a changed status changes links and forms: the server renders them.
+    if (stale && !typing()) { window.location.reload(); }
+  }
+  // What the server rendered: forms, the recovery section, resume links and control
+  // results change with these, and only the server renders them (escaped).
+  var shownStatus = document.getElementById("run-status");
+  var rendered = shownStatus ? shownStatus.textContent : null;
+  var resumes = document.getElementById("run-resumes");
+  var resumeCount = resumes ? resumes.getAttribute("data-count") : null;
+  var answers = 0;
+  function stale(view) {
+    // Only an end reloads: a cached "running" answer must not bounce a fresh page.
+    if (rendered && view.status && view.status !== rendered && view.status !== "running") {
+      return true;
+    }
+    if (resumeCount !== null && String((view.resumed_by || []).length) !== resumeCount) {
+      return true;
+    }
+    // A changed answer after the first: a pending control may have been stamped.
+    return answers > 1 && document.querySelector("[data-control-pending]") !== null;
+  }
+  function apply(view) {
+    answers += 1;
+    if (stale(view) && !typing()) { window.location.reload(); return; }
+    var byId = {};
+    var drawn = {};
+    document.querySelectorAll("g[data-node]").forEach(function (g) {
+      drawn[g.getAttribute("data-node")] = g;
+    });
+    var missing = false;
+    (view.nodes || []).forEach(function (n) {
+      byId[n.id] = n.status;
+      if (drawn[n.id]) { setStatus(drawn[n.id], n.status, NODE); } else { missing = true; }
+    });
+    if (missing) { window.location.reload(); return; }
+    document.querySelectorAll("[data-node-status]").forEach(function (td) {
+      var s = byId[td.getAttribute("data-node-status")];
+      if (s) { td.textContent = s; }
+    });
+    var status = document.getElementById("run-status");
+    if (status && view.status) {
+      status.textContent = view.status;
+      setStatus(status, view.status, RUN);
+    }
+    var phase = document.getElementById("run-phase");
+    if (phase) { phase.textContent = view.phase || "-"; }
+    var s = view.summary || {};
+    var progress = document.getElementById("run-progress");
+    if (progress) {
+      progress.textContent = s.completed + " completed, " + s.failed + " failed, " +
+        s.running + " running of " + s.total;
+    }
+  }
+  var tag = null;
+  function tick() {
+    var headers = tag ? {"If-None-Match": tag} : {};
+    fetch(source, {credentials: "same-origin", cache: "no-store", headers: headers})
+      .then(function (r) {
+        if (r.status !== 200) { return null; }
+        tag = r.headers.get("ETag");
+        return r.json();
+      })
+      .then(function (view) {
+        if (!view) { return; }
+        if (kind === "runs") { applyRuns(view); } else { apply(view); }
+      })
+      .catch(function () { return null; })
+      .then(function () { window.setTimeout(tick, __POLL_MS__); });
+  }
+  window.setTimeout(tick, __POLL_MS__);
+})();
+""".replace("__POLL_MS__", str(POLL_MS))

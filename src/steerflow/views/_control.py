@@ -1,0 +1,132 @@
+"""Steering from a view: the ``ctl`` writers and the ``ctl status`` reader.
+
+The writers are ``control.enqueue_control``, exactly what ``steerflow ctl`` calls: a
+row is queued, and applied (or refused) by the flow's poller, which stamps its result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from steerflow.control import Queued, enqueue_control, open_existing_db
+
+__all__ = [
+    "ControlEntry",
+    "ControlStatus",
+    "control_status",
+    "message",
+    "pause",
+    "resume",
+    "stop",
+]
+
+
+def pause(home: Path, target: str) -> Queued:
+    """Queue ``ctl pause TARGET``: hold every operation that has not started yet."""
+    return enqueue_control(home, target, "pause")
+
+
+def resume(home: Path, target: str) -> Queued:
+    """Queue ``ctl resume TARGET``: release a paused flow (not a resume from checkpoint)."""
+    return enqueue_control(home, target, "resume")
+
+
+def message(home: Path, target: str, text: str) -> Queued:
+    """Queue ``ctl msg TARGET TEXT``: a correction rendered into the next operation once."""
+    return enqueue_control(home, target, "message", text)
+
+
+def stop(home: Path, target: str, *, now: bool = False, reason: str | None = None) -> Queued:
+    """Queue ``ctl stop TARGET``: admit nothing new, persist, exit 75 (resumable)."""
+    return enqueue_control(home, target, "stop", reason, now=now)
+
+
+@dataclass(frozen=True)
+class ControlEntry:
+    """One ``session_controls`` row: ``result`` is None while it is pending."""
+
+    id: str
+    verb: str
+    payload: Any
+    created_at: float
+    applied_at: float | None
+    result: str | None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``ctl status --json`` control object."""
+        return {
+            "id": self.id,
+            "verb": self.verb,
+            "payload": self.payload,
+            "created_at": self.created_at,
+            "applied_at": self.applied_at,
+            "result": self.result,
+        }
+
+
+@dataclass(frozen=True)
+class ControlStatus:
+    """A session's phase, poller state and controls (``ctl status``)."""
+
+    session_id: str
+    status: str
+    phase: str | None
+    poller: str
+    controls: tuple[ControlEntry, ...]
+    #: An ``agent`` session's finished turns (issue 19); None for a flow.
+    turns: int | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``ctl status --json`` object (CONTRACT §3)."""
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "status": self.status,
+            "phase": self.phase,
+            "poller": self.poller,
+            "controls": [c.to_json() for c in self.controls],
+        }
+        if self.turns is not None:
+            out["turns"] = self.turns
+        return out
+
+
+def control_status(home: Path, target: str) -> ControlStatus:
+    """Read the session ``target`` resolves to (as ``ctl`` resolves it).
+
+    Raises:
+        RefusedError: No state DB.
+        UnknownIdError, AmbiguousIdError: ``target`` names no session or several.
+    """
+    with open_existing_db(home) as db:
+        resolved = db.resolve_target(target)
+        session = db.get_session(resolved.session_id)
+        assert session is not None
+        return ControlStatus(
+            session_id=session.id,
+            status=db.effective_status(session),
+            phase=session.phase,
+            poller=str(session.node_metadata.get("poller", "pending")),
+            controls=tuple(
+                ControlEntry(
+                    id=c.id,
+                    verb=c.verb,
+                    payload=c.payload,
+                    created_at=c.created_at,
+                    applied_at=c.applied_at,
+                    result=c.result,
+                )
+                for c in db.list_controls(session.id)
+            ),
+            turns=_agent_turns(session.kind, session.node_metadata),
+        )
+
+
+def _agent_turns(kind: str, meta: dict[str, Any]) -> int | None:
+    """How many turns an ``agent`` session finished (``node_metadata["agent"]``)."""
+    if kind != "agent":
+        return None
+    agent = meta.get("agent")
+    turns = agent.get("turns") if isinstance(agent, dict) else None
+    return turns if isinstance(turns, int) else 0

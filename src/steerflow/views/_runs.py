@@ -1,0 +1,345 @@
+"""Runs and one run: the readers behind ``runs --json`` and ``show --json``.
+
+Live facts (status, phase, node rows) come from the state DB; outcomes, recorded
+artifacts and plan order from the checkpoint, read with ``checkpoint.load_state`` (v2
+leniently): the one loader every reader shares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
+from steerflow.errors import CheckpointRecoveryError
+from steerflow.orchestrate._agent_state import ordered_keys
+from steerflow.orchestrate._detail import elapsed, run_summary
+from steerflow.plan import SYNTHESIS_KEY
+from steerflow.resume import resolve_run_target
+from steerflow.state import SessionRow, StateDB, db_exists
+
+__all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
+
+
+@dataclass(frozen=True)
+class RunListing:
+    """One row of ``runs``: a session, its live status and its resume links."""
+
+    session_id: str
+    run_id: str | None
+    kind: str
+    status: str
+    created_at: float
+    phase: str | None
+    duration_s: float | None
+    resumed_from: str | None
+    resumed_from_run: str | None
+    #: Every resume of this run, oldest first (``ResumedBy.to_json`` objects).
+    resumed_by: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``runs --json`` row."""
+        return {
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "kind": self.kind,
+            "status": self.status,
+            "created_at": self.created_at,
+            "phase": self.phase,
+            "duration_s": self.duration_s,
+            "resumed_from": self.resumed_from,
+            "resumed_from_run": self.resumed_from_run,
+            "resumed_by": list(self.resumed_by),
+        }
+
+
+def list_runs(home: Path, *, limit: int | None = 20, status: str | None = None) -> list[RunListing]:
+    """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
+
+    ``status`` filters on the effective status (a dead run reads as ``interrupted``), so
+    a filtered list may hold fewer than ``limit`` rows although more runs exist.
+    """
+    if not db_exists(home):
+        return []
+    with StateDB.open(home, create=False) as db:
+        rows = db.list_sessions(limit=limit)
+        by = db.resumed_by([r.run_id for r in rows if r.run_id])
+        out = []
+        for r in rows:
+            effective = db.effective_status(r)
+            if status is not None and effective != status:
+                continue
+            out.append(
+                RunListing(
+                    session_id=r.id,
+                    run_id=r.run_id,
+                    kind=r.kind,
+                    status=effective,
+                    created_at=r.created_at,
+                    phase=r.phase,
+                    duration_s=_run_duration(r, effective),
+                    resumed_from=r.node_metadata.get("resumed_from"),
+                    resumed_from_run=r.node_metadata.get("resumed_from_run"),
+                    resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
+                )
+            )
+        return out
+
+
+def _run_duration(row: SessionRow, status: str) -> float | None:
+    """Start to finish; a live run to now; a dead one to its last heartbeat."""
+    if status == "running":
+        return elapsed(row.created_at, None, running=True)
+    end = row.node_metadata.get("finished_at") or row.heartbeat_at or row.updated_at
+    return elapsed(row.created_at, end, running=False)
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """One node's live status in a run view (``show``'s node list)."""
+
+    id: str
+    kind: str
+    status: str
+    assignee: str | None
+    #: False when the state DB has no rows for the run and the node comes from the
+    #: checkpoint alone: then nothing is known about its call (model, duration, detail).
+    live: bool = True
+    model: str | None = None
+    duration_s: float | None = None
+    #: The published call detail without the rendered instruction (``node_detail`` has it).
+    detail: dict[str, Any] | None = None
+    #: The artifacts its completed checkpoint entry records (path, bytes, digest).
+    artifacts: tuple[Any, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``show --json`` node object."""
+        out: dict[str, Any] = {
+            "id": self.id,
+            "kind": self.kind,
+            "status": self.status,
+            "assignee": self.assignee,
+        }
+        if self.live:
+            out["model"] = self.model
+            out["duration_s"] = self.duration_s
+            if self.detail:
+                out["detail"] = self.detail
+        if self.artifacts:
+            out["artifacts"] = list(self.artifacts)
+        return out
+
+
+@dataclass(frozen=True)
+class RunView:
+    """One run: status, phase, every node's live status, checkpoint and its report."""
+
+    run_id: str
+    session_id: str | None
+    run_dir: Path
+    #: None when the state DB has no session row for the run.
+    status: str | None
+    phase: str | None
+    kind: str | None
+    nodes: tuple[NodeState, ...]
+    checkpoint_path: Path
+    checkpoint_exists: bool
+    checkpoint_version: int | None
+    #: The ``checkpoint_recovery`` report (CONTRACT §8); None without a checkpoint file.
+    checkpoint_recovery: dict[str, Any] | None
+    summary: dict[str, Any]
+    resumed_by: tuple[dict[str, Any], ...] = ()
+    resumed_from: str | None = None
+    resumed_from_run: str | None = None
+    usage: dict[str, Any] | None = None
+    #: Whether the state DB has a session row for the run (``show --json`` then also
+    #: carries ``kind``, ``resumed_from``, ``resumed_from_run`` and ``usage``).
+    has_session: bool = False
+    #: False when the run directory is not in this home (another host ran it, or it was
+    #: deleted): the view holds the state DB's facts only, no checkpoint.
+    reachable: bool = True
+    #: The host that ran it (the session's ``owner_host``); None when unknown.
+    owner_host: str | None = None
+
+    def node(self, key: str) -> NodeState | None:
+        """The node named ``key`` exactly, else None."""
+        return next((n for n in self.nodes if n.id == key), None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The ``show --json`` object."""
+        out: dict[str, Any] = {
+            "session_id": self.session_id,
+            "run_id": self.run_id,
+            "run_dir": str(self.run_dir),
+            "status": self.status,
+            "phase": self.phase,
+            "nodes": [n.to_json() for n in self.nodes],
+            # Unreachable: nothing is known about the checkpoint from here, not "absent".
+            "checkpoint": {
+                "path": str(self.checkpoint_path),
+                "version": self.checkpoint_version,
+                "exists": self.checkpoint_exists,
+            }
+            if self.reachable
+            else None,
+            "checkpoint_recovery": self.checkpoint_recovery,
+            "reachable": self.reachable,
+            "owner_host": self.owner_host,
+        }
+        if self.has_session:
+            out["kind"] = self.kind
+            out["resumed_from"] = self.resumed_from
+            out["resumed_from_run"] = self.resumed_from_run
+            out["usage"] = self.usage
+        out["resumed_by"] = list(self.resumed_by)
+        out["summary"] = self.summary
+        return out
+
+
+def show_run(home: Path, target: str) -> RunView:
+    """Resolve ``target`` (run id or prefix, run dir, session/invocation/play id) and read it.
+
+    A run the state DB knows whose directory is not in this home (it ran on another host
+    sharing a PostgreSQL state DB, or its directory was deleted) is read from the DB
+    alone: status, phase and ``session_nodes``, with ``reachable`` False.
+
+    Raises:
+        UnknownIdError, AmbiguousIdError: ``target`` names no run or several.
+    """
+    run = resolve_run_target(home, target, need_dir=False)
+    ckpt_path = run.run_dir / CHECKPOINT_FILENAME
+    exists = run.reachable and ckpt_path.exists()
+    state: CheckpointState | None = None
+    report: dict[str, Any] | None = None
+    if exists:
+        try:
+            state, report = load_state(ckpt_path, v2_lenient=True)
+        except CheckpointRecoveryError as exc:
+            report = exc.report
+    status = phase = kind = owner_host = None
+    meta: dict[str, Any] = {}
+    nodes: list[NodeState] = []
+    has_session = False
+    if run.session_id is not None and db_exists(home):
+        with StateDB.open(home, create=False) as db:
+            session = db.get_session(run.session_id)
+            if session is not None:
+                has_session = True
+                status, phase, kind = db.effective_status(session), session.phase, session.kind
+                owner_host = session.owner_host
+                meta = dict(session.node_metadata)
+                nodes = [
+                    NodeState(
+                        id=n.node_key,
+                        kind=n.kind,
+                        status=n.status,
+                        assignee=n.assignee,
+                        model=(n.detail or {}).get("model"),
+                        duration_s=elapsed(
+                            (n.detail or {}).get("started_at"),
+                            (n.detail or {}).get("ended_at"),
+                            running=n.status == "running",
+                        ),
+                        # The rendered instruction can be large: node_detail has it.
+                        detail={k: v for k, v in n.detail.items() if k != "instruction"}
+                        if n.detail
+                        else None,
+                    )
+                    for n in db.list_nodes(run.session_id)
+                ]
+    if state is not None:
+        from_checkpoint = checkpoint_nodes(state)
+        if not nodes:
+            nodes = from_checkpoint
+        else:  # live rows, in plan order (spawned nodes after, as recorded)
+            order = {n.id: i for i, n in enumerate(from_checkpoint)}
+            nodes.sort(key=lambda n: order.get(n.id, len(order)))
+        recorded = _recorded_artifacts(state)
+        nodes = [_with_artifacts(n, recorded[n.id]) if n.id in recorded else n for n in nodes]
+    usage = meta.get("usage")
+    return RunView(
+        run_id=run.run_id,
+        session_id=run.session_id,
+        run_dir=run.run_dir,
+        status=status,
+        phase=phase,
+        kind=kind,
+        nodes=tuple(nodes),
+        checkpoint_path=ckpt_path,
+        checkpoint_exists=exists,
+        checkpoint_version=report.get("checkpoint_version") if report else None,
+        checkpoint_recovery=report,
+        summary=run_summary([n.to_json() for n in nodes], usage),
+        resumed_by=tuple(resumed_by(home, run.run_id)),
+        resumed_from=meta.get("resumed_from"),
+        resumed_from_run=meta.get("resumed_from_run"),
+        usage=usage,
+        has_session=has_session,
+        reachable=run.reachable,
+        owner_host=owner_host or run.owner_host,
+    )
+
+
+def _with_artifacts(node: NodeState, artifacts: list[Any]) -> NodeState:
+    return replace(node, artifacts=tuple(artifacts))
+
+
+def checkpoint_nodes(state: CheckpointState) -> list[NodeState]:
+    """Node states derived from a loaded checkpoint (used when the state DB has none)."""
+    nodes = []
+    for item in state.plan:  # plan items are not entries: read as far as readable
+        entry = state.ops.get(item.get("agent_id"))
+        nodes.append(
+            NodeState(
+                id=item.get("agent_id"),
+                kind="planned",
+                status=entry.status if entry is not None else "pending",
+                assignee=item.get("assignee"),
+                live=False,
+            )
+        )
+    for spawned in state.spawned:
+        nodes.append(
+            NodeState(
+                id=spawned.spawn_id or spawned.node_id,
+                kind="spawned",
+                status=spawned.status,
+                assignee=spawned.assignee,
+                live=False,
+            )
+        )
+    # An agent run has no plan: its turns are entries only (issue 19), in turn order.
+    planned = {item.get("agent_id") for item in state.plan if isinstance(item, dict)}
+    for key in ordered_keys([k for k in state.ops if k not in planned]):
+        nodes.append(
+            NodeState(id=key, kind="planned", status=state.ops[key].status, assignee=None,
+                      live=False)
+        )  # fmt: skip
+    if isinstance(state.config.get("synthesis"), dict) and SYNTHESIS_KEY not in state.ops:
+        # A requested synthesis not recorded yet is owed (decision 72): shown pending, last.
+        nodes.append(
+            NodeState(id=SYNTHESIS_KEY, kind="planned", status="pending", assignee=None,
+                      live=False)
+        )  # fmt: skip
+    return nodes
+
+
+def _recorded_artifacts(state: CheckpointState) -> dict[str, list[Any]]:
+    """Leg key -> the ``artifacts`` its completed entry records (path, bytes, digest)."""
+    out: dict[str, list[Any]] = {}
+    entries = [(key, e.raw) for key, e in state.ops.items()]
+    entries += [(e.spawn_id or e.node_id, e.raw) for e in state.spawned]
+    for key, raw in entries:
+        recorded = raw.get("artifacts")
+        if raw.get("status") == "completed" and isinstance(recorded, list) and recorded:
+            out[key] = recorded
+    return out
+
+
+def resumed_by(home: Path, run_id: str) -> list[dict[str, Any]]:
+    """Every resume of run ``run_id``, oldest first (``show``'s ``resumed_by``)."""
+    if not db_exists(home):
+        return []
+    with StateDB.open(home, create=False) as db:
+        return [b.to_json() for b in db.resumed_by([run_id]).get(run_id, [])]

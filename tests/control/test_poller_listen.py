@@ -1,0 +1,89 @@
+"""The poller on PostgreSQL is woken by ``LISTEN``/``NOTIFY``, not by polling (issue 15).
+
+The poll interval here is far longer than the waits, and the forced listing longer still,
+so only a notification can explain a prompt application; and while idle the poller
+makes no reads at all (no ``data_version`` watcher thread).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from pg_support import PgServer
+from steerflow.control import ControlPoller, SteeringTarget
+from steerflow.state import STATE_DB_URL_ENV, StateDB
+from waiting import wait_until_async
+
+SLOW_S = 30.0  # the interval and forced listing: far beyond every wait below
+
+
+class _Target(SteeringTarget):
+    def __init__(self) -> None:
+        self.calls: list[str] = []
+
+    def pause(self) -> None:
+        self.calls.append("pause")
+
+    def resume(self) -> None:
+        self.calls.append("resume")
+
+    def has_pending_operation(self) -> bool:
+        return True
+
+    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
+        self.calls.append(f"message:{text}")
+
+
+class _Counted(StateDB):
+    reads = 0
+
+    def data_version(self) -> int:
+        self.reads += 1
+        return super().data_version()
+
+
+@pytest.fixture
+def home(tmp_path: Path, pg: PgServer, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv(STATE_DB_URL_ENV, pg.new_database())
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def writer(home: Path) -> Iterator[StateDB]:
+    with StateDB.open(home) as db:
+        yield db
+
+
+async def test_a_notification_wakes_an_idle_poller_that_never_polls(
+    home: Path, writer: StateDB
+) -> None:
+    sid = writer.create_session(kind="flow").id
+    opened = StateDB.open(home)
+    db = _Counted(opened.backend)
+    target = _Target()
+    poller = ControlPoller(home, sid, target, interval=SLOW_S, db=db, forced_list=SLOW_S)
+    task = asyncio.ensure_future(poller.run())
+    try:
+        await wait_until_async(lambda: poller.listings >= 1, timeout=10, what="a first listing")
+        assert not [t for t in threading.enumerate() if t.name == "steerflow-control-watch"]
+        reads, ticks = db.reads, poller.ticks
+        await asyncio.sleep(0.5)  # idle: nothing wakes the loop, nothing reads
+        assert (db.reads, poller.ticks) == (reads, ticks)
+
+        await asyncio.to_thread(writer.insert_control, session_id=sid, verb="pause", payload=None)
+        await asyncio.to_thread(
+            writer.insert_control, session_id=sid, verb="message", payload={"text": "hi"}
+        )
+        await wait_until_async(lambda: target.calls == ["pause", "message:hi"], timeout=10,
+                               what="both rows applied, long before any poll")  # fmt: skip
+        rows = await asyncio.to_thread(writer.list_controls, sid)
+        assert [r.result for r in rows] == ["applied", "applied"]
+    finally:
+        await poller.stop()
+        await asyncio.wait_for(task, 10)
+        db.close()

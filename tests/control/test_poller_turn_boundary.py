@@ -1,0 +1,91 @@
+"""The poller at an agent's turn boundary (issue 19): ``catch_up`` and ``messages_rejected``."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from steerflow.control import ControlPoller, SteeringTarget
+from steerflow.state import StateDB
+
+
+class DeferringTarget(SteeringTarget):
+    """Takes messages and defers their stamp, as an agent does."""
+
+    def __init__(self) -> None:
+        self.messages: list[dict[str, Any]] = []
+
+    def pause(self) -> None:
+        raise NotImplementedError
+
+    def resume(self) -> None:
+        raise NotImplementedError
+
+    def has_pending_operation(self) -> bool:
+        return True
+
+    def add_operator_message(self, text: str, *, ts: float, control_id: str) -> None:
+        self.messages.append({"text": text, "control_id": control_id})
+
+    def defers_message_stamp(self) -> bool:
+        return True
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Path:
+    return tmp_path / "home"
+
+
+@pytest.fixture
+def writer(home: Path) -> Iterator[StateDB]:
+    db = StateDB.open(home)
+    try:
+        yield db
+    finally:
+        db.close()
+
+
+async def test_catch_up_lists_a_row_committed_just_before(home: Path, writer: StateDB) -> None:
+    sid = writer.create_session(kind="agent").id
+    target = DeferringTarget()
+    # Neither the watcher (30 s) nor the forced listing (1 h) would see the row in time:
+    # only catch_up explains a prompt claim.
+    poller = ControlPoller(home, sid, target, interval=30.0, forced_list=3600.0)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(poller.run())
+        async with asyncio.timeout(10):
+            await poller.catch_up()  # the first tick has run: the poller is settled
+            row = await asyncio.to_thread(
+                writer.insert_control, session_id=sid, verb="message", payload={"text": "hi"}
+            )
+            await poller.catch_up()
+        assert [m["control_id"] for m in target.messages] == [row.id]
+        current = writer.get_control(row.id)
+        assert current is not None and (current.result or "").startswith("applying:")
+        await poller.stop()
+    # Stopped: catch_up returns at once instead of waiting for a tick that never comes.
+    async with asyncio.timeout(1):
+        await poller.catch_up()
+
+
+async def test_messages_rejected_stamps_the_given_result(home: Path, writer: StateDB) -> None:
+    sid = writer.create_session(kind="agent").id
+    taken = writer.insert_control(session_id=sid, verb="message", payload={"text": "one"})
+    left = writer.insert_control(session_id=sid, verb="message", payload={"text": "two"})
+    target = DeferringTarget()
+    poller = ControlPoller(home, sid, target, interval=0.01)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(poller.run())
+        async with asyncio.timeout(10):
+            await poller.catch_up()
+        assert len(target.messages) == 2
+        poller.messages_rejected([taken.id, None, "f" * 32], "rejected:max-turns")
+        await poller.stop()
+    results = {c.id: c.result for c in writer.list_controls(sid)}
+    assert results[taken.id] == "rejected:max-turns"
+    # A message nobody rejected or delivered is still closed when the run ends.
+    assert results[left.id] == "rejected:no-pending-ops"
