@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from steerflow.cli._output import emit_json, emit_text, printable, warn
+from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
 
 if TYPE_CHECKING:
     from steerflow.orchestrate._agent_options import AgentOptions, AgentResult
@@ -24,17 +22,7 @@ def execute_agent(home: Path, options: AgentOptions, *, as_json: bool) -> int:
 
     run = AgentRun(options, home=home, progress=lambda line: warn(printable(line)))
 
-    async def main() -> AgentResult:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, run.request_stop, sig)
-        try:
-            return await run.run()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
-    result = asyncio.run(main())
+    result: AgentResult = run_with_signals(run.run, run.request_stop)
     print_agent_result(result, as_json=as_json)
     return int(result.exit_code)
 

@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import asyncio
 import io
 import math
 import os
-import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -14,7 +12,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import click
 
-from steerflow.cli._output import emit_json, emit_text, printable, warn
+from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
 from steerflow.errors import ExitCode, SteerflowError, UsageError, quote_input
 from steerflow.home import resolve_home
 
@@ -312,18 +310,8 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
     events.subscribe(progress)
     run = FlowRun(options, home=home, events=events)
 
-    async def main() -> FlowResult:
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            loop.add_signal_handler(sig, run.request_stop, sig)
-        try:
-            return await run.run()
-        finally:
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                loop.remove_signal_handler(sig)
-
     try:
-        result = asyncio.run(main())
+        result = run_with_signals(run.run, run.request_stop)
     finally:
         progress.close()  # the last summary of a run whose progress was summarised
     from steerflow.cli._reading import flow_result_text

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
+import signal
 import sys
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, TypeVar
 
 __all__ = ["emit_json", "emit_raw", "emit_text", "printable", "warn"]
 
@@ -62,3 +65,26 @@ def warn(text: str) -> None:
     """Print a diagnostic on stderr, control characters escaped (newlines kept)."""
     sys.stderr.write(printable(text.rstrip("\n"), keep_newlines=True) + "\n")
     sys.stderr.flush()
+
+
+_T = TypeVar("_T")
+
+
+def run_with_signals(run: Callable[[], Awaitable[_T]], on_signal: Callable[[int], None]) -> _T:
+    """``asyncio.run(run())`` with SIGINT/SIGTERM handed to ``on_signal`` on the loop.
+
+    On the loop, not as Python's default handler: a KeyboardInterrupt raised anywhere
+    would skip the graceful end (persist, stamp, exit 130/143).
+    """
+
+    async def main() -> _T:
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, on_signal, sig)
+        try:
+            return await run()
+        finally:
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.remove_signal_handler(sig)
+
+    return asyncio.run(main())

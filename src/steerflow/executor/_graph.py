@@ -194,7 +194,7 @@ class Graph:
         carrying ``escalated_from`` (Amendment 3 item 4), so the rule holds for a graph
         rebuilt from a checkpoint as well as for one spliced live.
         """
-        replaced = {op.parent_id for op in self.ops.values() if getattr(op, "escalated_from", None)}
+        replaced = {op.parent_id for op in self.ops.values() if op.escalated_from}
         return [
             op
             for op in self.ops.values()

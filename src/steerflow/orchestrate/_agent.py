@@ -33,7 +33,7 @@ from typing import Any
 from steerflow import _faults
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
-from steerflow.errors import ExitCode, PersistenceError, SteerflowError
+from steerflow.errors import PersistenceError, SteerflowError
 from steerflow.executor import CallScope, render_steer
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
 from steerflow.orchestrate._agent_options import (
@@ -44,7 +44,7 @@ from steerflow.orchestrate._agent_options import (
 )
 from steerflow.orchestrate._agent_state import AGENT_CONTEXT_KEY, AGENT_KIND, LEG_KEY, turn_key
 from steerflow.orchestrate._claim import discard_run_dir, resume_claim
-from steerflow.orchestrate._options import EndStatus
+from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._publish import heartbeat_loop
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
 from steerflow.state import NodeStatus, NodeUpdate, Owner, StateDB, this_host
@@ -53,7 +53,6 @@ __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
 
 #: The stored result of a message still pending when the turn budget ran out.
 MAX_TURNS_RESULT = "rejected:max-turns"
-_SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 #: Bound on waiting for the poller to list rows committed before a turn ended.
 _CATCH_UP_S = 10.0
 
@@ -520,17 +519,6 @@ class AgentRun:
             return "timed_out"
         return "completed"
 
-    def _exit_code(self, status: EndStatus) -> ExitCode:
-        if status == "completed":
-            return ExitCode.OK
-        if status == "timed_out":
-            return ExitCode.DEADLINE
-        if status == "stopped":
-            return ExitCode.STOPPED
-        if status == "interrupted" and self.stop_signal:
-            return _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
-        return ExitCode.FAILED
-
     async def _conclude(self, s: _Live) -> AgentResult:
         try:
             await s.writer.close()
@@ -566,7 +554,7 @@ class AgentRun:
             run_id=s.run_dir.run_id,
             run_dir=str(s.run_dir.path),
             status=status,
-            exit_code=self._exit_code(status),
+            exit_code=exit_code_for(status, self.stop_signal),
             checkpoint=checkpoint,
             turns=list(self.turns),
             checkpoint_recovery=seed.checkpoint_recovery if seed else None,

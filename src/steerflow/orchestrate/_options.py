@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -17,12 +18,30 @@ __all__ = [
     "FlowResult",
     "ResumeSeed",
     "RunStatus",
+    "exit_code_for",
     "node_summaries",
     "usage_total",
 ]
 
 #: How a run that started ended; stored as the session status.
 EndStatus = Literal["completed", "failed", "timed_out", "interrupted", "stopped"]
+
+_SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
+
+
+def exit_code_for(status: EndStatus, stop_signal: int | None) -> ExitCode:
+    """The CONTRACT §3 exit code of a run (flow or agent) that ended ``status``."""
+    if status == "completed":
+        return ExitCode.OK
+    if status == "timed_out":
+        return ExitCode.DEADLINE
+    if status == "stopped":
+        return ExitCode.STOPPED
+    if status == "interrupted" and stop_signal:
+        return _SIGNAL_EXIT.get(signal.Signals(stop_signal), ExitCode.FAILED)
+    return ExitCode.FAILED
+
+
 #: ``FlowResult.status``: an end status, or ``planned`` for a dry run (CONTRACT §3).
 RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted", "stopped"]
 

@@ -41,6 +41,7 @@ from steerflow.orchestrate._options import (
     EndStatus,
     FlowOptions,
     FlowResult,
+    exit_code_for,
     node_summaries,
     usage_total,
 )
@@ -66,7 +67,6 @@ from steerflow.state import Owner, StateDB
 
 __all__ = ["FlowRun", "run_flow"]
 
-_SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 #: ``admission_reason`` once an outcome could not be persisted (decision 35).
 CHECKPOINT_LOST = "checkpoint-failed"
 #: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
@@ -639,17 +639,6 @@ class FlowRun:
 
         await asyncio.to_thread(finish)
 
-    def _exit_code(self, status: EndStatus) -> ExitCode:
-        if status == "completed":
-            return ExitCode.OK
-        if status == "timed_out":
-            return ExitCode.DEADLINE
-        if status == "stopped":
-            return ExitCode.STOPPED
-        if status == "interrupted" and self.stop_signal:
-            return _SIGNAL_EXIT.get(signal.Signals(self.stop_signal), ExitCode.FAILED)
-        return ExitCode.FAILED
-
     def _result(
         self, s: _Session, graph: Graph, status: EndStatus, checkpoint: CheckpointOutcome
     ) -> FlowResult:
@@ -659,7 +648,7 @@ class FlowRun:
             session_id=s.session_id,
             run_id=s.run_dir.run_id,
             status=status,
-            exit_code=self._exit_code(status),
+            exit_code=exit_code_for(status, self.stop_signal),
             checkpoint=checkpoint.to_json(),
             checkpoint_recovery=seed.checkpoint_recovery if seed else None,
             nodes=node_summaries(graph),
