@@ -176,7 +176,7 @@ def test_kind_verb_matrix(home: Path, kind: str, verb: CliVerb, via: str) -> Non
         with pytest.raises(KindNotAllowedError) as info:
             enqueue_control(home, target, verb, text)
         assert str(info.value) == (
-            f"kind not allowed: {verb} is not accepted by a {kind!r} invocation "
+            f"kind not allowed: {verb} is not accepted by an invocation of kind {kind!r} "
             f"(accepted: {_ACCEPTED_BY[verb]})"
         )
         assert info.value.exit_code == ExitCode.REFUSED
@@ -190,7 +190,8 @@ def test_a_play_target_uses_its_session_kind(home: Path) -> None:
         agent_play = db.create_play(session_id=agent_session.id, invocation_id=None, playbook="p")
         play_session = db.create_session(kind="play")
         play = db.create_play(session_id=play_session.id, invocation_id=None, playbook="p")
-    with pytest.raises(KindNotAllowedError, match="pause is not accepted by a 'agent' invocation"):
+    refusal = "pause is not accepted by an invocation of kind 'agent'"
+    with pytest.raises(KindNotAllowedError, match=refusal):
         enqueue_control(home, agent_play.id, "pause")
     queued = enqueue_control(home, play.id, "pause")
     assert (queued.session_id, queued.verb) == (play_session.id, "pause")

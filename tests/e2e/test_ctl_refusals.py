@@ -87,10 +87,11 @@ def test_refusals_insert_nothing(home: Path) -> None:
     _refused(home, "resume", PREFIX, expect="ambiguous id")  # 31 of 32 characters
     _refused(home, "pause", "c0c0", expect="not running")
     _refused(home, "msg", "c0" * 16, "hello", expect="not running")
-    _refused(home, "pause", "d0d0", expect="not accepted by a 'agent'")
-    _refused(home, "resume", "d0" * 16, expect="not accepted by a 'agent'")
+    not_for_agents = "not accepted by an invocation of kind 'agent'"
+    _refused(home, "pause", "d0d0", expect=not_for_agents)
+    _refused(home, "resume", "d0" * 16, expect=not_for_agents)
     # Kind comes from the matched invocation, not from its session (a flow).
-    _refused(home, "pause", INVOCATION_ONLY[:6], expect="not accepted by a 'agent'")
+    _refused(home, "pause", INVOCATION_ONLY[:6], expect=not_for_agents)
     assert count_controls(home) == 0
 
 

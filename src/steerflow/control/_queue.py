@@ -124,7 +124,7 @@ def enqueue_control(
         if kind not in ALLOWED_KINDS[verb]:
             allowed = ", ".join(sorted(ALLOWED_KINDS[verb]))
             raise KindNotAllowedError(
-                f"kind not allowed: {verb} is not accepted by a {kind!r} invocation "
+                f"kind not allowed: {verb} is not accepted by an invocation of kind {kind!r} "
                 f"(accepted: {allowed})"
             )
         payload: dict[str, object] | None = None
