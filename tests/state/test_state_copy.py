@@ -7,6 +7,7 @@ and a target holding another home's sessions is refused unless ``--merge``.
 from __future__ import annotations
 
 import json
+import sqlite3
 from pathlib import Path
 
 import pytest
@@ -135,3 +136,26 @@ def test_postgresql_back_into_sqlite_and_the_same_database_is_refused(
     code, _, err = _copy(home, url, capsys=capsys)
     assert code == ExitCode.REFUSED
     assert "the source and the target are the same" in err
+
+
+def test_a_source_column_name_that_is_not_an_identifier_is_refused(
+    tmp_path: Path,
+    pg: PgServer,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Column names become SQL text in the target: a hand-edited source cannot inject."""
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    home, url = tmp_path / "home", pg.new_database()
+    with StateDB.open(home) as db:
+        _seed(db)
+    hostile = "x) VALUES (1); DROP TABLE sessions; --"
+    with sqlite3.connect(home / "state.db") as raw:
+        raw.execute(f'ALTER TABLE plays ADD COLUMN "{hostile}" TEXT')
+    with StateDB.open_url(url) as target:
+        theirs = target.create_session(kind="play").id
+    code, _, err = _copy(home, url, "--merge", capsys=capsys)
+    assert code == ExitCode.REFUSED
+    assert f"table plays has a column named {hostile!r}" in err
+    with StateDB.open_url(url, create=False) as target:  # nothing written, nothing dropped
+        assert [s.id for s in target.list_sessions(limit=None)] == [theirs]

@@ -12,6 +12,7 @@ home's database) unless ``merge`` is asked for; then both homes' rows live side 
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 from steerflow.errors import RefusedError
@@ -30,6 +31,7 @@ COPY_TABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
 """The tables copied, parents first, with their primary keys."""
 
 _SHOWN = 5
+_COLUMN = re.compile(r"[a-z][a-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,15 @@ def copy_state(source: StateDB, target: StateDB, *, merge: bool = False) -> Copy
         raise RefusedError(f"db copy: the source and the target are the same: {source.location}")
     with source.backend.transaction(write=False) as reader:
         data = {table: reader.query(f"SELECT * FROM {table}") for table, _ in COPY_TABLES}
+    for table, rows in data.items():
+        # Column names go into the INSERT's text (values are parameters): a source file
+        # edited by hand must not be able to put SQL there.
+        odd = sorted({c for row in rows for c in row if not _COLUMN.fullmatch(c)})
+        if odd:
+            raise RefusedError(
+                f"db copy: the source's table {table} has a column named {odd[0]!r},"
+                " which no steerflow schema has; nothing was copied"
+            )
     ours = {str(row["id"]) for row in data["sessions"]}
     counts: dict[str, int] = {}
     with target.backend.transaction(write=True) as tx:
