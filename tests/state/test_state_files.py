@@ -68,6 +68,16 @@ def test_create_false_refuses_missing_db_and_creates_nothing(home: Path) -> None
     assert not home.exists()
 
 
+def test_a_dangling_symlink_is_not_created_through(tmp_path: Path) -> None:
+    """SQLite would create the link's target with the umask's mode (0644), not 0600."""
+    link, victim = tmp_path / "copy.db", tmp_path / "elsewhere" / "victim.db"
+    victim.parent.mkdir()
+    link.symlink_to(victim)
+    with pytest.raises(RefusedError, match="symbolic link to a missing file"):
+        StateDB.open_url(f"sqlite:///{link}")
+    assert not victim.exists() and link.is_symlink()
+
+
 def test_read_only_refuses_missing_db_and_creates_nothing(home: Path) -> None:
     with pytest.raises(RefusedError, match=r"no state database at .*state\.db"):
         StateDB.open(home, read_only=True)

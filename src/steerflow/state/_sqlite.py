@@ -142,6 +142,13 @@ class SqliteBackend:
         if not path.exists():
             if read_only or not create:
                 raise RefusedError(f"no state database at {path}")
+            if path.is_symlink():
+                # SQLite would create the link's target with the umask's mode, not 0600,
+                # somewhere the link chose: create only files we name ourselves.
+                raise RefusedError(
+                    f"state database {path} is a symbolic link to a missing file; "
+                    "refusing to create a database through it"
+                )
             _ensure_private_dir(path.parent)
             with contextlib.suppress(FileExistsError):
                 fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, _FILE_MODE)
