@@ -9,7 +9,7 @@ from typing import TypeVar
 
 T = TypeVar("T")
 
-__all__ = ["wait_until", "wait_until_async"]
+__all__ = ["holds_for", "holds_for_async", "wait_until", "wait_until_async"]
 
 
 def wait_until(
@@ -52,4 +52,38 @@ async def wait_until_async(
             raise AssertionError(
                 f"timed out after {timeout:g} s waiting for {what}; last={value!r}"
             )
+        await asyncio.sleep(interval)
+
+
+def holds_for(
+    check: Callable[[], object],
+    *,
+    seconds: float,
+    interval: float = 0.05,
+) -> None:
+    """Run ``check`` (which asserts) over ``seconds``: the bounded proof that nothing happens.
+
+    A negative property ("the paused node is never called") has no event to wait on; it
+    is checked all along a window, and fails at the first probe that sees it broken.
+    """
+    deadline = time.monotonic() + seconds
+    while True:
+        check()
+        if time.monotonic() >= deadline:
+            return
+        time.sleep(interval)
+
+
+async def holds_for_async(
+    check: Callable[[], object],
+    *,
+    seconds: float,
+    interval: float = 0.01,
+) -> None:
+    """The event-loop version of :func:`holds_for`: other tasks run between checks."""
+    deadline = time.monotonic() + seconds
+    while True:
+        check()
+        if time.monotonic() >= deadline:
+            return
         await asyncio.sleep(interval)

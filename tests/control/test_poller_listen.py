@@ -17,7 +17,7 @@ import pytest
 from pg_support import PgServer
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.state import STATE_DB_URL_ENV, StateDB
-from waiting import wait_until_async
+from waiting import holds_for_async, wait_until_async
 
 SLOW_S = 30.0  # the interval and forced listing: far beyond every wait below
 
@@ -72,8 +72,11 @@ async def test_a_notification_wakes_an_idle_poller_that_never_polls(
         await wait_until_async(lambda: poller.listings >= 1, timeout=10, what="a first listing")
         assert not [t for t in threading.enumerate() if t.name == "steerflow-control-watch"]
         reads, ticks = db.reads, poller.ticks
-        await asyncio.sleep(0.5)  # idle: nothing wakes the loop, nothing reads
-        assert (db.reads, poller.ticks) == (reads, ticks)
+
+        def idle() -> None:  # nothing wakes the loop, nothing reads
+            assert (db.reads, poller.ticks) == (reads, ticks)
+
+        await holds_for_async(idle, seconds=0.5)
 
         await asyncio.to_thread(writer.insert_control, session_id=sid, verb="pause", payload=None)
         await asyncio.to_thread(

@@ -40,6 +40,7 @@ from flow_support import (
 )
 
 from steerflow.checkpoint import load_checkpoint
+from waiting import wait_until
 
 NODES = {"a": [], "b": ["a"], "c": ["a"], "d": ["b", "c"], "e": ["d"], "f": ["e"]}
 SCRIPT = {
@@ -131,7 +132,6 @@ def _kill_at(home: Path, args: list[object], baseline: Baseline, position: float
     (waited for with a bound) so interpreter start-up jitter does not blur them.
     """
     log = home / "script-invocations.jsonl"
-    started = time.monotonic()
     proc = start_cli(home, *args)
     try:
         if position < STARTUP_SHARE:
@@ -139,9 +139,12 @@ def _kill_at(home: Path, args: list[object], baseline: Baseline, position: float
             time.sleep(delay)  # the random moment is the point of this test
             moment = f"start-up +{delay:.3f}s"
         else:
-            deadline = started + 30
-            while not log.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.002)
+            wait_until(
+                lambda: log.exists() or proc.poll() is not None,
+                timeout=30,
+                what="the flow's first invocation",
+                interval=0.002,
+            )
             assert log.exists(), "the flow never invoked a node"
             delay = (position - STARTUP_SHARE) / (1 - STARTUP_SHARE) * baseline.work_s
             time.sleep(delay)  # the random moment is the point of this test

@@ -8,14 +8,16 @@ and decides when it ends, without sleeping.
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from pathlib import Path
 
 from steerflow.cli import main
 from steerflow.providers import ProviderRequest, ProviderResponse
 from steerflow.providers import script as script_module
+
+# tests/ holds the shared bounded wait (waiting.py); this file runs as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from waiting import wait_until_async
 
 GATE_TIMEOUT_S = 120.0
 
@@ -28,11 +30,8 @@ def _install(gate: Path) -> None:
     ) -> ProviderResponse:
         response = await original(self, request)
         (gate / f"started-{request.node_key}").touch()
-        deadline = time.monotonic() + GATE_TIMEOUT_S
-        while not (gate / f"release-{request.node_key}").exists():
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"gate release-{request.node_key} never appeared")
-            await asyncio.sleep(0.01)
+        release = gate / f"release-{request.node_key}"
+        await wait_until_async(release.exists, timeout=GATE_TIMEOUT_S, what=str(release))
         return response
 
     script_module.ScriptProvider.invoke = gated  # type: ignore[method-assign]

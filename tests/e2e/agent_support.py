@@ -29,7 +29,9 @@ GATE_CLI = HERE / "agent_gate_cli.py"
 WAIT_S = 60.0
 
 _FAKE_CLAUDE = r"""#!{python}
-import json, os, pathlib, sys, time
+import json, os, pathlib, sys
+sys.path.insert(0, {tests!r})  # the shared bounded wait (tests/waiting.py)
+from waiting import wait_until
 gate = pathlib.Path({gate!r})
 log = pathlib.Path({log!r})
 stdin = sys.stdin.read()
@@ -38,11 +40,8 @@ with open(log, "a") as fh:
     fh.write(json.dumps({{"argv": sys.argv, "cwd": os.getcwd(), "stdin": stdin,
                          "pid": os.getpid()}}) + "\n")
 (gate / f"started-{{n}}").touch()
-deadline = time.monotonic() + 120
-while not (gate / f"release-{{n}}").exists():
-    if time.monotonic() > deadline:
-        sys.exit("gate release-%d never appeared" % n)
-    time.sleep(0.01)
+release = gate / f"release-{{n}}"
+wait_until(release.exists, timeout=120, what=str(release), interval=0.01)
 if {codex!r}:
     print(json.dumps({{"type": "item.completed",
                       "item": {{"type": "agent_message", "text": "reply %d" % n}}}}))
@@ -98,7 +97,11 @@ def write_gated_claude(directory: Path, gate: Gate, name: str = "claude") -> tup
     path, log = directory / name, directory / f"{name}.log"
     path.write_text(
         _FAKE_CLAUDE.format(
-            python=sys.executable, gate=str(gate.dir), log=str(log), codex=name == "codex"
+            python=sys.executable,
+            tests=str(HERE.parent),
+            gate=str(gate.dir),
+            log=str(log),
+            codex=name == "codex",
         )
     )
     path.chmod(0o755)

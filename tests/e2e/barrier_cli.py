@@ -8,11 +8,14 @@ instead of one interpreter start-up apart.
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import steerflow.orchestrate  # noqa: F401  (warm: the race starts after imports)
 from steerflow.cli import main
+
+# tests/ holds the shared bounded wait (waiting.py); this file runs as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from waiting import wait_until
 
 BARRIER_TIMEOUT_S = 60.0
 
@@ -20,12 +23,8 @@ BARRIER_TIMEOUT_S = 60.0
 def _run(argv: list[str]) -> int:
     barrier, ready, args = Path(argv[0]), Path(argv[1]), argv[2:]
     ready.touch()
-    deadline = time.monotonic() + BARRIER_TIMEOUT_S
-    while not barrier.exists():
-        if time.monotonic() > deadline:
-            print(f"barrier {barrier} never appeared", file=sys.stderr)
-            return 99
-        time.sleep(0.001)
+    # A fine interval: the point of the barrier is that every process starts at once.
+    wait_until(barrier.exists, timeout=BARRIER_TIMEOUT_S, what=str(barrier), interval=0.001)
     return main(args)
 
 

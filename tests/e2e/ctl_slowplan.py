@@ -8,22 +8,22 @@ still planning without racing it.
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
 from pathlib import Path
 
 from steerflow.cli import main
 from steerflow.providers import echo
+
+# tests/ holds the shared bounded wait (waiting.py); this file runs as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from waiting import wait_until_async
 
 _original_plan = echo.EchoProvider.plan
 
 
 async def _held_plan(self: echo.EchoProvider, request: echo.PlanRequest) -> object:
     release = Path(sys.argv[sys.argv.index("--home") + 1]) / "release-plan"
-    deadline = time.monotonic() + 60.0
-    while not release.exists() and time.monotonic() < deadline:  # noqa: ASYNC110 (a file, not an event)
-        await asyncio.sleep(0.02)
+    await wait_until_async(release.exists, timeout=60.0, what=str(release), interval=0.02)
     return await _original_plan(self, request)
 
 

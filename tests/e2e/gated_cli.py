@@ -9,13 +9,16 @@ across a deadline or a ``ctl stop`` for exactly as long as it needs, with no tim
 
 from __future__ import annotations
 
-import asyncio
 import sys
-import time
+from pathlib import Path
 
 from steerflow.cli import main
 from steerflow.providers import script
 from steerflow.providers._base import ProviderRequest, ProviderResponse
+
+# tests/ holds the shared bounded wait (waiting.py); this file runs as a script.
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from waiting import wait_until_async
 
 HOLD_S = 60.0
 _original_invoke = script.ScriptProvider.invoke
@@ -26,9 +29,7 @@ async def _held_invoke(self: script.ScriptProvider, request: ProviderRequest) ->
     if (home / f"gate-{request.node_key}").exists():
         (home / f"started-{request.node_key}").touch()
         release = home / f"release-{request.node_key}"
-        deadline = time.monotonic() + HOLD_S
-        while not release.exists() and time.monotonic() < deadline:  # noqa: ASYNC110 (a file, not an event)
-            await asyncio.sleep(0.01)
+        await wait_until_async(release.exists, timeout=HOLD_S, what=str(release))
     return await _original_invoke(self, request)
 
 

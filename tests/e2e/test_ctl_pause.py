@@ -13,7 +13,6 @@ by separate ``ctl`` processes. The flow always runs in its own process.
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 
 from ctl_support import (
@@ -29,6 +28,8 @@ from ctl_support import (
     write_yaml,
 )
 from flow_support import cli_in_process
+
+from waiting import holds_for
 
 # How long `a`, `b1` and `b2` run. The controls that must land while one of them is in
 # flight are queued in process and applied within about 0.2 s of the node starting even
@@ -80,12 +81,13 @@ def _completed(home: Path, session_id: str) -> set[str]:
 
 def _assert_held(flow_home: Path, session_id: str, held: set[str], window_s: float) -> None:
     """Over ``window_s``, the held nodes stay ``paused`` and are never invoked."""
-    deadline = time.monotonic() + window_s
-    while time.monotonic() < deadline:
+
+    def check() -> None:
         statuses = node_statuses(flow_home, session_id)
         assert all(statuses[k] == "paused" for k in held), statuses
         assert not held & set(_invoked(flow_home)), _invoked(flow_home)
-        time.sleep(0.05)
+
+    holds_for(check, seconds=window_s)
 
 
 def test_pause_holds_unstarted_ops_and_resume_releases(tmp_path: Path) -> None:

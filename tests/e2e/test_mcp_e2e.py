@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import sys
-import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -31,6 +30,8 @@ from ctl_support import (
     wait_stamped,
     write_yaml,
 )
+
+from waiting import holds_for
 
 READ_TOOLS = {"list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight"}
 CONTROL_TOOLS = {"pause", "resume", "message", "stop"}
@@ -117,11 +118,12 @@ async def test_reads_runs_and_a_node_without_control_tools(tmp_path: Path) -> No
 
 def _held(home: Path, session_id: str, node: str, window_s: float) -> None:
     """Over ``window_s``, ``node`` stays ``paused`` and its provider is never called."""
-    deadline = time.monotonic() + window_s
-    while time.monotonic() < deadline:
+
+    def check() -> None:
         assert node_statuses(home, session_id)[node] == "paused"
         assert node not in [line["node"] for line in invocations(home)]
-        time.sleep(0.05)
+
+    holds_for(check, seconds=window_s)
 
 
 async def test_allow_control_pauses_messages_resumes_and_stops_a_live_flow(

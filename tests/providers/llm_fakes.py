@@ -311,13 +311,13 @@ if "--output-last-message" in sys.argv and "last_message" in cfg:
 if cfg.get("ignore_term"):
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
 if cfg.get("grandchild"):
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(3600)"])
+    child = subprocess.Popen([sys.executable, "-c", "import signal; signal.pause()"])
     record["grandchild"] = child.pid
 with open({log!r}, "a") as fh:
     fh.write(json.dumps(record) + "\n")
 if cfg.get("hang"):
-    while True:
-        time.sleep(0.05)
+    while True:  # hung until a signal kills it (pause returns after a handled one)
+        signal.pause()
 sys.stdout.write(cfg.get("stdout", ""))
 sys.stderr.write(cfg.get("stderr", ""))
 sys.exit(cfg.get("exit", 0))

@@ -7,6 +7,7 @@ the race test runs real processes that claim the same source at the same moment.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import sqlite3
 import subprocess
@@ -148,18 +149,24 @@ def test_a_source_whose_owner_died_is_resumable(db: StateDB) -> None:
     assert [b.session_id for b in db.resumed_by([SOURCE])[SOURCE]] == [taker.id]
 
 
+TESTS = Path(__file__).resolve().parents[1]
+
+
+def _pythonpath() -> list[str]:
+    return [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+
+
 _CLAIMER = """\
-import json, sys, time
+import json, sys
 from pathlib import Path
+from waiting import wait_until
 from steerflow.errors import ResumeClaimedError
 from steerflow.state import ResumeClaim, StateDB
 
 home, source, run_id, barrier, done, release = sys.argv[1:7]
 db = StateDB.open(Path(home))
 Path(done + ".ready").touch()
-deadline = time.monotonic() + 60
-while not Path(barrier).exists() and time.monotonic() < deadline:
-    time.sleep(0.001)
+wait_until(Path(barrier).exists, timeout=60, what=barrier, interval=0.001)
 claim = ResumeClaim(source, fork=False, has_checkpoint=lambda _: False)
 try:
     row = db.create_session(kind="flow", run_id=run_id, resume=claim)
@@ -168,8 +175,7 @@ except ResumeClaimedError as exc:
     out = {"refused": exc.holder_session_id}
 Path(done).write_text(json.dumps(out))
 # Stay alive (a live holder) until every claimer has tried.
-while not Path(release).exists() and time.monotonic() < deadline:
-    time.sleep(0.01)
+wait_until(Path(release).exists, timeout=60, what=release, interval=0.01)
 db.close()
 """
 
@@ -183,7 +189,13 @@ def test_claims_from_processes_at_the_same_moment_admit_exactly_one(
     procs = []
     for i, path in enumerate(done):
         args = [str(home), SOURCE, f"20260101T00000{i}-abcdef", str(barrier), str(path)]
-        procs.append(subprocess.Popen([sys.executable, "-c", _CLAIMER, *args, str(release)]))
+        procs.append(
+            subprocess.Popen(
+                [sys.executable, "-c", _CLAIMER, *args, str(release)],
+                # tests/ on the path: the claimer waits with waiting.py
+                env={**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS), *_pythonpath()])},
+            )
+        )
     try:
         wait_until(
             lambda: all(Path(f"{p}.ready").exists() for p in done),
