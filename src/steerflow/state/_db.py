@@ -166,8 +166,17 @@ def _initialize(path: Path, *, busy_timeout_s: float) -> None:
         try:
             _faults.seam("state-init", "after")
             migrate(backend)
+            # Fold the log into the file now, where a failure raises: the implicit
+            # checkpoint at close fails silently on a full disk, and linking a file
+            # whose pages are still in its -wal published a malformed database.
+            folded = backend.query("PRAGMA wal_checkpoint(TRUNCATE)")
         finally:
-            backend.close()  # the last connection: SQLite checkpoints and removes -wal/-shm
+            backend.close()  # the last connection: SQLite removes -wal/-shm
+        if folded[0].get("busy") or os.path.exists(f"{tmp}-wal"):
+            raise SteerflowError(
+                f"cannot create the state database {str(path)!r}: its write-ahead log"
+                " could not be folded into it (is the disk full?)"
+            )
         with contextlib.suppress(FileExistsError):
             os.link(tmp, path)
     except OSError as exc:
