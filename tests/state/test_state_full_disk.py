@@ -8,6 +8,7 @@ refuses — the log, the fold of the log into the file, the link into place — 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sqlite3
 import subprocess
@@ -26,11 +27,17 @@ def small_disk(tmp_path: Path) -> Iterator[Path]:
     mount = tmp_path / "disk"
     mount.mkdir()
     yield mount
-    subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+    _unmount(mount)
+
+
+def _unmount(mount: Path) -> None:
+    if os.path.ismount(mount):
+        done = subprocess.run(["umount", str(mount)], capture_output=True, text=True)
+        assert done.returncode == 0, f"cannot unmount {mount}: {done.stderr.strip()}"
 
 
 def _mount(mount: Path, size_kib: int) -> None:
-    subprocess.run(["umount", str(mount)], check=False, capture_output=True)
+    _unmount(mount)  # one disk at a time: a busy one (a file left open) fails here
     done = subprocess.run(
         ["mount", "-t", "tmpfs", "-o", f"size={size_kib}k,mode=0700", "tmpfs", str(mount)],
         capture_output=True,
@@ -55,7 +62,8 @@ def test_a_refused_first_open_leaves_no_state_db_and_a_made_one_is_whole(
             assert leftovers == [], (size_kib, leftovers)  # nothing half-built stays
             continue
         outcomes.add("made")
-        with sqlite3.connect(home / "state.db") as db:  # before the fix: "malformed"
+        with contextlib.closing(sqlite3.connect(home / "state.db")) as db:
+            # before the fix: "database disk image is malformed"
             assert db.execute("PRAGMA integrity_check").fetchall() == [("ok",)], size_kib
     assert outcomes == {"refused", "made"}  # the sizes span both sides of the edge
     assert all("state database" in text for text in refusals), refusals

@@ -43,11 +43,11 @@ from steerflow.orchestrate._agent_options import (
     TurnOutcome,
 )
 from steerflow.orchestrate._agent_state import AGENT_CONTEXT_KEY, AGENT_KIND, LEG_KEY, turn_key
-from steerflow.orchestrate._claim import discard_run_dir, resume_claim
+from steerflow.orchestrate._claim import create_session
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._publish import heartbeat_loop
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
-from steerflow.state import NodeStatus, NodeUpdate, Owner, StateDB, this_host
+from steerflow.state import NodeStatus, NodeUpdate, StateDB, this_host
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
 
@@ -229,27 +229,9 @@ class AgentRun:
             "source": "agent",
             "agent": self._meta(turn=None),
         }
-        if seed is not None:
-            metadata["resumed_from"] = seed.resumed_from
-            metadata["resumed_from_run"] = seed.source_run_id
-            metadata["checkpoint_recovery"] = seed.checkpoint_recovery
-            if seed.fork:
-                metadata["fork"] = True
-        claim = resume_claim(self.home, seed.source_run_id, fork=seed.fork) if seed else None
-        try:
-            session = await asyncio.to_thread(
-                lambda: db.create_session(
-                    kind=AGENT_KIND,
-                    prompt=self.task,
-                    run_id=run_dir.run_id,
-                    node_metadata=metadata,
-                    owner=Owner.current(),
-                    resume=claim,
-                )
-            )
-        except SteerflowError:
-            await asyncio.to_thread(discard_run_dir, run_dir)
-            raise
+        session, _ = await create_session(
+            db, self.home, run_dir, kind=AGENT_KIND, prompt=self.task, metadata=metadata, seed=seed
+        )
         invocation = await asyncio.to_thread(
             lambda: db.create_invocation(session_id=session.id, kind=AGENT_KIND)
         )

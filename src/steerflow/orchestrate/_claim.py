@@ -2,13 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from pathlib import Path
+from typing import Any, Protocol
 
+from steerflow.errors import SteerflowError
 from steerflow.home import RunDir, is_run_id
-from steerflow.state import ResumeClaim, StateDB, db_exists
+from steerflow.state import InvocationKind, Owner, ResumeClaim, SessionRow, StateDB, db_exists
 
-__all__ = ["discard_run_dir", "preflight_claim", "resume_claim"]
+__all__ = ["create_session", "discard_run_dir", "preflight_claim", "resume_claim"]
+
+
+class Seed(Protocol):
+    """What a resumed run (flow or agent) knows of its source."""
+
+    @property
+    def resumed_from(self) -> str: ...
+    @property
+    def source_run_id(self) -> str | None: ...
+    @property
+    def checkpoint_recovery(self) -> dict[str, Any] | None: ...
+    @property
+    def fork(self) -> bool: ...
 
 
 def resume_claim(home: Path, source_run_id: str | None, *, fork: bool) -> ResumeClaim | None:
@@ -53,3 +69,48 @@ def discard_run_dir(run_dir: RunDir) -> None:
     for path in (run_dir.path / "artifacts", run_dir.path):
         with contextlib.suppress(OSError):
             path.rmdir()
+
+
+async def create_session(
+    db: StateDB,
+    home: Path,
+    run_dir: RunDir,
+    *,
+    kind: InvocationKind,
+    prompt: str | None,
+    metadata: dict[str, Any],
+    seed: Seed | None,
+) -> tuple[SessionRow, bool]:
+    """Insert a run's session row, taking its resume claim in the same insert.
+
+    ``metadata`` gains the ``resumed_from*`` members of ``seed``. Returns the row and
+    whether a claim was taken.
+
+    Raises:
+        SteerflowError: the insert was refused (claimed source, busy or read-only state
+            DB); the still-empty run directory is removed first, so it cannot make short
+            run-id prefixes ambiguous.
+    """
+    if seed is not None:
+        metadata["resumed_from"] = seed.resumed_from
+        metadata["resumed_from_run"] = seed.source_run_id
+        metadata["checkpoint_recovery"] = seed.checkpoint_recovery
+        if seed.fork:
+            metadata["fork"] = True
+    # One resume per source (docs/decisions.md): the claim is checked and taken with the insert.
+    claim = resume_claim(home, seed.source_run_id, fork=seed.fork) if seed else None
+    try:
+        session = await asyncio.to_thread(
+            lambda: db.create_session(
+                kind=kind,
+                prompt=prompt,
+                run_id=run_dir.run_id,
+                node_metadata=metadata,
+                owner=Owner.current(),
+                resume=claim,
+            )
+        )
+    except SteerflowError:
+        await asyncio.to_thread(discard_run_dir, run_dir)
+        raise
+    return session, claim is not None

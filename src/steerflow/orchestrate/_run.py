@@ -33,7 +33,7 @@ from steerflow.executor import (
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
-from steerflow.orchestrate._claim import discard_run_dir, resume_claim
+from steerflow.orchestrate._claim import create_session
 from steerflow.orchestrate._consent import check_agent_worker_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
@@ -63,7 +63,7 @@ from steerflow.plan import (
     parse_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache
-from steerflow.state import Owner, StateDB
+from steerflow.state import StateDB
 
 __all__ = ["FlowRun", "run_flow"]
 
@@ -342,33 +342,12 @@ class FlowRun:
         """Insert the session row (and its invocation and play); its id."""
         seed = self.options.resume
         metadata: dict[str, Any] = {"run_id": run_dir.run_id, "poller": "pending", "source": source}
-        if seed is not None:
-            metadata["resumed_from"] = seed.resumed_from
-            metadata["resumed_from_run"] = seed.source_run_id
-            metadata["checkpoint_recovery"] = seed.checkpoint_recovery
-            if seed.degraded:
-                metadata["degraded_context"] = seed.degraded
-            if seed.fork:
-                metadata["fork"] = True
-        # One resume per source (docs/decisions.md): the claim is checked and taken with the insert.
-        claim = resume_claim(self.home, seed.source_run_id, fork=seed.fork) if seed else None
-        try:
-            session = await asyncio.to_thread(
-                lambda: db.create_session(
-                    kind=settings.kind,
-                    prompt=prompt,
-                    run_id=run_dir.run_id,
-                    node_metadata=metadata,
-                    owner=Owner.current(),
-                    resume=claim,
-                )
-            )
-        except SteerflowError:
-            # A refused start (claimed source, busy or read-only state DB) leaves no empty
-            # run directory behind to make short run-id prefixes ambiguous.
-            await asyncio.to_thread(discard_run_dir, run_dir)
-            raise
-        if claim is not None:
+        if seed is not None and seed.degraded:
+            metadata["degraded_context"] = seed.degraded
+        session, claimed = await create_session(
+            db, self.home, run_dir, kind=settings.kind, prompt=prompt, metadata=metadata, seed=seed
+        )
+        if claimed:
             _faults.seam("resume-claim", "after")
         invocation = await asyncio.to_thread(
             lambda: db.create_invocation(session_id=session.id, kind=settings.kind)
