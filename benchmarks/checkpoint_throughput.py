@@ -21,8 +21,23 @@ Columns: ``ideal rec/s`` = ceiling fsync/s x records per fsync (all fsyncs count
 ``% ideal`` = acked rec/s over it: the group-commit figure (issue 17 asks >= 50 % at 100
 writers).  It equals the run's fsync/s over the ceiling: how busy the run kept the disk
 with fsyncs (a base fsync writes more than an append, so it costs more than the ceiling's).
-Prints a table; nothing is asserted.  The last line is
-``GROUP writers=100 acked=<rec/s> rec_per_fsync=<r> ceiling=<fsync/s> pct_ideal=<%>``.
+That count-based ideal prices a base publication (a multi-megabyte file) like one append.
+So a second, byte-aware figure is printed beside it, from this machine's rates measured
+right after the row with the writer's own calls (``_io.create_tmpfile`` in a directory,
+``_io.write_all`` with the size reserved, ``_io.fsync``, ``_io.link_fd``, rename, and
+``_io.fsync_dir``):
+
+* ``base/s``: publications per second of a base of the row's mean base size (create,
+  reserve, write, fsync, link, rename, directory fsync), i.e. the disk's write bandwidth;
+* ``meta/s``: publications per second of an empty journal (create, fsync, link, rename,
+  directory fsync).
+
+``disk busy`` = (appends / ceiling + bases / base/s + empty journals / meta/s) / elapsed:
+the share of the run the disk needed at those rates for exactly the work the run did.
+Near 100 % the run is bound by the bytes the record's compaction writes, not by group
+commit (issue 17, item 3).  Prints tables; nothing is asserted.  The last line is
+``GROUP writers=100 acked=<rec/s> rec_per_fsync=<r> ceiling=<fsync/s> pct_ideal=<%>
+mb_per_s=<MB/s> disk_busy=<%>``.
 
 Usage: ``python benchmarks/checkpoint_throughput.py [--dir DIR] [--records N] [--quick]``
 """
@@ -41,7 +56,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from steerflow.checkpoint import CheckpointWriter, _v3, load_checkpoint
+from steerflow.checkpoint import CheckpointWriter, _io, _v3, load_checkpoint
 
 PAYLOAD = ("0123456789abcdef" * 64)[:1024]
 
@@ -111,6 +126,33 @@ def ceiling(directory: Path, size: int, seconds: float) -> float:
         os.unlink(name)
 
 
+def publications(directory: Path, size: int, seconds: float) -> float:
+    """Publications per second of a ``size``-byte object, done as the writer does one."""
+    dfd = _io.open_dir(str(directory))
+    data = (PAYLOAD.encode() * (size // len(PAYLOAD) + 1))[:size]
+    n = 0
+    try:
+        start = time.perf_counter()
+        while (elapsed := time.perf_counter() - start) < seconds:
+            fd = _io.create_tmpfile(dfd, "base")
+            assert fd is not None, "O_TMPFILE is needed for this measurement"
+            try:
+                if size:
+                    _io.write_all(fd, [data], "base", vectored=True, size=size)
+                _io.fsync(fd, "base")
+                temp = _io.unique_name("base")
+                _io.link_fd(fd, dfd, temp, "base")
+                _io.replace(dfd, temp, dfd, f"published-{size}", "base")
+                _io.fsync_dir(dfd)
+            finally:
+                os.close(fd)
+            n += 1
+        os.unlink(f"published-{size}", dir_fd=dfd)
+        return n / elapsed
+    finally:
+        os.close(dfd)
+
+
 def ungrouped(writer: CheckpointWriter) -> None:
     """Make the writer's backend persist one record per write + fsync."""
     backend: Any = writer._backend
@@ -142,11 +184,15 @@ async def run(directory: Path, writers: int, records: int, group: bool) -> dict[
         for i in range(per_task):
             await w.record(f"op-{t}-{i % 50}", status="completed", response=PAYLOAD)
 
+    backend: Any = w._backend
+    written, compactions = backend.bytes_written, backend.compactions
     with FsyncCounter() as counter, AppendCounter() as appends:
         start = time.perf_counter()
         await asyncio.gather(*(task(t) for t in range(writers)))
         elapsed = time.perf_counter() - start
         fsyncs = counter.count
+    bases = backend.compactions - compactions  # each publishes a base and an empty journal
+    base_bytes = backend.bytes_written - written - appends.bytes  # empty journals: 0 bytes
     await w.close()
     state, report = load_checkpoint(directory)
     assert report["status"] == "clean" and len(state["ops"]) == writers * min(per_task, 50)
@@ -155,6 +201,9 @@ async def run(directory: Path, writers: int, records: int, group: bool) -> dict[
         "fsyncs": fsyncs,
         "appends": appends.appends,
         "append_bytes": appends.bytes / max(appends.appends, 1),
+        "bases": bases,
+        "base_bytes": base_bytes / max(bases, 1),
+        "written": backend.bytes_written - written,
     }
 
 
@@ -177,6 +226,14 @@ def main() -> None:
                 size = round(r["append_bytes"])
                 # The disk is shared and its rate drifts: the higher of two loops.
                 r["ceiling"] = max(ceiling(base, size, args.ceiling_seconds) for _ in range(2))
+                if r["bases"]:
+                    size = round(r["base_bytes"])
+                    r["base_rate"] = max(
+                        publications(base, size, args.ceiling_seconds) for _ in range(2)
+                    )
+                    r["meta_rate"] = max(
+                        publications(base, 0, args.ceiling_seconds) for _ in range(2)
+                    )
                 rows.append((writers, group, records, r))
     finally:
         shutil.rmtree(base)
@@ -193,21 +250,51 @@ def main() -> None:
         rate = records / r["elapsed"]
         per_fsync = records / r["fsyncs"]
         ideal = r["ceiling"] * per_fsync
+        mark = "!" if rate > ideal else ""
         cells = (writers, "on" if group else "off", records, f"{r['elapsed']:.2f}",
                  f"{rate:,.0f}", r["fsyncs"], r["appends"], f"{r['append_bytes']:,.0f}",
                  f"{per_fsync:.2f}", f"{r['ceiling']:,.0f}", f"{r['fsyncs'] / r['elapsed']:,.0f}",
-                 f"{ideal:,.0f}", f"{100 * rate / ideal:.0f}%")  # fmt: skip
+                 f"{ideal:,.0f}", f"{100 * rate / ideal:.0f}%{mark}")  # fmt: skip
         print(fmt.format(*cells))
     print("fsyncs include journal, base and directory syncs (compactions every 128 records);")
     print("% ideal = acked rec/s / (ceiling x rec/fsync), which is also fsync/s over the ceiling.")
+    if any(r["fsyncs"] / r["elapsed"] > r["ceiling"] for *_, r in rows):
+        print("!: the run outpaced its ceiling, so the disk's rate drifted between the row and")
+        print("   its ceiling loops (a shared disk or a busy machine): re-run on a quiet machine.")
+    print()
+    print("the same rows by bytes: what the disk needed at this machine's measured rates")
+    head = ("writers", "group", "MB written", "MB/s", "bases", "base MB", "base/s", "base MB/s",
+            "meta/s", "disk s", "disk busy")  # fmt: skip
+    fmt = "{:>7} {:>5} {:>10} {:>6} {:>5} {:>7} {:>6} {:>9} {:>6} {:>6} {:>9}"
+    print(fmt.format(*head))
+    for writers, group, _, r in rows:
+        cells = (writers, "on" if group else "off", f"{r['written'] / 1e6:.1f}",
+                 f"{r['written'] / 1e6 / r['elapsed']:.0f}", r["bases"])  # fmt: skip
+        if r["bases"]:
+            disk = disk_seconds(r)
+            cells += (f"{r['base_bytes'] / 1e6:.2f}", f"{r['base_rate']:.0f}",
+                      f"{r['base_rate'] * r['base_bytes'] / 1e6:.0f}", f"{r['meta_rate']:.0f}",
+                      f"{disk:.3f}", f"{100 * disk / r['elapsed']:.0f}%")  # fmt: skip
+        else:
+            cells += ("-",) * 6
+        print(fmt.format(*cells))
+    print("disk s = appends / ceiling + bases / base/s + empty journals / meta/s;")
+    print("disk busy = disk s / seconds (each compaction publishes one base and one journal).")
     for writers, group, records, r in rows:
         if writers == 100 and group:
             rate, per_fsync = records / r["elapsed"], records / r["fsyncs"]
             pct = 100 * rate / (r["ceiling"] * per_fsync)
+            busy = f"{100 * disk_seconds(r) / r['elapsed']:.0f}" if r["bases"] else "nan"
             print(
                 f"GROUP writers=100 acked={rate:.0f} rec_per_fsync={per_fsync:.2f} "
-                f"ceiling={r['ceiling']:.0f} pct_ideal={pct:.0f}"
+                f"ceiling={r['ceiling']:.0f} pct_ideal={pct:.0f} "
+                f"mb_per_s={r['written'] / 1e6 / r['elapsed']:.0f} disk_busy={busy}"
             )
+
+
+def disk_seconds(r: dict[str, float]) -> float:
+    """Seconds the disk needs at the measured rates for the appends and publications done."""
+    return r["appends"] / r["ceiling"] + r["bases"] / r["base_rate"] + r["bases"] / r["meta_rate"]
 
 
 if __name__ == "__main__":

@@ -171,6 +171,7 @@ EXPECTED: dict[str, set[str]] = {
         "PlannedEntry",
         "SavedHook",
         "SpawnedEntry",
+        "context_problem",
         "entry_digest",
         "load_branch",
         "load_checkpoint",

@@ -82,12 +82,9 @@ def check_home(home: Path) -> None:
 
 def ensure_private_dir(path: Path) -> Path:
     """Create ``path`` (and parents) with mode 0700; tighten it if we own it and it is looser."""
-    try:
-        path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    except FileExistsError:
-        raise UsageError(f"{str(path)!r} exists and is not a directory") from None
-    except OSError as exc:
-        raise UsageError(f"cannot create directory {str(path)!r}: {exc.strerror}") from None
+    # Not mkdir(parents=True): that gives the parents it creates the umask's mode (0777
+    # under umask 0), and whoever can write a home's parent can swap the home itself.
+    make_private_dirs(path)
     if path.is_symlink() or not path.is_dir():
         raise UsageError(f"{str(path)!r} is not a directory")
     st = path.stat()

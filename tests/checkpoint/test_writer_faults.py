@@ -168,6 +168,7 @@ def test_public_exports_are_pinned() -> None:
         "PlannedEntry",
         "SavedHook",
         "SpawnedEntry",
+        "context_problem",
         "entry_digest",
         "load_branch",
         "load_checkpoint",

@@ -83,6 +83,17 @@ def test_help_lists_every_exit_code() -> None:
         assert re.search(rf"^\s*{code}\s+\S", text, re.MULTILINE), f"exit code {code} missing"
 
 
+@pytest.mark.parametrize("command", ["flow", "play", "agent", "resume"])
+def test_a_run_command_lists_its_own_exit_codes(command: str) -> None:
+    # Not the global table: "queued" and "kind not allowed" are answers only `ctl` gets.
+    result = run_cli(None, command, "--help")
+    assert result.returncode == 0, result.explain()
+    text = result.stdout[result.stdout.index("Exit codes") :]
+    for code in ("0", "1", "2", "3", "75", "124", "130", "143"):
+        assert re.search(rf"^\s*{code}\s+\S", text, re.MULTILINE), f"exit code {code} missing"
+    assert "queued" not in text and "kind not allowed" not in text, text
+
+
 def test_play_demo_json(home: Path) -> None:
     result = run_cli(home, "play", "demo", "--json")
     assert result.returncode == 0, result.explain()

@@ -175,6 +175,24 @@ def test_invalid_script_is_a_usage_error(tmp_path: Path, text: str) -> None:
         ScriptProvider(f"script:{path}")
 
 
+def test_an_alias_bomb_is_refused_before_anything_expands_it(tmp_path: Path) -> None:
+    # Seven levels of nine aliases: 9**7 (4.8 million) strings behind a few lines; encoding
+    # the response used to take tens of seconds and gigabytes before the node even ran.
+    levels = ['&a ["x","x","x","x","x","x","x","x","x"]']
+    for prev, name in zip("abcdef", "bcdefg", strict=True):
+        levels.append(f"&{name} [" + ",".join([f"*{prev}"] * 9) + "]")
+    path = tmp_path / "bomb.yaml"
+    path.write_text('"*":\n  response: [' + ", ".join(levels) + "]\n")
+    with pytest.raises(UsageError, match=r"expands to more than 1,000,000 values"):
+        load_script(path)
+
+
+def test_a_large_plain_response_is_still_accepted(tmp_path: Path) -> None:
+    path = tmp_path / "big.json"
+    path.write_text(json.dumps({"*": {"response": [{"k": i} for i in range(100_000)]}}))
+    assert len(load_script(path)["*"].response) == 100_000
+
+
 def test_missing_script_or_path(tmp_path: Path) -> None:
     with pytest.raises(UsageError):
         make_provider(f"script:{tmp_path / 'absent.yaml'}")

@@ -78,6 +78,18 @@ def test_a_dangling_symlink_is_not_created_through(tmp_path: Path) -> None:
     assert not victim.exists() and link.is_symlink()
 
 
+@pytest.mark.parametrize("under", ["state.db", "sub/state.db"])
+def test_a_path_through_a_regular_file_is_a_usage_error_naming_it(
+    tmp_path: Path, under: str
+) -> None:
+    # The cleanup of the aside-built file used to raise its own ENOTDIR, replacing this
+    # error with a bare "[Errno 20] Not a directory" (exit 1).
+    (tmp_path / "file").write_text("not a directory")
+    with pytest.raises(UsageError, match=r"file.*(is not a directory|Not a directory)"):
+        StateDB.open_url(f"sqlite:///{tmp_path / 'file' / under}")
+    assert (tmp_path / "file").read_text() == "not a directory"
+
+
 def test_read_only_refuses_missing_db_and_creates_nothing(home: Path) -> None:
     with pytest.raises(RefusedError, match=r"no state database at .*state\.db"):
         StateDB.open(home, read_only=True)

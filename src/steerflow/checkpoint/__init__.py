@@ -14,6 +14,7 @@ from __future__ import annotations
 from steerflow.errors import CheckpointRecoveryError
 
 from ._branches import BRANCHES_DIR, load_branch, save_branch
+from ._capture import context_problem
 from ._digest import entry_digest, result_digest
 from ._entries import CheckpointState, PlannedEntry, SpawnedEntry
 from ._load import (
@@ -36,6 +37,7 @@ __all__ = [
     "PlannedEntry",
     "SavedHook",
     "SpawnedEntry",
+    "context_problem",
     "entry_digest",
     "load_branch",
     "load_checkpoint",

@@ -57,7 +57,11 @@ Frozen: TypeAlias = Union["FrozenObject", tuple["Frozen", ...], str, int, float,
 
 _MISSING = object()
 _PLAIN = frozenset({dict, list, tuple, str, int, float, bool, type(None)})
-_MAX_DEPTH = 900
+# Deterministic, and well inside what the interpreter's stack allows from any caller: each
+# level costs _freeze two frames, so a limit near the recursion limit (the former 900) was
+# never reached, and where a deep context failed depended on how deep the caller's stack
+# already was (a run could store a context its resume could not).
+MAX_DEPTH = 256
 
 
 class ContextError(ValueError):
@@ -179,8 +183,9 @@ def _freeze(value: object, where: str, active: set[int]) -> Frozen:
     if tp is FrozenObject:
         return value  # type: ignore[return-value]
     if isinstance(value, dict | list | tuple):
-        if len(active) > _MAX_DEPTH:
-            raise ContextError(f"context nests too deeply at {where!r}")
+        if len(active) >= MAX_DEPTH:
+            shown = where if len(where) <= 80 else where[:80] + "..."
+            raise ContextError(f"context nests more than {MAX_DEPTH} levels deep at {shown!r}")
         if id(value) in active:
             raise ContextError(f"context contains a reference cycle at {where!r}")
         active.add(id(value))
@@ -226,6 +231,15 @@ def freeze(value: object) -> Frozen:
         return _freeze(value, "", set())
     except RecursionError:
         raise ContextError("context nests too deeply") from None
+
+
+def context_problem(value: object) -> str | None:
+    """Why ``value`` could not be stored as a flow context, or None when it could."""
+    try:
+        freeze(value)
+    except ContextError as exc:
+        return str(exc)
+    return None
 
 
 def thaw(f: Frozen) -> object:

@@ -69,7 +69,12 @@ def parse_json(text: str | bytes) -> Parsed:
 
     if isinstance(text, bytes):
         text = text.decode("utf-8")
-    parsed.value = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=constant)
+    try:
+        parsed.value = json.loads(text, object_pairs_hook=pairs_hook, parse_constant=constant)
+    except RecursionError:
+        # A hand-made or tampered file nested past the interpreter's stack is refused like
+        # any other undecodable text, not left to escape as a traceback (exit 1).
+        raise json.JSONDecodeError("nested too deeply", text, 0) from None
     if isinstance(parsed.value, dict) and calls:
         parsed.top_duplicates = calls[-1]  # the outermost object is decoded last
     return parsed
@@ -86,6 +91,11 @@ def read_pinned(path: str) -> tuple[bytes, int] | None:
         fd = os.open(path, flags)
     except FileNotFoundError:
         return None
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        # O_NOFOLLOW's "Too many levels of symbolic links" does not tell an operator why.
+        raise OSError(errno.ELOOP, f"{path!r} is a symbolic link (never followed)") from None
     try:
         if not stat.S_ISREG(os.fstat(fd).st_mode):
             raise OSError(errno.EINVAL, f"{path!r} is not a regular file")

@@ -40,6 +40,21 @@ Exit codes:
   143  terminated by SIGTERM; completed work persisted
 """
 
+# flow, play, agent and resume: the run's own outcomes, without ctl's "queued" or
+# "kind not allowed" (which only a `ctl` call can get).
+RUN_EPILOG = """\b
+Exit codes:
+  0    completed
+  1    a node failed, or an unexpected runtime error
+  2    usage error (bad flags, bad plan file)
+  3    refused: resume refused, checkpoint recovery refused, unknown/ambiguous
+       run id (resume), home not writable or shared, database busy
+  75   stopped by an operator (ctl stop); completed work persisted and resumable
+  124  deadline reached; completed work persisted and resumable
+  130  interrupted by SIGINT; completed work persisted
+  143  terminated by SIGTERM; completed work persisted
+"""
+
 # The commands that only read or queue list just the codes they can return.
 _UNEXPECTED = "  1    an unexpected runtime error (e.g. an unreadable state DB)\n"
 _USAGE = "  2    usage error (bad flags or arguments)\n"
@@ -382,7 +397,7 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
     emit_text("\n".join(lines))
 
 
-@app.command(epilog=EXIT_EPILOG)
+@app.command(epilog=RUN_EPILOG)
 @click.argument("prompt", required=False)
 @click.option(
     "--plan",
@@ -406,7 +421,7 @@ def flow(ctx: click.Context, /, **kw: Any) -> int:
     return execute(_home(ctx), _flow_options(**kw), as_json=kw["as_json"])
 
 
-@app.command(epilog=EXIT_EPILOG)
+@app.command(epilog=RUN_EPILOG)
 @click.argument("name")
 @click.argument("prompt", required=False)
 @run_options
@@ -417,7 +432,7 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     return execute(_home(ctx), _flow_options(**kw), as_json=kw["as_json"])
 
 
-@app.command(epilog=EXIT_EPILOG)
+@app.command(epilog=RUN_EPILOG)
 @click.argument("task")
 @click.option(
     "--model",
@@ -472,7 +487,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     return execute_agent(_home(ctx), options, as_json=as_json)
 
 
-@app.command(epilog=EXIT_EPILOG)
+@app.command(epilog=RUN_EPILOG)
 @click.argument("target")
 @click.option(
     "--retry-failed",

@@ -161,7 +161,7 @@ def show_verify(home: Path, target: str, *, as_json: bool) -> int:
 
     run = resolve_run_target(home, target)
     checkpoint = run.run_dir / "checkpoint.json"
-    if not checkpoint.is_file():
+    if not checkpoint.is_symlink() and not checkpoint.exists():  # the loader names the rest
         raise RefusedError(f"run {run.run_id} has no checkpoint.json: nothing recorded to verify")
     state, _ = load_state(checkpoint, v2_lenient=True)
     settlement = settle(home, state)

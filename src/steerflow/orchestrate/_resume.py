@@ -13,7 +13,13 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.artifacts import ArtifactContract, source_contract
-from steerflow.checkpoint import BRANCHES_DIR, CHECKPOINT_FILENAME, load_branch, load_state
+from steerflow.checkpoint import (
+    BRANCHES_DIR,
+    CHECKPOINT_FILENAME,
+    context_problem,
+    load_branch,
+    load_state,
+)
 from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
@@ -77,7 +83,9 @@ def _prepare(
 ) -> ResumeSeed:
     preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / CHECKPOINT_FILENAME
-    if not checkpoint.is_file():
+    # lexists, not is_file: a FIFO, a directory or a link there is refused by the loader,
+    # which names what it found, instead of being reported as absent.
+    if not os.path.lexists(checkpoint):
         raise FlowResumeError(f"run {run.run_id} has no checkpoint.json ({str(checkpoint)!r})")
     # v2 leniency: a bad v2 entry is refused by the resume rules (resume-refused), as always.
     state, report = load_state(checkpoint, v2_lenient=True)
@@ -85,6 +93,14 @@ def _prepare(
     if not session_id:
         raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
     known["session_id"] = session_id
+    # A context the loader accepts (a hand-made file, a journal's deep patch) but the
+    # writer would refuse must stop the resume here, before a run directory or session
+    # exists, not when the new checkpoint is first written.
+    problem = context_problem(state.flow_context)
+    if problem is not None:
+        raise FlowResumeError(
+            f"the flow context of run {run.run_id} cannot be stored again: {problem}"
+        )
     # The contract the source persisted, never one re-derived from today's roles.
     contract = source_contract(home, state)
     root = _artifact_root(contract, state.config, run.run_dir)

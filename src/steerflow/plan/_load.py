@@ -106,7 +106,18 @@ def parse_plan_text(
 ) -> PlanFile:
     """Decode YAML/JSON text and validate it as a plan."""
     try:
-        data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
+        if text.lstrip().startswith("{"):
+            data = json.loads(text, object_pairs_hook=_unique_pairs)
+        else:
+            data = yaml.load(text, Loader=_UniqueKeyLoader)
+    except _DuplicateKeyError as exc:
+        raise PlanValidationError(
+            f"{source}: invalid JSON: duplicate key {exc.args[0]!r}"
+        ) from None
+    except RecursionError:
+        # Both decoders recurse per nesting level: a file nested past the stack is bad
+        # input (exit 2), not a crash.
+        raise PlanValidationError(f"{source}: invalid plan: nested too deeply") from None
     except json.JSONDecodeError as exc:
         raise PlanValidationError(f"{source}:{exc.lineno}: invalid JSON: {exc.msg}") from None
     except yaml.YAMLError as exc:
@@ -115,6 +126,43 @@ def parse_plan_text(
         problem = getattr(exc, "problem", None) or str(exc)
         raise PlanValidationError(f"{source}{where}: invalid YAML: {problem}") from None
     return parse_plan(data, source=source, text=text, max_entries=max_entries)
+
+
+class _DuplicateKeyError(ValueError):
+    """A JSON object names one member twice (``args[0]``: the name)."""
+
+
+def _unique_pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise _DuplicateKeyError(key)
+        out[key] = value
+    return out
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` that refuses a repeated key instead of keeping the last one.
+
+    A repeated ``plan:`` or ``instruction:`` would otherwise drop what the author wrote
+    first without a word. Keys brought in by a ``<<`` merge may still be overridden; a
+    sequence or mapping used as a key is left to the base class, which refuses it.
+    """
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge" or not isinstance(
+                key_node, yaml.ScalarNode
+            ):
+                continue
+            key = self.construct_object(key_node)
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    problem=f"duplicate key {key!r}", problem_mark=key_node.start_mark
+                )
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
 
 
 def bundled_playbooks() -> list[str]:
@@ -184,7 +232,7 @@ def _line_of(text: str, loc: tuple[Any, ...]) -> int | None:
     """Best-effort 1-based line of the YAML/JSON node at ``loc``."""
     try:
         node: Any = yaml.compose(text)
-    except yaml.YAMLError:
+    except (yaml.YAMLError, RecursionError):  # the composer recurses deeper than json.loads
         return None
     line = None
     for part in loc:

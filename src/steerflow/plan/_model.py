@@ -172,6 +172,14 @@ class PlanFile(_Strict):
             return "all"
         return value
 
+    @field_validator("max_ops", "concurrency", mode="before")
+    @classmethod
+    def _count_is_not_a_boolean(cls, value: object) -> object:
+        # Lax ints take booleans: YAML `max_ops: no` would silently mean 0, "no cap".
+        if isinstance(value, bool):
+            raise ValueError(f"must be a whole number, not {str(value).lower()}")
+        return value
+
     @model_validator(mode="after")
     def _graph_is_sound(self) -> PlanFile:
         ids: dict[str, int] = {}

@@ -84,7 +84,7 @@ def extract_spawns(text: str) -> tuple[str, list[object]]:
     for match in reversed(list(_FENCE.finditer(text))):
         try:
             data = json.loads(match.group(1))
-        except ValueError:
+        except (ValueError, RecursionError):  # a model's reply is untrusted: never a crash
             continue
         if not isinstance(data, dict) or "spawn" not in data:
             continue
@@ -147,7 +147,7 @@ def parse_plan_reply(text: str, label: str) -> dict[str, object]:
             continue
         try:
             data = json.loads(candidate)
-        except ValueError as exc:
+        except (ValueError, RecursionError) as exc:  # nested past the stack: not a plan
             error = str(exc)
             continue
         if isinstance(data, dict):

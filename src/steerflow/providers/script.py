@@ -46,10 +46,19 @@ def load_script(path: Path) -> dict[str, NodeScript]:
         data = json.loads(text) if text.lstrip().startswith("{") else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:
         raise UsageError(f"script file {str(path)!r} is not valid YAML/JSON: {exc}") from None
+    except RecursionError:  # nested past the decoder's stack: bad input, not a crash
+        raise UsageError(f"script file {str(path)!r} is nested too deeply") from None
     if data is None:
         data = {}
     if not isinstance(data, dict):
         raise UsageError(f"script file {str(path)!r}: top level must be a mapping of node ids")
+    if _exceeds(data, _MAX_VALUES):
+        # YAML aliases share one object per anchor, so a few lines can stand for millions
+        # of values that only encoding the response would expand (minutes, gigabytes).
+        raise UsageError(
+            f"script file {str(path)!r} expands to more than {_MAX_VALUES:,} values "
+            "(YAML aliases repeating an anchor?)"
+        )
     scripts: dict[str, NodeScript] = {}
     for key, value in data.items():
         try:
@@ -62,6 +71,28 @@ def load_script(path: Path) -> dict[str, NodeScript]:
             )
             raise UsageError(f"script file {str(path)!r}, entry {key!r}: {problems}") from None
     return scripts
+
+
+_MAX_VALUES = 1_000_000
+
+
+def _exceeds(data: object, limit: int) -> bool:
+    """Whether ``data`` holds more than ``limit`` values, stopping as soon as it does.
+
+    A shared (aliased) container counts each time it is reached, as encoding would.
+    """
+    seen, stack = 0, [data]
+    while stack:
+        value = stack.pop()
+        seen += 1
+        if seen > limit:
+            return True
+        if isinstance(value, dict):
+            stack.extend(value.keys())
+            stack.extend(value.values())
+        elif isinstance(value, list):
+            stack.extend(value)
+    return False
 
 
 class ScriptProvider(Provider):

@@ -185,8 +185,10 @@ def _initialize(path: Path, *, busy_timeout_s: float) -> None:
         ) from exc
     finally:
         # A failed initialisation leaves nothing behind, not even a half-built file.
+        # NotADirectoryError: the path runs through a regular file; the error already
+        # raised names that, and must not be replaced by this cleanup's errno text.
         for suffix in ("", "-wal", "-shm", "-journal"):
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
                 os.unlink(f"{tmp}{suffix}")
 
 

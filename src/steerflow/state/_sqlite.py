@@ -24,6 +24,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.home import make_private_dirs
 from steerflow.state._schema import MIGRATIONS, SCHEMA_VERSION_DDL, Migration, StateTransaction
 
 __all__ = ["SqliteBackend", "SqliteTransaction", "sqlite_path_from_url"]
@@ -54,7 +55,7 @@ def _ensure_private_dir(directory: Path) -> None:
     """Create ``directory`` (and parents) when missing; chmod 0700 only what we created."""
     if directory.is_dir():
         return
-    directory.mkdir(parents=True, mode=_DIR_MODE, exist_ok=True)
+    make_private_dirs(directory)  # each missing parent 0700 too, whatever the umask
     directory.chmod(_DIR_MODE)
 
 

@@ -209,7 +209,8 @@ def show_run(home: Path, target: str) -> RunView:
     """
     run = resolve_run_target(home, target, need_dir=False)
     ckpt_path = run.run_dir / CHECKPOINT_FILENAME
-    exists = run.reachable and ckpt_path.exists()
+    # A dangling link is there too: the loader refuses it by name (it never follows one).
+    exists = run.reachable and (ckpt_path.is_symlink() or ckpt_path.exists())
     state: CheckpointState | None = None
     report: dict[str, Any] | None = None
     if exists:
