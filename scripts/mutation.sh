@@ -46,14 +46,16 @@ tests_for() {
     plan/_model.py | plan/_load.py)
       # the CLI run is a subprocess: it imports the unmutated tree and only costs time
       echo tests/plan/test_plan_model.py tests/plan/test_playbooks.py \
-        tests/artifacts/test_artifact_contract.py \
+        tests/plan/test_plan_hostile.py tests/artifacts/test_artifact_contract.py \
         --deselect=tests/plan/test_playbooks.py::test_play_and_flow_p_run_a_home_playbook ;;
     control/_queue.py)
       echo tests/control/test_queue.py ;;
     control/_poller.py)
-      # the source scan would count mutmut's copies of the poller's functions as callers
+      # the source scan would count mutmut's copies of the poller's functions as callers;
+      # test_poller_listen.py holds the LISTEN path (PostgreSQL), which SQLite never takes
       echo tests/control/test_poller.py tests/control/test_poller_timing.py \
         tests/control/test_phase_owner.py tests/control/test_poller_turn_boundary.py \
+        tests/control/test_poller_listen.py \
         --deselect=tests/control/test_phase_owner.py::test_only_the_poller_calls_set_session_phase ;;
     state/_db.py)
       echo tests/state/test_state_controls.py tests/state/test_state_resume_claims.py \

@@ -19,6 +19,7 @@ from steerflow.checkpoint._entries import (
     planned_entry,
     spawned_entry,
     typed_state,
+    unguarded_splice,
 )
 
 NODE_A, NODE_B = "a" * 32, "b" * 32
@@ -116,6 +117,8 @@ def test_a_spawned_entry_carries_every_field() -> None:
         depends_on=["draft"],
         result_digest="e" * 64,
         spawned_ids=[NODE_A],
+        escalated_from=NODE_A,
+        model="script:big",
     )
     entry = spawned_entry(raw)
     assert (entry.node_id, entry.status, entry.response) == (NODE_B, "completed", {"text": "ok"})
@@ -126,12 +129,17 @@ def test_a_spawned_entry_carries_every_field() -> None:
     )
     assert (entry.parent_id, entry.spawn_id, entry.depends_on) == (NODE_A, "fix-1", ["draft"])
     assert (entry.result_digest, entry.spawned_ids) == ("e" * 64, (NODE_A,))
+    assert (entry.escalated_from, entry.model) == (NODE_A, "script:big")
     assert entry.raw is raw and entry.name == "spawned node 'fix-1'"
     bare = spawned_entry(_spawn(NODE_B))
     assert (bare.spawned_ids, bare.result_digest, bare.operation) == (None, None, None)
+    assert (bare.escalated_from, bare.model) == (None, None)
 
 
-@pytest.mark.parametrize("name", ["operation", "assignee", "instruction", "parent_id", "spawn_id"])
+@pytest.mark.parametrize(
+    "name",
+    ["operation", "assignee", "instruction", "parent_id", "spawn_id", "escalated_from", "model"],
+)
 def test_a_spawned_entry_refuses_optional_text_of_another_type(name: str) -> None:
     with pytest.raises(EntryError, match=rf"^{name} is not a string or null$"):
         spawned_entry(_spawn(NODE_A, **{name: 5}))
@@ -141,6 +149,34 @@ def test_a_spawned_entry_may_be_pending_a_planned_one_may_not() -> None:
     assert spawned_entry(_spawn(status="pending", response=None)).status == "pending"
     with pytest.raises(EntryError, match=r"^unsupported status 'pending'"):
         planned_entry({"agent_id": "x", "status": "pending", "response": None})
+
+
+# -- unguarded_splice ---------------------------------------------------------------------------
+
+WITNESS = _spawn(NODE_B, spawn_id="draft.esc1", escalated_from=NODE_A, parent_id=NODE_A)
+GUARDED_PLAN = [{"agent_id": "draft", "node_id": NODE_A}, {"agent_id": "ship", "node_id": "c" * 32}]
+
+
+def test_a_splice_witness_is_unguarded_without_planned_node_ids() -> None:
+    second = _spawn("c" * 32, spawn_id="draft.esc2", escalated_from=NODE_A, parent_id=NODE_B)
+    spawned = [_spawn(NODE_A), 5, WITNESS, second]
+    for plan in ([], [{"agent_id": "draft"}], [*GUARDED_PLAN, {"agent_id": "x"}], None, 7, "p"):
+        assert unguarded_splice(plan, spawned) is WITNESS, plan  # the first witness, by identity
+    # a plan entry that is not an object guards nothing (and is not read as one)
+    assert unguarded_splice([*GUARDED_PLAN, "node_id"], [WITNESS]) is WITNESS
+    assert unguarded_splice([{"node_id": 5}], [WITNESS]) is WITNESS
+
+
+def test_a_splice_witness_next_to_every_planned_node_id_is_guarded() -> None:
+    assert unguarded_splice(GUARDED_PLAN, [_spawn(NODE_A), WITNESS]) is None
+
+
+def test_only_an_escalated_from_that_is_set_is_a_splice_witness() -> None:
+    ordinary = [_spawn(NODE_A), _spawn(NODE_B, escalated_from=None), ["escalated_from"], 5]
+    for plan in ([], [{"agent_id": "draft"}], None):
+        assert unguarded_splice(plan, ordinary) is None
+    for spawned in (None, {"x": WITNESS}, (WITNESS,), "escalated_from"):
+        assert unguarded_splice([], spawned) is None  # not a list: the load refuses it elsewhere
 
 
 # -- typed_state: strict ------------------------------------------------------------------------

@@ -434,8 +434,8 @@ async def test_final_pass_stamps_rows_that_came_too_late(
 class StoppableTarget(Target):
     """A target that can be stopped (``ctl stop``); records the stops it got."""
 
-    def __init__(self) -> None:
-        super().__init__(report_paused=True)
+    def __init__(self, *, report_paused: bool = True) -> None:
+        super().__init__(report_paused=report_paused)
         self.stops: list[tuple[bool, str | None, str]] = []
 
     def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
@@ -486,6 +486,33 @@ async def test_stop_after_the_run_ended_is_rejected_run_ended(
     await asyncio.wait_for(task, 10)
     assert writer.get_control(late.id).result == "rejected:run-ended"  # type: ignore[union-attr]
     assert target.stops == []
+
+
+async def test_stop_hands_the_target_a_reason_as_text_and_now_only_when_true(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    target = StoppableTarget()
+    poller = _poller(home, sid, target, consumer)
+    odd = writer.insert_control(session_id=sid, verb="stop", payload={"now": "yes", "reason": 5})
+    await poller.tick()
+    assert target.stops == [(False, "5", odd.id)]
+    assert writer.get_control(odd.id).result == "applied"  # type: ignore[union-attr]
+
+
+async def test_stop_ends_a_pause_the_target_cannot_report(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    # is_paused() is None: only the poller's own record of the controls says "paused"
+    target = StoppableTarget(report_paused=False)
+    poller = _poller(home, sid, target, consumer)
+    writer.insert_control(session_id=sid, verb="pause", payload=None)
+    await poller.tick()
+    assert poller.paused is True
+    assert writer.get_session(sid).phase == "paused"  # type: ignore[union-attr]
+    writer.insert_control(session_id=sid, verb="stop", payload=None)
+    await poller.tick()
+    assert poller.paused is False
+    assert writer.get_session(sid).phase == "planning"  # type: ignore[union-attr]
 
 
 async def test_poller_survives_a_db_that_cannot_be_opened_yet(tmp_path: Path) -> None:
@@ -563,6 +590,21 @@ async def test_phase_is_written_before_the_pause_or_resume_row_is_stamped(
     assert await poller.tick() == 1
     # Anyone who sees a stamped pause also sees phase 'paused', and likewise for resume.
     assert db.seen == [(pause.id, "paused"), (resume.id, "executing")]
+
+
+async def test_phase_is_written_before_the_stop_row_is_stamped(
+    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+) -> None:
+    db = _PhaseAtStamp(consumer.backend, path=consumer.path)
+    db.sid, db.seen = sid, []
+    poller = _poller(home, sid, StoppableTarget(), db)
+    poller.executing = True
+    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
+    assert await poller.tick() == 1
+    stop = writer.insert_control(session_id=sid, verb="stop", payload=None)
+    assert await poller.tick() == 1
+    # A stop ends the pause: whoever sees it stamped sees the gate open in the phase too.
+    assert db.seen == [(pause.id, "paused"), (stop.id, "executing")]
 
 
 class DeferringTarget(Target):

@@ -8,7 +8,9 @@ makes no reads at all (no ``data_version`` watcher thread).
 from __future__ import annotations
 
 import asyncio
+import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,3 +92,45 @@ async def test_a_notification_wakes_an_idle_poller_that_never_polls(
         await poller.stop()
         await asyncio.wait_for(task, 10)
         db.close()
+
+
+async def test_a_poller_that_cannot_listen_polls_and_says_why(
+    tmp_path: Path, pg: PgServer, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # A database that stops admitting connections keeps the ones it has: the poller's and
+    # the writer's work on, but the LISTEN connection (a new one) is refused.
+    name = f"nolisten_{uuid.uuid4().hex[:12]}"
+    pg.psql(f'CREATE DATABASE "{name}" TEMPLATE template0')
+    monkeypatch.setenv(STATE_DB_URL_ENV, pg.url(name))
+    home = tmp_path / "home"
+    writer, db = StateDB.open(home), StateDB.open(home)
+    try:
+        sid = writer.create_session(kind="flow").id
+        pg.psql(f'ALTER DATABASE "{name}" WITH ALLOW_CONNECTIONS false')
+        target = _Target()
+        poller = ControlPoller(home, sid, target, interval=0.05, db=db, forced_list=SLOW_S)
+        with caplog.at_level(logging.WARNING, logger="steerflow.control._poller"):
+            task = asyncio.ensure_future(poller.run())
+            try:
+                await wait_until_async(lambda: poller.listings >= 1, timeout=10, what="a listing")
+                watchers = [t for t in threading.enumerate() if t.name == "steerflow-control-watch"]
+                assert len(watchers) == 1  # polling data_version, as on SQLite
+                await asyncio.to_thread(
+                    writer.insert_control, session_id=sid, verb="pause", payload=None
+                )
+                await wait_until_async(lambda: target.calls == ["pause"], timeout=10,
+                                       what="the row applied by the polling watcher")  # fmt: skip
+            finally:
+                await poller.stop()
+                await asyncio.wait_for(task, 10)  # and it ends cleanly, with no LISTEN to undo
+        warnings = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        assert len(warnings) == 1, warnings
+        assert warnings[0].startswith(
+            "control poller cannot listen for controls (polling): "
+            "cannot connect to the state database "
+        )
+        assert f'database "{name}" is not currently accepting connections' in warnings[0]
+    finally:
+        db.close()
+        writer.close()
+        pg.psql(f'DROP DATABASE "{name}" WITH (FORCE)')

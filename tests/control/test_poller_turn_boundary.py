@@ -72,6 +72,43 @@ async def test_catch_up_lists_a_row_committed_just_before(home: Path, writer: St
         await poller.catch_up()
 
 
+async def test_catch_up_lists_even_when_no_other_connection_committed(
+    home: Path, writer: StateDB
+) -> None:
+    sid = writer.create_session(kind="agent").id
+    target = DeferringTarget()
+    # The poller shares the writer's connection, whose own commits never move its
+    # data_version: without catch_up's forced listing the row would wait for the hour.
+    poller = ControlPoller(home, sid, target, interval=30.0, forced_list=3600.0, db=writer)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(poller.run())
+        async with asyncio.timeout(10):
+            await poller.catch_up()
+            listings = poller.listings
+            await poller.catch_up()  # nothing changed at all: it lists anyway
+            assert poller.listings == listings + 1
+            row = await asyncio.to_thread(
+                writer.insert_control, session_id=sid, verb="message", payload={"text": "hi"}
+            )
+            await poller.catch_up()
+        assert [m["control_id"] for m in target.messages] == [row.id]
+        await poller.stop()
+
+
+async def test_catch_up_returns_at_once_after_a_cancelled_run(home: Path, writer: StateDB) -> None:
+    sid = writer.create_session(kind="agent").id
+    poller = ControlPoller(home, sid, DeferringTarget(), interval=30.0, forced_list=3600.0)
+    task = asyncio.ensure_future(poller.run())
+    async with asyncio.timeout(10):
+        await poller.catch_up()
+    task.cancel()  # ended without stop(): only its state says the poller is gone
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert poller.state == "stopped"
+    async with asyncio.timeout(5):  # no tick will ever serve a waiter now
+        await poller.catch_up()
+
+
 async def test_messages_rejected_stamps_the_given_result(home: Path, writer: StateDB) -> None:
     sid = writer.create_session(kind="agent").id
     taken = writer.insert_control(session_id=sid, verb="message", payload={"text": "one"})
