@@ -11,7 +11,7 @@ import logging
 import os
 import sqlite3
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -577,34 +577,30 @@ class _PhaseAtStamp(FlakyDB):
         return super().finalize_control(control_id, result, claimant=claimant)
 
 
-async def test_phase_is_written_before_the_pause_or_resume_row_is_stamped(
-    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
+@pytest.mark.parametrize(
+    ("make_target", "second"),
+    [(Target, "resume"), (StoppableTarget, "stop")],
+    ids=["resume", "stop"],
+)
+async def test_phase_is_written_before_the_row_is_stamped(
+    home: Path,
+    writer: StateDB,
+    sid: str,
+    consumer: FlakyDB,
+    make_target: Callable[[], Target],
+    second: str,
 ) -> None:
     db = _PhaseAtStamp(consumer.backend, path=consumer.path)
     db.sid, db.seen = sid, []
-    poller = _poller(home, sid, Target(), db)
+    poller = _poller(home, sid, make_target(), db)
     poller.executing = True
     pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
     assert await poller.tick() == 1
-    resume = writer.insert_control(session_id=sid, verb="resume", payload=None)
+    then = writer.insert_control(session_id=sid, verb=second, payload=None)
     assert await poller.tick() == 1
-    # Anyone who sees a stamped pause also sees phase 'paused', and likewise for resume.
-    assert db.seen == [(pause.id, "paused"), (resume.id, "executing")]
-
-
-async def test_phase_is_written_before_the_stop_row_is_stamped(
-    home: Path, writer: StateDB, sid: str, consumer: FlakyDB
-) -> None:
-    db = _PhaseAtStamp(consumer.backend, path=consumer.path)
-    db.sid, db.seen = sid, []
-    poller = _poller(home, sid, StoppableTarget(), db)
-    poller.executing = True
-    pause = writer.insert_control(session_id=sid, verb="pause", payload=None)
-    assert await poller.tick() == 1
-    stop = writer.insert_control(session_id=sid, verb="stop", payload=None)
-    assert await poller.tick() == 1
-    # A stop ends the pause: whoever sees it stamped sees the gate open in the phase too.
-    assert db.seen == [(pause.id, "paused"), (stop.id, "executing")]
+    # Anyone who sees a stamped pause also sees phase 'paused'; a resume or a stop ends
+    # the pause, so whoever sees it stamped sees the gate open in the phase too.
+    assert db.seen == [(pause.id, "paused"), (then.id, "executing")]
 
 
 class DeferringTarget(Target):

@@ -27,33 +27,39 @@ __all__ = ["app", "cli_exit", "main"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-EXIT_EPILOG = """\b
-Exit codes:
-  0    completed (for ctl: queued)
-  1    a node failed, or an unexpected runtime error
-  2    usage error (bad flags, bad plan file)
-  3    refused: unknown/ambiguous id, session not running, kind not allowed,
-       resume refused, checkpoint recovery refused, database busy
+# How a run ends other than completed or failed: shared by the global and the run tables.
+_RUN_ENDINGS = """\
   75   stopped by an operator (ctl stop); completed work persisted and resumable
   124  deadline reached; completed work persisted and resumable
   130  interrupted by SIGINT; completed work persisted
   143  terminated by SIGTERM; completed work persisted
 """
 
+EXIT_EPILOG = (
+    """\b
+Exit codes:
+  0    completed (for ctl: queued)
+  1    a node failed, or an unexpected runtime error
+  2    usage error (bad flags, bad plan file)
+  3    refused: unknown/ambiguous id, session not running, kind not allowed,
+       resume refused, checkpoint recovery refused, database busy
+"""
+    + _RUN_ENDINGS
+)
+
 # flow, play, agent and resume: the run's own outcomes, without ctl's "queued" or
 # "kind not allowed" (which only a `ctl` call can get).
-RUN_EPILOG = """\b
+RUN_EPILOG = (
+    """\b
 Exit codes:
   0    completed
   1    a node failed, or an unexpected runtime error
   2    usage error (bad flags, bad plan file)
   3    refused: resume refused, checkpoint recovery refused, unknown/ambiguous
        run id (resume), home not writable or shared, database busy
-  75   stopped by an operator (ctl stop); completed work persisted and resumable
-  124  deadline reached; completed work persisted and resumable
-  130  interrupted by SIGINT; completed work persisted
-  143  terminated by SIGTERM; completed work persisted
 """
+    + _RUN_ENDINGS
+)
 
 # The commands that only read or queue list just the codes they can return.
 _UNEXPECTED = "  1    an unexpected runtime error (e.g. an unreadable state DB)\n"

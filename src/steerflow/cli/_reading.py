@@ -7,6 +7,7 @@ stay exact.
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -161,7 +162,7 @@ def show_verify(home: Path, target: str, *, as_json: bool) -> int:
 
     run = resolve_run_target(home, target)
     checkpoint = run.run_dir / "checkpoint.json"
-    if not checkpoint.is_symlink() and not checkpoint.exists():  # the loader names the rest
+    if not os.path.lexists(checkpoint):  # a link, FIFO, ...: the loader names what it is
         raise RefusedError(f"run {run.run_id} has no checkpoint.json: nothing recorded to verify")
     state, _ = load_state(checkpoint, v2_lenient=True)
     settlement = settle(home, state)

@@ -7,6 +7,7 @@ leniently): the one loader every reader shares.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -210,7 +211,7 @@ def show_run(home: Path, target: str) -> RunView:
     run = resolve_run_target(home, target, need_dir=False)
     ckpt_path = run.run_dir / CHECKPOINT_FILENAME
     # A dangling link is there too: the loader refuses it by name (it never follows one).
-    exists = run.reachable and (ckpt_path.is_symlink() or ckpt_path.exists())
+    exists = run.reachable and os.path.lexists(ckpt_path)
     state: CheckpointState | None = None
     report: dict[str, Any] | None = None
     if exists:
