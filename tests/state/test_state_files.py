@@ -140,7 +140,7 @@ def test_closed_db_raises_and_close_twice_is_harmless(home: Path) -> None:
 
 def test_state_db_url_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     target = tmp_path / "elsewhere" / "custom.db"
-    monkeypatch.setenv("STEERFLOW_STATE_DB_URL", f"sqlite://{target}")
+    monkeypatch.setenv("STEERFLOW_STATE_DB_URL", f"sqlite:///{target}")  # four slashes: absolute
     with StateDB.open(tmp_path / "home") as db:
         assert db.path == target
         db.create_session(kind="flow")

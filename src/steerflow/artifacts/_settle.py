@@ -41,10 +41,13 @@ from steerflow.errors import ArtifactContractError
 from steerflow.state import NodeKind, StateDB, db_exists
 
 __all__ = [
+    "ContractOrigin",
     "RecordedLeg",
     "Settlement",
+    "SourceContract",
     "Unsettled",
     "UnsettledReason",
+    "read_source_contract",
     "recorded_legs",
     "settle",
     "settle_legs",
@@ -120,6 +123,9 @@ class Settlement:
     contract: ArtifactContract | None
     legs: tuple[RecordedLeg, ...]
     unsettled: tuple[Unsettled, ...]
+    #: Where ``contract`` came from (``SourceContract.origin``) and the note saying so.
+    origin: ContractOrigin | None = None
+    note: str | None = None
 
     @property
     def settled(self) -> bool:
@@ -132,9 +138,15 @@ class Settlement:
         return sum(len(leg.records) for leg in self.legs)
 
     def to_json(self) -> dict[str, Any]:
-        """``artifact_root``, ``checked``, ``nodes`` (legs with records), ``unsettled``."""
+        """``artifact_root``, ``contract_source``, ``checked``, ``nodes``, ``unsettled``.
+
+        ``contract_source`` is ``state_db``, ``checkpoint`` (the DB's copy was missing) or
+        null (no contract at all).
+        """
         return {
             "artifact_root": str(self.contract.root) if self.contract else None,
+            "contract_source": self.origin,
+            "warnings": [self.note] if self.note else [],
             "checked": self.checked,
             "nodes": [
                 {
@@ -150,36 +162,71 @@ class Settlement:
 
 # -- 1. the persisted contract -------------------------------------------------------------
 
+#: Where the contract a settle used came from: the state DB's row (checked equal to the
+#: checkpoint's copy), or the checkpoint's own copy because the DB's is missing.
+ContractOrigin = Literal["state_db", "checkpoint"]
+
+
+@dataclass(frozen=True)
+class SourceContract:
+    """The contract a checkpoint is settled against, where it came from, and why."""
+
+    contract: ArtifactContract | None
+    #: None when neither record holds a contract (a run from before contracts).
+    origin: ContractOrigin | None
+    #: One line for the run's warnings when the checkpoint's own copy was used, else None.
+    note: str | None = None
+
 
 def _stored_contract(home: Path, session_id: str) -> tuple[ArtifactContract | None, str | None]:
-    """The contract in the state DB row of ``session_id``: (contract, why unreadable)."""
-    if not session_id or not db_exists(home):
-        return None, None
+    """The contract in the state DB row of ``session_id``: (contract, why it is absent).
+
+    The second member is the reason text of a missing or unreadable DB copy, prefixed
+    ``unreadable:`` for one that cannot be read.
+    """
+    if not session_id:
+        return None, "the checkpoint names no session"
+    if not db_exists(home):
+        return None, "there is no state DB"
     with StateDB.open(home, create=False) as db:
         row = db.get_session(session_id)
-    if row is None or row.artifact_contract_json is None:
-        return None, None
+    if row is None:
+        return None, "the state DB has no session row for it"
+    if row.artifact_contract_json is None:
+        return None, "the state DB holds no artifact contract for it"
     try:
         return ArtifactContract.from_json(json.loads(row.artifact_contract_json)), None
     except (ValueError, ContractError) as exc:  # JSONDecodeError is a ValueError
-        return None, str(exc)
+        return None, f"unreadable:{exc}"
 
 
-def source_contract(home: Path, state: CheckpointState) -> ArtifactContract | None:
+def _declared_legs(contract: ArtifactContract) -> str:
+    keys = sorted(contract.legs)
+    shown = ", ".join(repr(k) for k in keys[:5]) + (", ..." if len(keys) > 5 else "")
+    return f"{len(keys)} leg{'s' if len(keys) != 1 else ''}: {shown}"
+
+
+def read_source_contract(
+    home: Path, state: CheckpointState, *, accept_checkpoint_contract: bool = False
+) -> SourceContract:
     """The contract the run that wrote ``state`` persisted, checked against the copy.
 
-    None when neither the state DB nor the checkpoint holds one (a run from before
-    contracts); whether that is acceptable is :func:`recorded_legs`' rule.
+    When the state DB's copy is missing (no state DB, no session row: a lost or replaced
+    DB; or a row without a contract), the checkpoint's own copy is used if it declares no
+    artifacts (there is nothing the DB's copy could vouch for), and otherwise only with
+    ``accept_checkpoint_contract``; either way the result's ``note`` says so.
 
     Raises:
-        ArtifactContractError: either record is unreadable, or they disagree.
+        ArtifactContractError: either record is unreadable, or they disagree, or the
+            DB's copy is missing while the checkpoint's declares artifacts and
+            ``accept_checkpoint_contract`` is false.
     """
     where = f"session {state.session_id}"
-    stored, stored_error = _stored_contract(home, state.session_id)
-    if stored_error is not None:
+    stored, absent = _stored_contract(home, state.session_id)
+    if absent is not None and absent.startswith("unreadable:"):
         raise ArtifactContractError(
-            f"the artifact contract {where} persisted cannot be read ({stored_error}); "
-            "its recorded artifacts cannot be settled"
+            f"the artifact contract {where} persisted cannot be read "
+            f"({absent.removeprefix('unreadable:')}); its recorded artifacts cannot be settled"
         )
     try:
         copy = checkpoint_contract(state.config, (e.raw for e in state.spawned))
@@ -187,15 +234,48 @@ def source_contract(home: Path, state: CheckpointState) -> ArtifactContract | No
         raise ArtifactContractError(
             f"the checkpoint's copy of the artifact contract cannot be read ({exc})"
         ) from None
-    if stored != copy:
-        if stored is None:
-            why = "the state DB holds no artifact contract for it, but its checkpoint does"
-        elif copy is None:
+    if stored is not None:
+        if copy is None:
             why = "its checkpoint holds no copy of the artifact contract the state DB records"
-        else:
+        elif stored != copy:
             why = "the state DB's artifact contract and the checkpoint's copy disagree"
+        else:
+            return SourceContract(stored, "state_db")
         raise ArtifactContractError(f"{where}: {why}; its recorded artifacts cannot be settled")
-    return stored
+    if copy is None:
+        return SourceContract(None, None)
+    if not copy.legs:
+        note = (
+            f"the state DB's copy of the artifact contract of {where} is missing ({absent}); "
+            "its checkpoint's copy declares no artifacts, so the checkpoint alone is used"
+        )
+        return SourceContract(copy, "checkpoint", note)
+    if not accept_checkpoint_contract:
+        raise ArtifactContractError(
+            f"{where}: the state DB's copy of the artifact contract is missing ({absent}), "
+            f"but its checkpoint declares artifacts ({_declared_legs(copy)}); its recorded "
+            "artifacts cannot be settled against the state DB. Pass "
+            "--accept-checkpoint-contract to settle them against the checkpoint's own copy "
+            "(only if you trust that file: nothing else vouches for what it declares)"
+        )
+    note = (
+        f"recorded artifacts of {where} are settled against the checkpoint's own copy of "
+        f"the artifact contract (--accept-checkpoint-contract): the state DB's copy is "
+        f"missing ({absent}); it declares {_declared_legs(copy)}"
+    )
+    return SourceContract(copy, "checkpoint", note)
+
+
+def source_contract(
+    home: Path, state: CheckpointState, *, accept_checkpoint_contract: bool = False
+) -> ArtifactContract | None:
+    """:func:`read_source_contract`'s contract alone (None: neither record holds one).
+
+    Whether None is acceptable is :func:`recorded_legs`' rule.
+    """
+    return read_source_contract(
+        home, state, accept_checkpoint_contract=accept_checkpoint_contract
+    ).contract
 
 
 # -- 2. entries against the contract ---------------------------------------------------------
@@ -285,17 +365,22 @@ def settle_legs(contract: ArtifactContract, legs: Iterable[RecordedLeg]) -> list
     return out
 
 
-def settle(home: Path, state: CheckpointState) -> Settlement:
+def settle(
+    home: Path, state: CheckpointState, *, accept_checkpoint_contract: bool = False
+) -> Settlement:
     """Settle every completed node of a loaded checkpoint (``steerflow verify``).
 
     ``home`` locates the state DB holding the persisted contract of the session that
-    wrote ``state``.
+    wrote ``state``; ``accept_checkpoint_contract`` is :func:`read_source_contract`'s.
 
     Raises:
         ArtifactContractError: the contract is missing, unreadable or disagrees (see
-            :func:`source_contract` and :func:`recorded_legs`).
+            :func:`read_source_contract` and :func:`recorded_legs`).
     """
-    contract = source_contract(home, state)
+    source = read_source_contract(
+        home, state, accept_checkpoint_contract=accept_checkpoint_contract
+    )
+    contract = source.contract
     legs = recorded_legs(contract, state)
     unsettled = settle_legs(contract, legs) if contract is not None else []
-    return Settlement(contract, legs, tuple(unsettled))
+    return Settlement(contract, legs, tuple(unsettled), source.origin, source.note)

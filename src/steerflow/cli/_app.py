@@ -101,6 +101,11 @@ REACTIVE_HELP = (
     "Let operations spawn new ones: off (default), all, or a comma-separated list of roles "
     "allowed to spawn."
 )
+ACCEPT_CONTRACT_HELP = (
+    "When the state DB's copy of the run's artifact contract is missing (a lost or replaced "
+    "DB, `db rebuild`), settle its recorded artifacts against the checkpoint's own copy "
+    "(said in the output). Without it such a run is refused (exit 3) if it declares artifacts."
+)
 MAX_OPS_HELP = (
     "Total operation budget shared by plan and spawns: spawns allowed = max(0, N - plan size). "
     "0 or unset means no cap on the plan, but spawns are still capped at 20 to bound cost; "
@@ -271,8 +276,9 @@ def run_options(func: F) -> F:
     "--state-db",
     "state_db",
     metavar="URL",
-    help="State database URL: sqlite:///PATH, or postgresql://... (extra 'postgres'; "
-    "default: $STEERFLOW_STATE_DB_URL, else <home>/state.db).",
+    help="State database URL: sqlite:///REL/PATH (relative to the current directory), "
+    "sqlite:////ABS/PATH, or postgresql://HOST/DB (extra 'postgres'; default: "
+    "$STEERFLOW_STATE_DB_URL, else <home>/state.db). A malformed URL is exit 2.",
 )
 @click.version_option(package_name="steerflow")
 @click.pass_context
@@ -290,9 +296,13 @@ def app(ctx: click.Context, home: str | None, state_db: str | None) -> None:
     """
     ctx.ensure_object(dict)
     ctx.obj["home"] = home
-    if state_db is not None:
-        # Through the environment, so the flow's child processes use the same database.
-        os.environ["STEERFLOW_STATE_DB_URL"] = state_db
+    from steerflow.state import STATE_DB_URL_ENV, normalize_state_db_url
+
+    url = state_db if state_db is not None else os.environ.get(STATE_DB_URL_ENV, "").strip()
+    if state_db is not None or url:
+        # Checked before any command starts (a bad URL is exit 2 in one line), and through
+        # the environment, so the flow's child processes use the same database.
+        os.environ[STATE_DB_URL_ENV] = normalize_state_db_url(url)
 
 
 def _flow_options(**kw: Any) -> FlowOptions:
@@ -541,6 +551,11 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     help="The artifact root is always the source run's (also when it used --save); "
     "another DIR is a usage error (exit 2).",
 )
+@click.option(
+    "--accept-checkpoint-contract",
+    is_flag=True,
+    help=ACCEPT_CONTRACT_HELP,
+)
 @compact_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
@@ -576,6 +591,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         fork=kw["fork"],
         rerun_unsettled=kw["rerun_unsettled"],
         save=kw["save"],
+        accept_checkpoint_contract=kw["accept_checkpoint_contract"],
     )
     options = FlowOptions(
         resume=seed,
@@ -596,7 +612,13 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     run = agent_resume_source(home, target)
     if run is None:
         return None
-    for flag in ("allow_degraded_context", "rerun_unsettled", "dry_run", "show_graph"):
+    for flag in (
+        "allow_degraded_context",
+        "rerun_unsettled",
+        "dry_run",
+        "show_graph",
+        "accept_checkpoint_contract",
+    ):
         if kw.get(flag):
             raise UsageError(f"--{flag.replace('_', '-')} does not apply to an agent run")
     from steerflow.cli._agent import execute_agent
@@ -618,9 +640,10 @@ VERIFY_EPILOG = (
 
 @app.command(epilog=VERIFY_EPILOG)
 @click.argument("target")
+@click.option("--accept-checkpoint-contract", is_flag=True, help=ACCEPT_CONTRACT_HELP)
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
-def verify(ctx: click.Context, target: str, as_json: bool) -> int:
+def verify(ctx: click.Context, target: str, accept_checkpoint_contract: bool, as_json: bool) -> int:
     """Check a run's recorded artifacts, byte for byte, without resuming it.
 
     TARGET is as for resume and show. Every completed node that recorded artifacts is
@@ -630,7 +653,9 @@ def verify(ctx: click.Context, target: str, as_json: bool) -> int:
     """
     from steerflow.cli._reading import show_verify
 
-    return show_verify(_home(ctx), target, as_json=as_json)
+    return show_verify(
+        _home(ctx), target, as_json=as_json, accept_checkpoint_contract=accept_checkpoint_contract
+    )
 
 
 @app.command(epilog=RUNS_EPILOG)
@@ -879,7 +904,8 @@ def db() -> None:
     "to_url",
     required=True,
     metavar="URL",
-    help="Target: postgresql://... or sqlite:///PATH (tables created when missing).",
+    help="Target: postgresql://HOST/DB, sqlite:///REL/PATH or sqlite:////ABS/PATH (tables "
+    "created when missing). The source itself, however spelled, is refused.",
 )
 @click.option(
     "--merge",
@@ -894,11 +920,12 @@ def db_copy(ctx: click.Context, to_url: str, merge: bool, as_json: bool) -> int:
     Idempotent: rows already there are brought up to date, nothing is duplicated.
     Checkpoints stay in the run directories; only the state rows move.
     """
-    from steerflow.state import StateDB, copy_state
+    from steerflow.state import StateDB, copy_state, normalize_state_db_url, open_copy_target
 
+    to_url = normalize_state_db_url(to_url)  # a bad URL: exit 2 before the source is opened
     with (
         StateDB.open(_home(ctx), create=False, read_only=True) as source,
-        StateDB.open_url(to_url, create=True) as target,
+        open_copy_target(source, to_url) as target,
     ):
         report = copy_state(source, target, merge=merge)
     if as_json:

@@ -153,7 +153,9 @@ def artifact_lines(artifacts: list[Any], *, indent: str) -> list[str]:
     return lines
 
 
-def show_verify(home: Path, target: str, *, as_json: bool) -> int:
+def show_verify(
+    home: Path, target: str, *, as_json: bool, accept_checkpoint_contract: bool = False
+) -> int:
     """``verify TARGET``: exit 0 when every recorded artifact is settled, 3 otherwise."""
     from steerflow.artifacts import settle
     from steerflow.checkpoint import load_state
@@ -165,7 +167,7 @@ def show_verify(home: Path, target: str, *, as_json: bool) -> int:
     if not os.path.lexists(checkpoint):  # a link, FIFO, ...: the loader names what it is
         raise RefusedError(f"run {run.run_id} has no checkpoint.json: nothing recorded to verify")
     state, _ = load_state(checkpoint, v2_lenient=True)
-    settlement = settle(home, state)
+    settlement = settle(home, state, accept_checkpoint_contract=accept_checkpoint_contract)
     code = ExitCode.OK if settlement.settled else ExitCode.REFUSED
     if as_json:
         emit_json(
@@ -183,6 +185,8 @@ def show_verify(home: Path, target: str, *, as_json: bool) -> int:
         f"run: {run.run_id}  session: {state.session_id or run.session_id}",
         f"artifact root: {printable(str(root)) if root else '(no artifact contract recorded)'}",
     ]
+    if settlement.note:
+        lines.append(f"warning: {printable(settlement.note)}")
     nodes = len(settlement.legs)
     if settlement.settled:
         lines.append(

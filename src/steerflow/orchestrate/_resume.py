@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from steerflow.artifacts import ArtifactContract, source_contract
+from steerflow.artifacts import ArtifactContract, read_source_contract
 from steerflow.checkpoint import (
     BRANCHES_DIR,
     CHECKPOINT_FILENAME,
@@ -38,6 +38,7 @@ def prepare_resume(
     fork: bool = False,
     rerun_unsettled: bool = False,
     save: Path | None = None,
+    accept_checkpoint_contract: bool = False,
 ) -> ResumeSeed:
     """Resolve ``target``, load and check its checkpoint, and describe the replay.
 
@@ -48,8 +49,11 @@ def prepare_resume(
 
     Recorded artifacts are settled against the contract the source run persisted
     (``ArtifactContractError``/``ArtifactsUnsettledError``; with ``rerun_unsettled``
-    the unsettled nodes and their dependents run again). All of it happens before the
-    resume claims its source or creates anything, so a refusal leaves nothing behind.
+    the unsettled nodes and their dependents run again). When the state DB's copy of that
+    contract is missing (a lost or replaced DB), the checkpoint's own copy is used if it
+    declares no artifacts, else only with ``accept_checkpoint_contract``; the seed's notes
+    say so. All of it happens before the resume claims its source or creates anything,
+    so a refusal leaves nothing behind.
     ``save``, when given, must name the source run's artifact root (``UsageError``).
     """
     run = resolve_run_target(home, target)
@@ -64,6 +68,7 @@ def prepare_resume(
             fork=fork,
             rerun_unsettled=rerun_unsettled,
             save=save,
+            accept_checkpoint_contract=accept_checkpoint_contract,
         )
     except SteerflowError as exc:
         exc.source_ids = dict(known)
@@ -80,6 +85,7 @@ def _prepare(
     fork: bool,
     rerun_unsettled: bool,
     save: Path | None,
+    accept_checkpoint_contract: bool,
 ) -> ResumeSeed:
     preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / CHECKPOINT_FILENAME
@@ -102,7 +108,10 @@ def _prepare(
             f"the flow context of run {run.run_id} cannot be stored again: {problem}"
         )
     # The contract the source persisted, never one re-derived from today's roles.
-    contract = source_contract(home, state)
+    source = read_source_contract(
+        home, state, accept_checkpoint_contract=accept_checkpoint_contract
+    )
+    contract = source.contract
     root = _artifact_root(contract, state.config, run.run_dir)
     if save is not None and not _same_dir(save, root):
         raise UsageError(
@@ -128,7 +137,7 @@ def _prepare(
         max_spawn=state.max_spawn,
         degraded=list(replay.degraded),
         checkpoint_recovery=report,
-        notes=list(replay.notes),
+        notes=[*([source.note] if source.note else []), *replay.notes],
         fork=fork,
         artifact_root=root,
     )

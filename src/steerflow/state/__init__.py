@@ -8,8 +8,14 @@ for how a dead owner turns a ``running`` session into ``interrupted``.
 from __future__ import annotations
 
 from steerflow.state._claims import ResumeClaim, ResumedBy
-from steerflow.state._copy import CopyReport, copy_state
-from steerflow.state._db import STATE_DB_URL_ENV, ResolvedTarget, StateDB, db_exists
+from steerflow.state._copy import CopyReport, copy_state, open_copy_target
+from steerflow.state._db import (
+    STATE_DB_URL_ENV,
+    ResolvedTarget,
+    StateDB,
+    db_exists,
+    normalize_state_db_url,
+)
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
     HOST_ID_ENV,
@@ -65,6 +71,8 @@ __all__ = [
     "copy_state",
     "db_exists",
     "effective_status",
+    "normalize_state_db_url",
+    "open_copy_target",
     "owner_alive",
     "process_start_time",
     "this_host",

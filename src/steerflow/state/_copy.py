@@ -12,13 +12,17 @@ home's database) unless ``merge`` is asked for; then both homes' rows live side 
 
 from __future__ import annotations
 
+import contextlib
+import os
 import re
 from dataclasses import dataclass
 
 from steerflow.errors import RefusedError
 from steerflow.state._db import StateDB
+from steerflow.state._postgres import is_postgres_url
+from steerflow.state._sqlite import sqlite_path_from_url
 
-__all__ = ["COPY_TABLES", "CopyReport", "copy_state"]
+__all__ = ["COPY_TABLES", "CopyReport", "copy_state", "open_copy_target"]
 
 COPY_TABLES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("sessions", ("id",)),
@@ -69,16 +73,48 @@ def _upsert_sql(table: str, columns: list[str], key: tuple[str, ...]) -> str:
     )
 
 
+def _itself(source: StateDB, target: str) -> RefusedError:
+    return RefusedError(
+        f"db copy: the source and the target are the same database: {target} is "
+        f"{source.location}; nothing was copied"
+    )
+
+
+def open_copy_target(source: StateDB, url: str) -> StateDB:
+    """Open (creating when missing) the target ``url`` of a copy from ``source``.
+
+    A SQLite target that is the source's file (a link to it, another spelling of its
+    path, a hard link) is refused before it is opened for writing; any other target is
+    checked again, by identity, when :func:`copy_state` runs.
+
+    Raises:
+        RefusedError: The target is the source.
+        UsageError: ``url`` is malformed.
+    """
+    if not is_postgres_url(url) and source.path is not None:
+        path = sqlite_path_from_url(url)
+        with contextlib.suppress(OSError):  # a missing target cannot be the source
+            if os.path.samefile(path, source.path):
+                raise _itself(source, str(path))
+    return StateDB.open_url(url, create=True)
+
+
 def copy_state(source: StateDB, target: StateDB, *, merge: bool = False) -> CopyReport:
     """Copy every state row of ``source`` into ``target`` (see the module doc).
 
     Raises:
-        RefusedError: Source and target are the same database; or ``target`` holds
+        RefusedError: Source and target are the same database (by identity: the SQLite
+            file's device and inode; the PostgreSQL server, database and ``sessions``
+            table; see ``StateBackend.identity``); or ``target`` holds
             sessions ``source`` does not have and ``merge`` is false. Nothing is written.
         DatabaseBusyError: A lock wait on either side ran past its bound.
     """
-    if source.location == target.location:
-        raise RefusedError(f"db copy: the source and the target are the same: {source.location}")
+    # By identity, not by spelling: a link, ``H/../H/state.db``, four slashes, another
+    # host name for the same server all name the database being read.
+    if source.location == target.location or source.backend.identity() == (
+        target.backend.identity()
+    ):
+        raise _itself(source, target.location)
     with source.backend.transaction(write=False) as reader:
         data = {table: reader.query(f"SELECT * FROM {table}") for table, _ in COPY_TABLES}
     for table, rows in data.items():

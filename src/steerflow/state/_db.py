@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Literal, get_args
+from urllib.parse import quote
 
 from steerflow import _faults
 from steerflow.errors import (
@@ -39,7 +40,7 @@ from steerflow.state._claims import ResumeClaim, ResumedBy, check_claim, record_
 from steerflow.state._claims import resumed_by as _resumed_by
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
-from steerflow.state._postgres import PostgresBackend, is_postgres_url
+from steerflow.state._postgres import PostgresBackend, check_postgres_url, is_postgres_url
 from steerflow.state._schema import (
     ControlRow,
     ControlVerb,
@@ -70,6 +71,7 @@ __all__ = [
     "StateDB",
     "db_exists",
     "db_path",
+    "normalize_state_db_url",
 ]
 
 DB_FILENAME = "state.db"
@@ -82,6 +84,22 @@ STATE_DB_URL_ENV = "STEERFLOW_STATE_DB_URL"
 def state_db_url() -> str | None:
     """``STEERFLOW_STATE_DB_URL`` when set (non-blank), else ``None``."""
     return os.environ.get(STATE_DB_URL_ENV, "").strip() or None
+
+
+def normalize_state_db_url(url: str) -> str:
+    """``url`` checked, a SQLite one respelled absolute (``sqlite:////abs/path``).
+
+    So a child process started in another directory reads the same file from the
+    inherited ``STEERFLOW_STATE_DB_URL``. A PostgreSQL URL is returned as given.
+
+    Raises:
+        UsageError: The URL is malformed, names no supported backend, or names
+            PostgreSQL without the ``postgres`` extra.
+    """
+    if is_postgres_url(url):
+        check_postgres_url(url)
+        return url
+    return "sqlite:///" + quote(str(sqlite_path_from_url(url)))
 
 
 def _postgres_url() -> str | None:

@@ -24,20 +24,34 @@ A connection the server dropped is replaced on the next call.
 from __future__ import annotations
 
 import contextlib
+import re
 import threading
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import unquote, urlsplit, urlunsplit
 
-from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.errors import (
+    DatabaseBusyError,
+    RefusedError,
+    SteerflowError,
+    UsageError,
+    quote_input,
+)
 from steerflow.state._pg_schema import CONTROLS_CHANNEL, PG_MIGRATIONS, PG_SCHEMA_VERSION_DDL
 from steerflow.state._schema import Migration, StateTransaction
 
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["PG_SCHEMES", "PostgresBackend", "PostgresTransaction", "is_postgres_url", "redact"]
+__all__ = [
+    "PG_SCHEMES",
+    "PostgresBackend",
+    "PostgresTransaction",
+    "check_postgres_url",
+    "is_postgres_url",
+    "redact",
+]
 
 PG_SCHEMES = ("postgresql", "postgres")
 _MISSING_EXTRA = (
@@ -52,19 +66,80 @@ _RECONNECT_S = 1.0
 _MIGRATION_LOCK = "schema-migration"
 
 
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
+_PORT = re.compile(r"[0-9]{1,5}")
+
+
 def is_postgres_url(url: str) -> bool:
-    """Whether ``url`` names a PostgreSQL database."""
-    return urlsplit(url).scheme in PG_SCHEMES
+    """Whether ``url`` names a PostgreSQL database (by its scheme; never raises)."""
+    found = _SCHEME.match(url)
+    return found is not None and found.group(1).lower() in PG_SCHEMES
 
 
 def redact(url: str) -> str:
-    """``url`` without its password, for messages."""
-    parts = urlsplit(url)
-    if parts.password is None:
+    """``url`` without its password, for messages (also for a URL that does not parse)."""
+    try:
+        parts = urlsplit(url)
+        password = parts.password
+    except ValueError:  # "[bad": redact by hand whatever sits between ':' and '@'
+        return re.sub(r"^([^:/]*://[^:/@]*):[^@/]*@", r"\1:***@", url)
+    if password is None:
         return url
     netloc = parts.netloc.rsplit("@", 1)[1]
     user = parts.username or ""
     return urlunsplit(parts._replace(netloc=f"{user}:***@{netloc}"))
+
+
+_USERINFO = re.compile(r"^[^:/]*://[^:/@]*:([^@/]*)@")
+
+
+def _without_password(message: str, url: str) -> str:
+    """The parse error of libpq quotes the URL, or the token it choked on: not the password."""
+    found = _USERINFO.match(url)
+    if found is None or not found.group(1):
+        return message
+    password = found.group(1)
+    for text in sorted({password, unquote(password)}, key=len, reverse=True):
+        message = message.replace(text, "***")
+    return message
+
+
+def check_postgres_url(url: str) -> None:
+    """Refuse a ``postgresql://`` URL that libpq cannot parse or that names no server.
+
+    libpq parses it (:func:`psycopg.conninfo.conninfo_to_dict`, no connection); on top
+    of that every host must be named (a unix socket directory as ``?host=/dir``: an
+    empty host would quietly mean libpq's default socket) and every port be 1-65535.
+
+    Raises:
+        UsageError: The URL is malformed, or the ``postgres`` extra is not installed.
+    """
+    pg = _psycopg()
+    from psycopg.conninfo import conninfo_to_dict
+
+    shown = quote_input(redact(url))
+    try:
+        params = conninfo_to_dict(url)
+    except pg.Error as exc:
+        raise UsageError(
+            f"invalid state database URL {shown}: {_without_password(_first_line(exc), url)}"
+        ) from None
+    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
+    if any(not host.strip() for host in hosts):
+        raise UsageError(
+            f"invalid state database URL {shown}: it names no host (write the server's name "
+            "or address; a unix socket directory goes in ?host=/path/to/dir)"
+        )
+    ports = str(params.get("port") or "").split(",") if params.get("port") else []
+    for port in ports:
+        if not _PORT.fullmatch(port.strip()) or not 1 <= int(port) <= 65535:
+            raise UsageError(
+                f"invalid state database URL {shown}: port {port.strip()!r} is not 1-65535"
+            )
+    if len(ports) > 1 and len(ports) != len(hosts):
+        raise UsageError(
+            f"invalid state database URL {shown}: {len(ports)} ports for {len(hosts)} hosts"
+        )
 
 
 def _psycopg() -> Any:
@@ -129,9 +204,11 @@ class PostgresBackend:
         """Connect to the database at ``url``.
 
         Raises:
-            UsageError: The ``postgres`` extra (psycopg) is not installed.
+            UsageError: The URL is malformed (:func:`check_postgres_url`), or the
+                ``postgres`` extra (psycopg) is not installed.
             SteerflowError: The server cannot be reached or refuses the login.
         """
+        check_postgres_url(url)
         backend = cls(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
         with backend._lock:
             backend._connection()
@@ -265,6 +342,23 @@ class PostgresBackend:
                 with contextlib.suppress(Exception):
                     conn.execute("ROLLBACK")  # a no-op after a failed COMMIT
                 raise
+
+    def identity(self) -> tuple[object, ...]:
+        """The server's system identifier, the database's oid and the ``sessions`` table's.
+
+        The system identifier is fixed when the cluster is created (a replica shares
+        its primary's: the same data); the database oid tells the databases of one
+        server apart. The tables are found through the URL's ``search_path``, so two
+        schemas of one database are two state databases: the oid of the ``sessions``
+        table those names resolve to tells them apart (null before any migration).
+        """
+        rows = self.query(
+            "SELECT (SELECT system_identifier FROM pg_control_system()) AS system,"
+            " (SELECT oid FROM pg_database WHERE datname = current_database()) AS db,"
+            " to_regclass('sessions')::oid AS sessions"
+        )
+        row = rows[0]
+        return ("postgresql", str(row["system"]), int(row["db"]), row["sessions"])
 
     def lock(self, tx: StateTransaction, scope: str, key: str) -> None:
         """Wait (bounded) for the advisory lock of ``(scope, key)`` until ``tx`` ends."""

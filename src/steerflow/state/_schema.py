@@ -540,6 +540,14 @@ class StateBackend(Protocol):
         """
         ...
 
+    def identity(self) -> tuple[object, ...]:
+        """What makes this database the same as another however its URL is spelled.
+
+        Two backends with equal identities read and write the same tables (``db copy``
+        refuses to copy a database onto itself).
+        """
+        ...
+
     def close(self) -> None:
         """Release the connection."""
         ...

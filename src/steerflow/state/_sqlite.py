@@ -21,9 +21,15 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlsplit
+from urllib.parse import quote, unquote
 
-from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.errors import (
+    DatabaseBusyError,
+    RefusedError,
+    SteerflowError,
+    UsageError,
+    quote_input,
+)
 from steerflow.home import make_private_dirs
 from steerflow.state._schema import MIGRATIONS, SCHEMA_VERSION_DDL, Migration, StateTransaction
 
@@ -36,19 +42,64 @@ _SQLITE_LOCKED = 6
 _SQLITE_READONLY = 8
 
 
+_EXPECTED = "expected a state database URL sqlite:///PATH or postgresql://..."
+_PREFIX = "sqlite:///"
+
+
+def _bad_url(url: str, why: str) -> UsageError:
+    return UsageError(f"invalid state database URL {quote_input(url)}: {why}")
+
+
 def sqlite_path_from_url(url: str) -> Path:
-    """The database file named by a ``sqlite:///PATH`` URL.
+    """The database file named by a ``sqlite:///PATH`` URL, as an absolute path.
+
+    As in SQLAlchemy: three slashes and a relative path (``sqlite:///rel/x.db``) name a
+    file relative to the current directory, four (``sqlite:////abs/x.db``) an absolute
+    one. The path is percent-decoded; a query, a fragment, a host, an empty path, a
+    directory (a trailing slash) or a NUL byte is refused.
+
+    A relative URL whose file is missing while the same text read as an absolute path
+    names an existing file (``sqlite:///srv/state.db`` and ``/srv/state.db``) is refused
+    too, naming both spellings: before this convention such a URL meant the absolute
+    file, and opening a new, empty database in the current directory instead would hide
+    every run it holds (docs/decisions.md).
 
     Raises:
-        UsageError: The URL is not of that form.
+        UsageError: The URL is not of that form, or is ambiguous as above.
     """
-    parts = urlsplit(url)
-    path = unquote(parts.path)
-    if parts.scheme != "sqlite" or parts.netloc or not path:
-        raise UsageError(
-            f"expected a state database URL sqlite:///PATH or postgresql://..., got {url!r}"
+    if url[: len(_PREFIX)].lower() != _PREFIX:
+        if url[:7].lower() == "sqlite:":
+            how = f"write {_PREFIX}relative/path or {_PREFIX}/absolute/path (no host)"
+            raise _bad_url(url, how)
+        raise UsageError(f"{_EXPECTED}, got {quote_input(url)}")
+    rest = url[len(_PREFIX) :]
+    if "?" in rest or "#" in rest:
+        raise _bad_url(url, "a query or fragment is not supported (write ? as %3F, # as %23)")
+    try:
+        text = unquote(rest, errors="strict")
+    except UnicodeDecodeError:
+        raise _bad_url(url, "its percent-encoding is not UTF-8") from None
+    if not text:
+        raise _bad_url(url, "it names no file")
+    if "\x00" in text:
+        raise _bad_url(url, "the path holds a NUL byte")
+    if text.endswith("/") or text.rsplit("/", 1)[-1] in (".", ".."):
+        raise _bad_url(url, "the path names a directory, not a database file")
+    path = Path(text)
+    if os.path.isdir(path):
+        raise _bad_url(url, f"{str(path.absolute())!r} is a directory, not a database file")
+    if path.is_absolute():
+        return path
+    relative = path.absolute()
+    legacy = Path("/" + text)
+    if not os.path.lexists(relative) and os.path.isfile(legacy):
+        raise _bad_url(
+            url,
+            f"three slashes name a path relative to the current directory ({str(relative)!r}, "
+            f"which does not exist), but {str(legacy)!r} does: for that file write "
+            f"sqlite:///{quote(str(legacy))}, for the relative one sqlite:///./{rest}",
         )
-    return Path(path)
+    return relative
 
 
 def _ensure_private_dir(directory: Path) -> None:
@@ -140,6 +191,8 @@ class SqliteBackend:
         """
         if busy_timeout_s < 0:
             raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
+        if path.is_dir():
+            raise UsageError(f"state database {str(path)!r} is a directory, not a database file")
         if not path.exists():
             if read_only or not create:
                 raise RefusedError(f"no state database at {path}")
@@ -194,6 +247,20 @@ class SqliteBackend:
     def location(self) -> str:
         """The database file, as text for messages."""
         return str(self.path)
+
+    def identity(self) -> tuple[object, ...]:
+        """The device and inode of the file, links followed: one file, however it is named.
+
+        Raises:
+            SteerflowError: The file cannot be looked at.
+        """
+        try:
+            found = os.stat(self.path)
+        except OSError as exc:
+            raise SteerflowError(
+                f"cannot look at the state database {self.path}: {exc.strerror}"
+            ) from exc
+        return ("sqlite", found.st_dev, found.st_ino)
 
     @property
     def migrations(self) -> tuple[Migration, ...]:
