@@ -936,6 +936,50 @@ def db_copy(ctx: click.Context, to_url: str, merge: bool, as_json: bool) -> int:
     return 0
 
 
+DB_REBUILD_EPILOG = (
+    "\b\nExit codes:\n  0    scanned: every run registered, already known, or skipped (listed)\n"
+    + _UNEXPECTED
+    + _USAGE
+    + "  3    refused: <home>/runs is a symlink, state DB read-only or busy\n"
+)
+
+
+@db.command("rebuild", epilog=DB_REBUILD_EPILOG)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def db_rebuild(ctx: click.Context, as_json: bool) -> int:
+    """Register again every run found under <home>/runs/ (after losing the state DB).
+
+    Each run whose checkpoint loads gets its session back (its own session id, prompt
+    and kind), as completed when its checkpoint records every node completed, else
+    interrupted; a resumed run gets its claim on its source back. Runs the state DB
+    already knows are left as they are, so running it twice changes nothing. Links,
+    names that are not run ids and unreadable checkpoints are listed and skipped;
+    nothing under runs/ is written. The artifact contract stays in the checkpoints:
+    resume or verify a run that declares artifacts with --accept-checkpoint-contract.
+    """
+    from steerflow.orchestrate._rebuild import rebuild_state
+
+    report = rebuild_state(_home(ctx))
+    if as_json:
+        emit_json(report.to_json())
+        return 0
+    lines = []
+    for run in report.runs:
+        if run.outcome == "registered":
+            lines.append(f"registered  {run.name}  {run.status:<11}  session {run.session_id}")
+        elif run.outcome == "known":
+            lines.append(f"known       {printable(run.name)}  ({printable(run.reason or '')})")
+        else:
+            lines.append(f"skipped     {printable(run.name)}: {printable(run.reason or '')}")
+    lines.append(
+        f"{report.count('registered')} registered, {report.count('known')} already known, "
+        f"{report.count('skipped')} skipped, in {report.state_db}"
+    )
+    emit_text("\n".join(lines))
+    return 0
+
+
 MCP_EPILOG = (
     "\b\nExit codes:\n  0    the client closed the connection\n"
     + _UNEXPECTED

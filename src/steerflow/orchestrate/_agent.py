@@ -43,7 +43,7 @@ from steerflow.orchestrate._agent_options import (
     TurnOutcome,
 )
 from steerflow.orchestrate._agent_state import AGENT_CONTEXT_KEY, AGENT_KIND, LEG_KEY, turn_key
-from steerflow.orchestrate._claim import create_session
+from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._publish import heartbeat_loop
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
@@ -259,6 +259,8 @@ class AgentRun:
                 "max_turns": self.max_turns,
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
+                # The run it resumed, for `db rebuild` (its claim on that source).
+                **({LINEAGE_KEY: lineage(self.options.resume)} if self.options.resume else {}),
             },
             flow_context=self.context,
             version=3,

@@ -11,7 +11,18 @@ from steerflow.errors import SteerflowError
 from steerflow.home import RunDir, is_run_id
 from steerflow.state import InvocationKind, Owner, ResumeClaim, SessionRow, StateDB, db_exists
 
-__all__ = ["create_session", "discard_run_dir", "preflight_claim", "resume_claim"]
+__all__ = [
+    "LINEAGE_KEY",
+    "create_session",
+    "discard_run_dir",
+    "lineage",
+    "preflight_claim",
+    "resume_claim",
+]
+
+#: The checkpoint ``config`` key where a resumed run records the run it resumed, so the
+#: claim it holds can be registered again from files (``db rebuild``).
+LINEAGE_KEY = "resumed_from"
 
 
 class Seed(Protocol):
@@ -25,6 +36,13 @@ class Seed(Protocol):
     def checkpoint_recovery(self) -> dict[str, Any] | None: ...
     @property
     def fork(self) -> bool: ...
+
+
+def lineage(seed: Seed | None) -> dict[str, Any] | None:
+    """``{"session_id", "run_id", "fork"}`` of the source ``seed`` resumes (None: no seed)."""
+    if seed is None:
+        return None
+    return {"session_id": seed.resumed_from, "run_id": seed.source_run_id, "fork": seed.fork}
 
 
 def resume_claim(home: Path, source_run_id: str | None, *, fork: bool) -> ResumeClaim | None:

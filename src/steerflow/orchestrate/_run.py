@@ -33,7 +33,7 @@ from steerflow.executor import (
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
-from steerflow.orchestrate._claim import create_session
+from steerflow.orchestrate._claim import create_session, lineage
 from steerflow.orchestrate._consent import check_agent_worker_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
@@ -207,9 +207,9 @@ class FlowRun:
                     "checkpoints are not compacted"
                 )
         if opts.resume is not None:
-            return RunSettings.from_checkpoint_config(opts.resume.config).with_compaction(
-                opts.compact_records, opts.compact_bytes
-            )
+            settings = RunSettings.from_checkpoint_config(opts.resume.config)
+            settings = replace(settings, resumed_from=lineage(opts.resume))
+            return settings.with_compaction(opts.compact_records, opts.compact_bytes)
         return RunSettings.from_options(opts, plan)
 
     def _graph_of(self, plan: PlanFile, settings: RunSettings) -> Graph:

@@ -9,6 +9,7 @@ from typing import Any
 
 from steerflow.artifacts import CONFIG_KEY
 from steerflow.errors import UsageError
+from steerflow.orchestrate._claim import LINEAGE_KEY
 from steerflow.orchestrate._options import FlowOptions
 from steerflow.plan import (
     COMPACT_BYTES,
@@ -49,6 +50,9 @@ class RunSettings:
     artifact_contract: Mapping[str, Any] | None = None
     #: The requested synthesis, ``{"instruction", "model"}`` (model None: the run's), or None.
     synthesis: Mapping[str, Any] | None = None
+    #: A resumed run's own source (``_claim.lineage``); never read back into a resume's
+    #: settings, so each run of a chain records the run it resumed, not its source's.
+    resumed_from: Mapping[str, Any] | None = None
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -139,6 +143,8 @@ class RunSettings:
         if self.synthesis is not None:
             # The request itself, so a resume knows the run still owes its synthesis.
             config["synthesis"] = dict(self.synthesis)
+        if self.resumed_from is not None:
+            config[LINEAGE_KEY] = dict(self.resumed_from)
         return config
 
     @property
