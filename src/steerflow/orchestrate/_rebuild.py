@@ -8,9 +8,10 @@ registered with the session id, prompt and kind its checkpoint records, so ``run
 What the files can tell (docs/decisions.md):
 
 * the status is ``completed`` when the checkpoint records every node of the run as
-  completed (planned, spawned, and a requested synthesis), else ``interrupted``: why a
-  process ended (failed, deadline, stop, signal) is not in the checkpoint, and
-  ``interrupted`` is what ``runs`` shows for any run that ended without finishing;
+  completed (planned, spawned, and a requested synthesis; for an agent, every turn,
+  with none started after them), else ``interrupted``: why a process ended (failed,
+  deadline, stop, signal) is not in the checkpoint, and ``interrupted`` is what
+  ``runs`` shows for any run that ended without finishing;
 * the node statuses are the checkpoint's entries (nothing about the calls themselves);
 * a run that was a resume of another one records that in its checkpoint ``config``
   (``resumed_from``), so its claim on the source (one resume per source) comes back;
@@ -38,7 +39,7 @@ from typing import Any, Literal, cast, get_args
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
 from steerflow.errors import HomeRefusedError, SteerflowError
 from steerflow.home import is_run_id
-from steerflow.orchestrate._agent_state import is_agent_state
+from steerflow.orchestrate._agent_state import is_agent_state, read_turns
 from steerflow.orchestrate._claim import LINEAGE_KEY
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.state import InvocationKind, NodeStatus, NodeUpdate, SessionStatus, StateDB
@@ -200,7 +201,12 @@ def _changed_at(run_dir: Path) -> float:
 def _end_status(state: CheckpointState) -> SessionStatus:
     """``completed`` when every node of the run is recorded completed, else ``interrupted``."""
     if is_agent_state(state):
-        return "interrupted"  # whether the agent meant to go on is not in its checkpoint
+        # Done when every recorded turn completed and none was started after them: a
+        # resume would have no turn to run (messages queued meanwhile were in the lost DB).
+        turns = read_turns(state)
+        finished = turns.turns and all(t.entry.status == "completed" for t in turns.turns)
+        done = finished and turns.next_instruction is None and not turns.problems
+        return "completed" if done else "interrupted"
     keys = [item.get("agent_id") for item in state.plan if isinstance(item, dict)]
     if isinstance(state.config.get("synthesis"), dict):
         keys.append(SYNTHESIS_KEY)

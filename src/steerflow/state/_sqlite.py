@@ -62,7 +62,8 @@ def sqlite_path_from_url(url: str) -> Path:
     names an existing file (``sqlite:///srv/state.db`` and ``/srv/state.db``) is refused
     too, naming both spellings: before this convention such a URL meant the absolute
     file, and opening a new, empty database in the current directory instead would hide
-    every run it holds (docs/decisions.md).
+    every run it holds (docs/decisions.md). ``sqlite:///./srv/state.db`` is relative
+    without that doubt.
 
     Raises:
         UsageError: The URL is not of that form, or is ambiguous as above.
@@ -92,7 +93,9 @@ def sqlite_path_from_url(url: str) -> Path:
         return path
     relative = path.absolute()
     legacy = Path("/" + text)
-    if not os.path.lexists(relative) and os.path.isfile(legacy):
+    # ./ and ../ say "relative" in so many words: only a bare relative path is ambiguous.
+    explicit = text.startswith(("./", "../"))
+    if not explicit and not os.path.lexists(relative) and os.path.isfile(legacy):
         raise _bad_url(
             url,
             f"three slashes name a path relative to the current directory ({str(relative)!r}, "
