@@ -13,9 +13,13 @@ import hashlib
 import json
 import os
 import signal
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 from flow_support import CliResult, finish, start_cli, stop, write_yaml
 from resume_support import (
@@ -32,6 +36,7 @@ from resume_support import (
 
 from steerflow.checkpoint import load_checkpoint
 from steerflow.state import STATE_DB_URL_ENV, StateDB
+from steerflow.studio import listen
 
 CHAIN: dict[str, Any] = {
     "name": "chain",
@@ -73,6 +78,23 @@ def _sessions(home: Path) -> dict[str, tuple[str, str, str]]:
     """run id -> (session id, kind, stored status)."""
     with StateDB.open(home, create=False) as db:
         return {str(s.run_id): (s.id, s.kind, s.status) for s in db.list_sessions(limit=None)}
+
+
+@contextmanager
+def _studio_client(home: Path) -> Iterator[httpx.Client]:
+    """A real Studio on loopback (a thread of this process), and a client past its token."""
+    listening = listen(home, port=0)
+    thread = threading.Thread(target=listening.run, name="studio", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: listening.server.started, timeout=30, what="the studio to start")
+        base = listening.url.split("/?", 1)[0]
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get(listening.url.removeprefix(base)).status_code == 303
+            yield client
+    finally:
+        listening.server.should_exit = True
+        thread.join(timeout=30)
 
 
 def _delete_state_db(home: Path) -> None:
@@ -187,6 +209,10 @@ def test_rebuild_registers_every_run_once_and_twice_changes_nothing(
     shown = _ok(run_cli(home, "show", runs["interrupted"].name, "--json"))
     assert shown["status"] == "interrupted" and shown["kind"] == "flow"
     assert {n["id"]: n["status"] for n in shown["nodes"]} == {"a": "completed", "b": "pending"}
+    with _studio_client(home) as client:  # and the Studio: its Runs page lists them
+        page = client.get("/runs")
+        assert page.status_code == 200, page.text
+        assert all(p.name in page.text for p in runs.values())
     again = resume(home, runs["interrupted"].name, "--json")
     assert again.returncode == 3, again.explain()
     assert again.json["error"]["code"] == "resume-claimed"

@@ -303,6 +303,10 @@ def test_model_and_concurrency_come_from_checkpoint(tmp_path: Path) -> None:
     assert abs(ts["b"] - ts["c"]) >= 0.15, ts
     new_state, _ = load_checkpoint(Path(body["checkpoint"]["path"]))
     old_state, _ = load_checkpoint(run_dir / "checkpoint.json")
+    # The same settings; the resumed run also records which run it resumed (decision 132).
+    lineage = new_state["config"].pop("resumed_from")
+    assert lineage == {"session_id": source["session_id"], "run_id": run_dir.name, "fork": False}
+    assert "resumed_from" not in old_state["config"]
     assert new_state["config"] == old_state["config"]
     assert new_state["config"]["concurrency"] == 1
     assert new_state["config"]["model_spec"].startswith("script:")
