@@ -23,6 +23,7 @@ from steerflow.artifacts import (
     ArtifactContract,
     Unsettled,
     hash_file,
+    read_source_contract,
     settle,
     source_contract,
 )
@@ -372,6 +373,59 @@ def test_a_declared_leg_whose_entry_records_nothing_is_refused(tmp_path: Path) -
     run = record_run(tmp_path, CHAIN, record=False)
     with pytest.raises(ArtifactContractError, match=r"node 'a'.*declares \['out/report.md'\]"):
         settle(run.home, run.state())
+
+
+# -- the state DB's copy missing (issue 27): the checkpoint alone, or the explicit flag -------
+
+
+def _drop_session_row(run: Run) -> None:
+    with StateDB.open(run.home) as db, db.backend.transaction(write=True) as tx:
+        tx.execute("DELETE FROM sessions WHERE id = ?", (run.session_id,))
+
+
+@pytest.mark.parametrize("lost", ["no-row", "no-db", "null-contract"])
+def test_a_copy_declaring_nothing_is_used_alone_when_the_db_copy_is_missing(
+    tmp_path: Path, lost: str
+) -> None:
+    run = record_run(tmp_path, {"a": Leg({})}, store=None if lost == "null-contract" else "same")
+    if lost == "no-row":
+        _drop_session_row(run)
+    elif lost == "no-db":
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{run.home / 'state.db'}{suffix}").unlink(missing_ok=True)
+    found = read_source_contract(run.home, run.state())
+    assert (found.origin, found.contract) == ("checkpoint", ArtifactContract(run.root, {}))
+    assert found.note is not None and "declares no artifacts" in found.note
+    settled = settle(run.home, run.state())
+    assert settled.settled and settled.to_json()["contract_source"] == "checkpoint"
+
+
+def test_a_copy_declaring_artifacts_needs_the_flag_and_then_settles_against_it(
+    tmp_path: Path,
+) -> None:
+    run = record_run(tmp_path, CHAIN)
+    _drop_session_row(run)
+    with pytest.raises(ArtifactContractError) as refused:
+        settle(run.home, run.state())
+    message = str(refused.value)
+    assert "the state DB's copy of the artifact contract is missing" in message
+    assert "no session row" in message and "--accept-checkpoint-contract" in message
+    accepted = settle(run.home, run.state(), accept_checkpoint_contract=True)
+    assert accepted.settled and accepted.origin == "checkpoint" and accepted.checked == 3
+    assert accepted.note is not None and "--accept-checkpoint-contract" in accepted.note
+    run.file("b", "b.txt").write_bytes(b"other")
+    unsettled = settle(run.home, run.state(), accept_checkpoint_contract=True).unsettled
+    assert [(u.node, u.path, u.reason) for u in unsettled] == [("b", "b.txt", "size")]
+
+
+def test_the_flag_never_overrides_a_db_copy_that_is_there(tmp_path: Path) -> None:
+    other = {"version": 1, "root": str(tmp_path / "elsewhere"), "legs": {}}
+    run = record_run(tmp_path, CHAIN, store=other)
+    with pytest.raises(ArtifactContractError, match="disagree"):
+        read_source_contract(run.home, run.state(), accept_checkpoint_contract=True)
+    intact = record_run(tmp_path / "intact", CHAIN)
+    found = read_source_contract(intact.home, intact.state(), accept_checkpoint_contract=True)
+    assert (found.origin, found.note) == ("state_db", None)
 
 
 # -- plan_replay: refuse, or re-run downstream -----------------------------------------------

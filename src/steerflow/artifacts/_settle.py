@@ -178,26 +178,31 @@ class SourceContract:
     note: str | None = None
 
 
-def _stored_contract(home: Path, session_id: str) -> tuple[ArtifactContract | None, str | None]:
-    """The contract in the state DB row of ``session_id``: (contract, why it is absent).
+@dataclass(frozen=True)
+class _Stored:
+    """The state DB's copy: the contract, or why there is none, or why it cannot be read."""
 
-    The second member is the reason text of a missing or unreadable DB copy, prefixed
-    ``unreadable:`` for one that cannot be read.
-    """
+    contract: ArtifactContract | None = None
+    absent: str | None = None
+    unreadable: str | None = None
+
+
+def _stored_contract(home: Path, session_id: str) -> _Stored:
+    """The contract in the state DB row of ``session_id``."""
     if not session_id:
-        return None, "the checkpoint names no session"
+        return _Stored(absent="the checkpoint names no session")
     if not db_exists(home):
-        return None, "there is no state DB"
+        return _Stored(absent="there is no state DB")
     with StateDB.open(home, create=False) as db:
         row = db.get_session(session_id)
     if row is None:
-        return None, "the state DB has no session row for it"
+        return _Stored(absent="the state DB has no session row for it")
     if row.artifact_contract_json is None:
-        return None, "the state DB holds no artifact contract for it"
+        return _Stored(absent="the state DB holds no artifact contract for it")
     try:
-        return ArtifactContract.from_json(json.loads(row.artifact_contract_json)), None
+        return _Stored(ArtifactContract.from_json(json.loads(row.artifact_contract_json)))
     except (ValueError, ContractError) as exc:  # JSONDecodeError is a ValueError
-        return None, f"unreadable:{exc}"
+        return _Stored(unreadable=str(exc))
 
 
 def _declared_legs(contract: ArtifactContract) -> str:
@@ -222,12 +227,13 @@ def read_source_contract(
             ``accept_checkpoint_contract`` is false.
     """
     where = f"session {state.session_id}"
-    stored, absent = _stored_contract(home, state.session_id)
-    if absent is not None and absent.startswith("unreadable:"):
+    found = _stored_contract(home, state.session_id)
+    if found.unreadable is not None:
         raise ArtifactContractError(
-            f"the artifact contract {where} persisted cannot be read "
-            f"({absent.removeprefix('unreadable:')}); its recorded artifacts cannot be settled"
+            f"the artifact contract {where} persisted cannot be read ({found.unreadable}); "
+            "its recorded artifacts cannot be settled"
         )
+    stored, absent = found.contract, found.absent
     try:
         copy = checkpoint_contract(state.config, (e.raw for e in state.spawned))
     except ContractError as exc:
