@@ -158,6 +158,7 @@ def test_stop_while_paused_ends_the_pause_and_the_run(tmp_path: Path) -> None:
 
 
 def test_stop_during_planning_ends_the_run_before_any_operation(tmp_path: Path) -> None:
+    """The planner call finishes (its plan is kept: decision 101), nothing is invoked."""
     home = tmp_path / "home"
     argv = [sys.executable, str(SLOW_PLANNER), "--home", str(home),
             "flow", "Plan a small survey", "--model", "echo:delay=0.1", "--json"]  # fmt: skip
@@ -166,10 +167,11 @@ def test_stop_during_planning_ends_the_run_before_any_operation(tmp_path: Path) 
         assert session_phase(home, sid) == "planning"
         stop = ctl_ok(home, "stop", sid, "--reason", "not today")
         assert wait_stamped(home, stop, alive=flow.proc).result == "applied"
-        # The planner is still held: only the stop can end the run.
+        (home / "release-plan").touch()
         assert flow.finish(timeout=60) == 75, flow.stderr()
     result = flow.result()
-    assert result["status"] == "stopped" and result["nodes"] == []
+    assert result["status"] == "stopped"
+    assert {n["status"] for n in result["nodes"]} == {"pending"}
     assert _session_status(home, sid) == "stopped"
     assert control(home, stop).result == "applied"
 

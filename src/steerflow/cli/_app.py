@@ -394,8 +394,9 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
         ckpt_path = result.checkpoint.get("path")
         if ckpt_path and Path(ckpt_path).is_file():
             lines.append(f"resume with: steerflow resume {result.run_id}")
-        else:  # stopped while planning, before anything was saved
-            lines.append("nothing to resume: the run stopped before saving a checkpoint")
+        else:  # stopped while planning, before a plan existed: the warning says why
+            said = [w for w in result.warnings if w.startswith("nothing to resume:")]
+            lines.append(said[0] if said else "nothing to resume: no checkpoint was saved")
     if result_text is not None:
         from steerflow.cli._reading import result_tail
 
