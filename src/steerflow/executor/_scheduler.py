@@ -203,6 +203,24 @@ class FlowExecutor:
         if not await self._admit(op):
             return
         try:
+            outcome = await self._call_admitted(op, base)
+            # Not held across the observers' awaits (checkpoint durability): 64 such
+            # texts, growing layer by layer, left holes the responses could not reuse
+            # (~35 MiB of a 10,000-node v3 run's peak RSS, decision 82).
+            del base
+            retry = await self._after_call(op, outcome)
+        finally:
+            # The slot is held until the outcome's observers returned, i.e. until the
+            # checkpoint acknowledged it: at most ``concurrency`` calls are paid for and
+            # not yet saved, and a save that fails closes admission (on_lost) before
+            # its slot can admit another call (decision 100).
+            self._limiter.release()
+        if retry is not None:
+            self._launch(retry)
+
+    async def _call_admitted(self, op: Operation, base: str) -> NodeStatus:
+        """Claim the steers, run the provider call; the node's new status."""
+        try:
             # Messages are claimed only now, with capacity in hand, so they go to the
             # operation that actually starts next, not to one still queued (decision 36).
             steers = self.context.take_unrendered(op.key)
@@ -220,14 +238,13 @@ class FlowExecutor:
             finally:
                 self._release_claim(op, base)
                 _render_later(op, base, self.graph)
-                # Not held across the observers' awaits (checkpoint durability): 64 such
-                # texts, growing layer by layer, left holes the responses could not reuse
-                # (~35 MiB of a 10,000-node v3 run's peak RSS, decision 82).
-                del base
             op.ended_at = time.time()
         finally:
             self.running -= 1
-            self._limiter.release()
+        return outcome
+
+    async def _after_call(self, op: Operation, outcome: NodeStatus) -> Operation | None:
+        """Record spawns, splice an escalation retry, tell the observers; the retry."""
         if outcome == "completed":
             children = self._spawn_children(op)
             op.spawned_ids = [child.node_id for child in children]
@@ -242,8 +259,7 @@ class FlowExecutor:
         if outcome != "pending":
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
-        if retry is not None:
-            self._launch(retry)
+        return retry
 
     async def _workers_finished(self, op: Operation) -> bool:
         """Wait until every other node stopped; False (withheld) if a worker did not finish.
