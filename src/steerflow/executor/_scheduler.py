@@ -37,6 +37,11 @@ from steerflow.providers import (
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
 
 LIBRARY_DEFAULT_MAX_SPAWN = 50
+#: Why a synthesis was skipped when none of its workers completed (decision 103).
+NO_WORKER_COMPLETED = (
+    "no worker completed, so there is nothing to synthesize "
+    "(plan key synthesis.when_all_failed: run asks for it anyway)"
+)
 CLI_DEFAULT_MAX_SPAWN = 20
 
 Observer = Callable[[Operation], Awaitable[None]]
@@ -185,7 +190,7 @@ class FlowExecutor:
             self._emit("node_replayed", op)
             await self._notify(op)
             return
-        if op is self.graph.synthesis and not await self._workers_finished(op):
+        if op is self.graph.synthesis and not await self._synthesis_due(op):
             return
         # Edges are read again after each wait: a splice may have moved one onto an
         # escalation retry while this node waited for the attempt it replaced.
@@ -196,8 +201,7 @@ class FlowExecutor:
             self._emit("node_withheld", op, data={"reason": "dependency not run"})
             return
         if verdict == "skipped":
-            op.status = "skipped"
-            self._emit("node_skipped", op, data={"reason": "edge condition not met"})
+            self._skip(op, "edge condition not met")
             return
         base = self._render_dependencies(op)
         if not await self._admit(op):
@@ -260,6 +264,26 @@ class FlowExecutor:
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
         return retry
+
+    def _skip(self, op: Operation, reason: str) -> None:
+        op.status = "skipped"
+        op.extra["skipped"] = reason  # for show and the result: why it never ran
+        self._emit("node_skipped", op, data={"reason": reason})
+
+    async def _synthesis_due(self, op: Operation) -> bool:
+        """True if the synthesis runs now: its workers finished and one has a result.
+
+        Over zero completed workers there is nothing to synthesize, so nothing is paid
+        for unless the plan asks (``synthesis.when_all_failed: run``, decision 103).
+        """
+        if not await self._workers_finished(op):
+            return False
+        if self.graph.synthesis_when_all_failed or any(
+            worker.status == "completed" for worker in self.graph.workers()
+        ):
+            return True
+        self._skip(op, NO_WORKER_COMPLETED)
+        return False
 
     async def _workers_finished(self, op: Operation) -> bool:
         """Wait until every other node stopped; False (withheld) if a worker did not finish.

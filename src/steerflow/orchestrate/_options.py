@@ -169,6 +169,7 @@ def node_summaries(graph: Graph) -> list[dict[str, Any]]:
             "status": op.status,
             "assignee": op.assignee,
             **({"error": op.error} if op.error else {}),
+            **({"reason": op.extra["skipped"]} if "skipped" in op.extra else {}),
         }
         for op in graph
     ]

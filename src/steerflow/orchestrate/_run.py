@@ -229,7 +229,8 @@ class FlowRun:
         graph = build_graph(plan)
         if settings.synthesis is not None:
             graph.add_synthesis(
-                Operation(key=SYNTHESIS_KEY, instruction=str(settings.synthesis["instruction"]))
+                Operation(key=SYNTHESIS_KEY, instruction=str(settings.synthesis["instruction"])),
+                when_all_failed=settings.synthesis.get("when_all_failed") == "run",
             )
         if self.options.resume is not None:
             apply_replay(self.options.resume.replay, graph)
