@@ -27,6 +27,8 @@ from ctl_support import (
 )
 from flow_support import cli_in_process
 
+from steerflow.control import MAX_MESSAGE_BYTES
+
 IN_FLIGHT_S = 4.0  # see test_ctl_pause: a wide margin for a loaded 2-core box
 
 
@@ -189,3 +191,25 @@ def test_stop_of_a_finished_run_is_refused_without_a_row(tmp_path: Path) -> None
     assert "not running" in refused.stderr
     with state_db(home) as db:
         assert db.count_controls() == 0
+
+
+def test_stop_reason_is_capped_like_a_message(tmp_path: Path) -> None:
+    """``--reason`` is kept in the row, the metadata and every result: 64 KiB at most, the
+    same bound and error style as ``ctl msg`` (issue 26 item 5). A refusal adds no row."""
+    home = tmp_path / "home"
+    with live_flow(home, _plan(tmp_path)) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: s.get("a") == "running", what="a running")
+        too_big = "é" * (MAX_MESSAGE_BYTES // 2) + "x"  # 64 KiB + 1 byte in UTF-8
+        refused = run_cli(home, "ctl", "stop", sid, "--reason", too_big)
+        assert refused.returncode == 2, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert lines == [
+            "steerflow: error: ctl stop --reason is 65537 bytes; the limit is 65536 bytes (64 KiB)"
+        ], refused.stderr
+        with state_db(home) as db:
+            assert db.count_controls() == 0
+        at_limit = ctl_ok(home, "stop", sid, "--reason", "r" * MAX_MESSAGE_BYTES)
+        assert wait_stamped(home, at_limit, alive=flow.proc).result == "applied"
+        assert flow.finish(timeout=60) == 75, flow.stderr()
+    assert flow.result()["stopped_by"]["reason"] == "r" * MAX_MESSAGE_BYTES
