@@ -213,3 +213,34 @@ def test_stop_reason_is_capped_like_a_message(tmp_path: Path) -> None:
         assert wait_stamped(home, at_limit, alive=flow.proc).result == "applied"
         assert flow.finish(timeout=60) == 75, flow.stderr()
     assert flow.result()["stopped_by"]["reason"] == "r" * MAX_MESSAGE_BYTES
+
+
+def test_a_stop_during_the_last_node_lets_the_run_complete_and_says_so(tmp_path: Path) -> None:
+    """Decision 104: a graceful stop that lands while the last node runs withholds nothing;
+    the run ends ``completed`` with exit 0 (75 would promise a resume with nothing to run),
+    the row is ``applied`` (admission did close: no spawn or retry could start after it),
+    and the result says plainly that the stop withheld nothing."""
+    write_yaml(tmp_path / "plan.yaml", {"name": "last", "plan": [
+        {"agent_id": "a", "assignee": "w", "instruction": "first"},
+        {"agent_id": "b", "assignee": "w", "instruction": "last", "depends_on": ["a"]},
+    ]})  # fmt: skip
+    write_yaml(tmp_path / "script.yaml", {"b": {"delay": IN_FLIGHT_S}})
+    home = tmp_path / "home"
+    args = ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{tmp_path / 'script.yaml'}"]
+    with live_flow(home, args) as flow:
+        flow.wait_nodes(lambda s: s.get("b") == "running", what="b running")
+        stop = ctl_ok(home, "stop", flow.session_id, "--reason", "too late")
+        assert wait_stamped(home, stop, alive=flow.proc).result == "applied"
+        assert flow.finish(timeout=60) == 0, flow.stderr()
+    result = flow.result()
+    assert (result["status"], result["exit_code"]) == ("completed", 0)
+    assert _statuses(result) == {"a": "completed", "b": "completed"}
+    assert result["stopped_by"] == {"control_id": stop, "reason": "too late", "now": False}
+    said = (
+        f"ctl stop (control {stop}) came after every node had started: nothing was "
+        "withheld, and the run completed"
+    )
+    assert said in result["warnings"] and said in flow.stderr()
+    assert _session_status(home, flow.session_id) == "completed"
+    assert control(home, stop).result == "applied"
+    assert _invoked(home) == ["a", "b"]

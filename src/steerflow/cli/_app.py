@@ -383,8 +383,10 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
     if result.stopped_by is not None:
         how = "ctl stop --now" if result.stopped_by.get("now") else "ctl stop"
         why = result.stopped_by.get("reason")
+        # A stop that withheld nothing did not stop the run (decision 104): say so.
+        what = "stop requested" if result.status == "completed" else "stopped by an operator"
         lines.append(
-            f"stopped by an operator ({how}, control {result.stopped_by.get('control_id')})"
+            f"{what} ({how}, control {result.stopped_by.get('control_id')})"
             + (f": {printable(why)}" if why else "")
         )
     from steerflow.cli._reading import node_list

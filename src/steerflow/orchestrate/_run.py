@@ -625,6 +625,12 @@ class FlowRun:
             for error in checkpoint.recovered
         ]
         status = self._final_status(graph, checkpoint)
+        if status == "completed" and self.stopped_by is not None:
+            # Nothing was lost, so nothing is owed: exit 0, not 75 (decision 104).
+            self.warnings.append(
+                f"ctl stop (control {self.stopped_by['control_id']}) came after every node "
+                "had started: nothing was withheld, and the run completed"
+            )
         extra = {
             "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
