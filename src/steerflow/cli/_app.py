@@ -807,14 +807,19 @@ def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
     "--now",
     is_flag=True,
     help="Also cancel the operations already running, as SIGINT does (their nodes stay "
-    "pending and rerun on resume).",
+    "pending and rerun on resume); a planner call is cancelled too (nothing to resume).",
 )
-@click.option("--reason", metavar="TEXT", help="Why; recorded and shown in the run's output.")
+@click.option(
+    "--reason",
+    metavar="TEXT",
+    help="Why (at most 64 KiB); recorded and shown in the run's output.",
+)
 @click.pass_context
 def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> int:
     """Stop a flow, or an agent after its current turn; exit 75 (resumable).
 
-    A flow admits nothing new and lets running operations finish.
+    A flow admits nothing new and lets running operations finish; a flow still planning
+    lets its planner finish and saves the plan for `resume`.
     """
     return _queued(_home(ctx), target, "stop", reason, now=now)
 
