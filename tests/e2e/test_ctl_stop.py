@@ -197,7 +197,10 @@ def test_stop_reason_is_capped_like_a_message(tmp_path: Path) -> None:
     """``--reason`` is kept in the row, the metadata and every result: 64 KiB at most, the
     same bound and error style as ``ctl msg`` (issue 26 item 5). A refusal adds no row."""
     home = tmp_path / "home"
-    with live_flow(home, _plan(tmp_path)) as flow:
+    args = _plan(tmp_path)
+    # a is held far longer than the refusals take, and only the --now stop ends it.
+    write_yaml(tmp_path / "script.yaml", {"a": {"delay": 120}})
+    with live_flow(home, args) as flow:
         sid = flow.session_id
         flow.wait_nodes(lambda s: s.get("a") == "running", what="a running")
         too_big = "é" * (MAX_MESSAGE_BYTES // 2) + "x"  # 64 KiB + 1 byte in UTF-8
@@ -209,7 +212,7 @@ def test_stop_reason_is_capped_like_a_message(tmp_path: Path) -> None:
         ], refused.stderr
         with state_db(home) as db:
             assert db.count_controls() == 0
-        at_limit = ctl_ok(home, "stop", sid, "--reason", "r" * MAX_MESSAGE_BYTES)
+        at_limit = ctl_ok(home, "stop", sid, "--now", "--reason", "r" * MAX_MESSAGE_BYTES)
         assert wait_stamped(home, at_limit, alive=flow.proc).result == "applied"
         assert flow.finish(timeout=60) == 75, flow.stderr()
     assert flow.result()["stopped_by"]["reason"] == "r" * MAX_MESSAGE_BYTES
