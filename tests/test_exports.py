@@ -276,6 +276,7 @@ EXPECTED: dict[str, set[str]] = {
         "EchoProvider",
         "INVOCATION_LOG",
         "Message",
+        "PlanReply",
         "PlanRequest",
         "Provider",
         "ProviderCache",

@@ -10,7 +10,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from steerflow.errors import HomeRefusedError, UsageError
+from steerflow.errors import HomeRefusedError, RefusedError, UsageError
 
 __all__ = [
     "ALLOW_SHARED_HOME_ENV",
@@ -118,6 +118,27 @@ def make_private_dirs(path: Path) -> Path:
     return path
 
 
+def _check_writable_dir(path: Path) -> None:
+    """Refuse an artifact folder (``--save DIR``) in which no leg directory can be made.
+
+    The check is the act itself: a probe directory is made and removed again, so a
+    read-only filesystem, missing permission, an immutable folder or an ACL all refuse
+    the same way, naming the folder and the cause (``os.access`` misjudges root and ACLs).
+
+    Raises:
+        RefusedError: the folder cannot be written.
+    """
+    probe = path / f".steerflow-write-check-{secrets.token_hex(6)}"
+    try:
+        probe.mkdir(mode=0o700)
+    except OSError as exc:
+        raise RefusedError(
+            f"the artifact folder {str(path)!r} (--save) cannot be written: "
+            f"{exc.strerror or exc}; nothing was run"
+        ) from None
+    probe.rmdir()
+
+
 def new_run_id(now: float | None = None) -> str:
     """A run id ``YYYYMMDDTHHMMSS-<6 hex>`` from the UTC start time."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
@@ -150,8 +171,11 @@ class RunDir:
 def allocate_run_dir(home: Path, *, save: Path | None = None, now: float | None = None) -> RunDir:
     """Create ``<home>/runs/<run_id>/`` (0700) with its artifact root."""
     runs = ensure_private_dir(home / "runs")
-    # --save first: a DIR that cannot be used refuses the start before a run dir exists.
+    # --save first: a DIR that cannot be used refuses the start before a run dir exists,
+    # and before any model call (the planner's included) is paid for.
     saved = make_private_dirs(save.absolute()) if save is not None else None
+    if saved is not None:
+        _check_writable_dir(saved)
     for _ in range(16):
         run_id = new_run_id(now)
         path = runs / run_id

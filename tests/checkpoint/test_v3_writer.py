@@ -72,10 +72,8 @@ async def test_round_trip_and_exact_record_shape(tmp_path: Path) -> None:
     assert state["spawned"][0]["spawn_id"] == "f"
     assert w.records_acknowledged == 4 and w.persisted
     await w.close()
-    assert sorted(os.listdir(tmp_path)) == [
-        ".checkpoint.json.staging", "checkpoint.json", "checkpoint.json.journal"
-    ]  # fmt: skip
-    assert os.listdir(tmp_path / ".checkpoint.json.staging") == []
+    # The staging directory is removed at a clean close (issue 26): only the pair is left.
+    assert sorted(os.listdir(tmp_path)) == ["checkpoint.json", "checkpoint.json.journal"]
     for name in ("checkpoint.json", "checkpoint.json.journal"):
         assert (tmp_path / name).stat().st_mode & 0o777 == 0o600
 
@@ -118,7 +116,7 @@ async def test_compaction_by_records(tmp_path: Path) -> None:
     state, report = load_checkpoint(tmp_path)
     assert len(state["ops"]) == 10 and state["flow_context"] == {"n": 9}
     assert report["status"] == "clean"
-    assert os.listdir(tmp_path / ".checkpoint.json.staging") == []
+    assert ".checkpoint.json.staging" not in os.listdir(tmp_path)
 
 
 async def test_compaction_by_bytes_never_exceeds_limit(tmp_path: Path) -> None:
@@ -199,6 +197,51 @@ async def test_foreign_occupant_is_quarantined_not_destroyed(tmp_path: Path) -> 
     staging = tmp_path / ".checkpoint.json.staging"
     kept = [p for p in staging.iterdir() if p.name.startswith("quarantine.checkpoint.json.")]
     assert len(kept) == 1 and kept[0].read_text() == "sentinel"
+
+
+async def test_a_writer_whose_staging_was_removed_under_it_makes_a_new_one(
+    tmp_path: Path,
+) -> None:
+    """The staging directory goes at a clean close (issue 26). A writer that opened it just
+    before must not lock the removed directory and call itself the only writer: it makes
+    a new one, so a third writer is still refused."""
+    first = make_writer(tmp_path, version=3)
+    await first.flush()
+    second = make_writer(tmp_path, version=3)
+    opened = []
+
+    def close_first_meanwhile(step: str, when: str) -> None:
+        # On the second writer's thread, after it opened the staging directory and
+        # before it locks it: the first writer closes and removes that directory.
+        if (step, when) == ("staging-create", "after") and not opened:
+            opened.append(True)
+            first._backend.close()  # type: ignore[attr-defined]
+
+    previous = _faults.set_fault_hook(close_first_meanwhile)
+    try:
+        await second.record("a", status="completed", response=1)
+    finally:
+        _faults.set_fault_hook(previous)
+    assert opened and (tmp_path / ".checkpoint.json.staging").is_dir()
+    third = make_writer(tmp_path, version=3)
+    with pytest.raises(PersistenceError, match="another writer"):
+        await third.flush()
+    await second.close()
+    # The first writer's pair, displaced by the second's, is quarantined there (never
+    # destroyed), so this staging directory is not empty and stays.
+    kept = os.listdir(tmp_path / ".checkpoint.json.staging")
+    assert len(kept) == 2 and all(name.startswith("quarantine.") for name in kept), kept
+    state, _ = load_checkpoint(tmp_path)
+    assert state["ops"]["a"]["response"] == 1
+
+
+async def test_a_staging_directory_that_is_not_empty_is_kept(tmp_path: Path) -> None:
+    w = make_writer(tmp_path, version=3)
+    await w.flush()
+    left = tmp_path / ".checkpoint.json.staging" / "someone-elses-file"
+    left.write_text("kept")
+    await w.close()
+    assert left.read_text() == "kept"
 
 
 @pytest.mark.parametrize("fault", ["eio:before:journal-write", "eio:after:journal-fsync"])
@@ -375,4 +418,4 @@ async def test_platform_fallbacks(
     state, report = load_checkpoint(tmp_path)
     assert len(state["ops"]) == 5 and state["flow_context"] == {"i": 4}
     assert report["status"] == "clean"
-    assert os.listdir(tmp_path / ".checkpoint.json.staging") == []
+    assert ".checkpoint.json.staging" not in os.listdir(tmp_path)

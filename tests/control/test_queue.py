@@ -216,6 +216,16 @@ def test_message_size_limit_is_exact(home: Path, sid: str) -> None:
     assert check_message_text(" x ") == " x "
 
 
+def test_stop_reason_size_limit_is_exact(home: Path, sid: str) -> None:
+    at_limit = "é" * (MAX_MESSAGE_BYTES // 2)
+    with pytest.raises(
+        UsageError, match=r"ctl stop --reason is 65537 bytes; the limit is 65536 bytes \(64 KiB\)"
+    ):
+        enqueue_control(home, sid, "stop", at_limit + "x")
+    assert enqueue_control(home, sid, "stop", at_limit).verb == "stop"
+    assert enqueue_control(home, sid, "stop", None).verb == "stop"
+
+
 def test_missing_state_db_is_refused_without_creating_it(home: Path) -> None:
     with pytest.raises(RefusedError, match="no state database at"):
         enqueue_control(home, "0" * 32, "pause")

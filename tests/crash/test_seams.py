@@ -66,7 +66,7 @@ RECORD_STEPS = {
         "base-exchange", "dir-fsync", "cleanup-unlink", "journal-create", "journal-write",
         "journal-flush", "journal-fsync", "journal-link", "journal-exchange", "pin-close",
     ],
-    "close": ["pin-close"],
+    "close": ["pin-close", "staging-remove"],
 }  # fmt: skip
 SHORT_ONLY = ["journal-write-part", "base-write-part"]  # "after" only: between two parts
 

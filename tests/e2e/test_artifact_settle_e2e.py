@@ -173,18 +173,36 @@ def test_rerun_unsettled_reruns_exactly_the_affected_node_and_its_dependents(
         assert [(u["node"], u["reason"]) for u in again["unsettled"]] == [("a", "missing")]
 
 
-@pytest.mark.parametrize("how", ["symlink", "directory"])
-def test_a_rerun_never_writes_through_what_replaced_the_file(tmp_path: Path, how: str) -> None:
-    """The re-run leg refuses to write over a symlink or a directory: it fails, naming it."""
+def _leg_folder_symlink(path: Path) -> str:
+    """The leg folder itself (``artifacts/b``) replaced by a link to an identical copy."""
+    leg = path.parent
+    twin = leg.parent / "twin-leg"
+    shutil.copytree(leg, twin)
+    shutil.rmtree(leg)
+    leg.symlink_to(twin, target_is_directory=True)
+    return "not_regular"
+
+
+@pytest.mark.parametrize("how", ["symlink", "directory", "leg-folder-symlink"])
+def test_a_rerun_that_could_not_write_its_file_is_refused_before_any_call(
+    tmp_path: Path, how: str
+) -> None:
+    """A re-run leg never writes through a symlink or over a directory (decision 58), so a
+    re-run it would refuse is refused up front: no model call, nothing created (decision
+    102), instead of a node that fails after its call was paid for."""
     home, run_dir = _source(tmp_path)
-    TAMPER[how](run_dir / "artifacts" / "b" / "b.txt")
-    result = resume(home, run_dir.name, "--retry-failed", "--rerun-unsettled", "--json")
-    assert result.returncode == 1, result.explain()
-    statuses = {n["id"]: n["status"] for n in result.json["nodes"]}
-    assert statuses["b"] == "failed" and statuses["c"] == "skipped"
-    (b,) = [n for n in result.json["nodes"] if n["id"] == "b"]
-    assert "'b.txt'" in b["error"], b
-    assert statuses["a"] == statuses["d"] == statuses["f"] == "completed"
+    tamper = _leg_folder_symlink if how == "leg-folder-symlink" else TAMPER[how]
+    tamper(run_dir / "artifacts" / "b" / "b.txt")
+    guard = SourceGuard.of(run_dir)
+    calls = len(read_invocations(home))
+    body = _refused(resume(home, run_dir.name, "--retry-failed", "--rerun-unsettled", "--json"))
+    message = body["error"]["message"]
+    assert "--rerun-unsettled cannot re-run these nodes" in message
+    assert "node 'b': artifact 'b.txt'" in message
+    assert [(u["node"], u["reason"]) for u in body["unsettled"]] == [("b", "not_regular")]
+    assert len(read_invocations(home)) == calls, "the refused resume paid for a call"
+    assert run_dirs(home) == [run_dir], "a refused resume created a run directory"
+    guard.assert_unchanged()
 
 
 def test_a_role_s_artifacts_removed_between_runs_are_still_checked(tmp_path: Path) -> None:

@@ -27,6 +27,8 @@ from ctl_support import (
 )
 from flow_support import cli_in_process
 
+from steerflow.control import MAX_MESSAGE_BYTES
+
 IN_FLIGHT_S = 4.0  # see test_ctl_pause: a wide margin for a loaded 2-core box
 
 
@@ -158,6 +160,7 @@ def test_stop_while_paused_ends_the_pause_and_the_run(tmp_path: Path) -> None:
 
 
 def test_stop_during_planning_ends_the_run_before_any_operation(tmp_path: Path) -> None:
+    """The planner call finishes (its plan is kept: decision 101), nothing is invoked."""
     home = tmp_path / "home"
     argv = [sys.executable, str(SLOW_PLANNER), "--home", str(home),
             "flow", "Plan a small survey", "--model", "echo:delay=0.1", "--json"]  # fmt: skip
@@ -166,10 +169,11 @@ def test_stop_during_planning_ends_the_run_before_any_operation(tmp_path: Path) 
         assert session_phase(home, sid) == "planning"
         stop = ctl_ok(home, "stop", sid, "--reason", "not today")
         assert wait_stamped(home, stop, alive=flow.proc).result == "applied"
-        # The planner is still held: only the stop can end the run.
+        (home / "release-plan").touch()
         assert flow.finish(timeout=60) == 75, flow.stderr()
     result = flow.result()
-    assert result["status"] == "stopped" and result["nodes"] == []
+    assert result["status"] == "stopped"
+    assert {n["status"] for n in result["nodes"]} == {"pending"}
     assert _session_status(home, sid) == "stopped"
     assert control(home, stop).result == "applied"
 
@@ -187,3 +191,59 @@ def test_stop_of_a_finished_run_is_refused_without_a_row(tmp_path: Path) -> None
     assert "not running" in refused.stderr
     with state_db(home) as db:
         assert db.count_controls() == 0
+
+
+def test_stop_reason_is_capped_like_a_message(tmp_path: Path) -> None:
+    """``--reason`` is kept in the row, the metadata and every result: 64 KiB at most, the
+    same bound and error style as ``ctl msg`` (issue 26 item 5). A refusal adds no row."""
+    home = tmp_path / "home"
+    args = _plan(tmp_path)
+    # a is held far longer than the refusals take, and only the --now stop ends it.
+    write_yaml(tmp_path / "script.yaml", {"a": {"delay": 120}})
+    with live_flow(home, args) as flow:
+        sid = flow.session_id
+        flow.wait_nodes(lambda s: s.get("a") == "running", what="a running")
+        too_big = "é" * (MAX_MESSAGE_BYTES // 2) + "x"  # 64 KiB + 1 byte in UTF-8
+        refused = run_cli(home, "ctl", "stop", sid, "--reason", too_big)
+        assert refused.returncode == 2, refused.stderr
+        lines = refused.stderr.strip().splitlines()
+        assert lines == [
+            "steerflow: error: ctl stop --reason is 65537 bytes; the limit is 65536 bytes (64 KiB)"
+        ], refused.stderr
+        with state_db(home) as db:
+            assert db.count_controls() == 0
+        at_limit = ctl_ok(home, "stop", sid, "--now", "--reason", "r" * MAX_MESSAGE_BYTES)
+        assert wait_stamped(home, at_limit, alive=flow.proc).result == "applied"
+        assert flow.finish(timeout=60) == 75, flow.stderr()
+    assert flow.result()["stopped_by"]["reason"] == "r" * MAX_MESSAGE_BYTES
+
+
+def test_a_stop_during_the_last_node_lets_the_run_complete_and_says_so(tmp_path: Path) -> None:
+    """Decision 104: a graceful stop that lands while the last node runs withholds nothing;
+    the run ends ``completed`` with exit 0 (75 would promise a resume with nothing to run),
+    the row is ``applied`` (admission did close: no spawn or retry could start after it),
+    and the result says plainly that the stop withheld nothing."""
+    write_yaml(tmp_path / "plan.yaml", {"name": "last", "plan": [
+        {"agent_id": "a", "assignee": "w", "instruction": "first"},
+        {"agent_id": "b", "assignee": "w", "instruction": "last", "depends_on": ["a"]},
+    ]})  # fmt: skip
+    write_yaml(tmp_path / "script.yaml", {"b": {"delay": IN_FLIGHT_S}})
+    home = tmp_path / "home"
+    args = ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{tmp_path / 'script.yaml'}"]
+    with live_flow(home, args) as flow:
+        flow.wait_nodes(lambda s: s.get("b") == "running", what="b running")
+        stop = ctl_ok(home, "stop", flow.session_id, "--reason", "too late")
+        assert wait_stamped(home, stop, alive=flow.proc).result == "applied"
+        assert flow.finish(timeout=60) == 0, flow.stderr()
+    result = flow.result()
+    assert (result["status"], result["exit_code"]) == ("completed", 0)
+    assert _statuses(result) == {"a": "completed", "b": "completed"}
+    assert result["stopped_by"] == {"control_id": stop, "reason": "too late", "now": False}
+    said = (
+        f"ctl stop (control {stop}) came after every node had started: nothing was "
+        "withheld, and the run completed"
+    )
+    assert said in result["warnings"] and said in flow.stderr()
+    assert _session_status(home, flow.session_id) == "completed"
+    assert control(home, stop).result == "applied"
+    assert _invoked(home) == ["a", "b"]

@@ -606,3 +606,18 @@ def test_sigkilled_flow_reads_interrupted_never_running(home: Path, tmp_path: Pa
     shown = run_cli(home, "show", session_id, "--json")
     assert shown.returncode == 0, shown.explain()
     assert shown.json["status"] == "interrupted"
+
+
+@pytest.mark.parametrize("version", ["2", "3"])
+def test_a_run_directory_keeps_no_empty_staging_directory(home: Path, version: str) -> None:
+    """The writer's staging directory is needed only while it writes: a finished run and
+    its resume leave just their files (issue 26 item 5)."""
+    result = run_cli(home, "play", "demo", "--checkpoint-version", version, "--json")
+    assert result.returncode == 0, result.explain()
+    resumed = run_cli(home, "resume", result.json["run_id"], "--json")
+    assert resumed.returncode == 0, resumed.explain()  # every node replayed
+    run_dirs = _run_dirs(home)
+    assert len(run_dirs) == 2
+    for run_dir in run_dirs:
+        names = set(os.listdir(run_dir))
+        assert ".checkpoint.json.staging" not in names and "checkpoint.json" in names, names

@@ -11,6 +11,7 @@ from __future__ import annotations
 import ctypes
 import json
 import os
+import signal
 import sqlite3
 import stat
 import subprocess
@@ -20,6 +21,7 @@ import pytest
 from flow_support import PYTHON, CliResult, chain_plan, child_env, cli_args, run_cli
 
 from steerflow.control import MAX_MESSAGE_BYTES
+from waiting import wait_until
 
 SLOWPLAN = Path(__file__).with_name("ctl_slowplan.py")
 _PR_CAPBSET_DROP = 24
@@ -188,26 +190,36 @@ def test_failed_state_db_initialisation_leaves_no_init_file(home: Path, plan: Pa
     assert sorted(p.name for p in home.iterdir()) == []  # no state.db, no .state.db.*.init*
 
 
-def _timed_out_while_planning(home: Path) -> str:
-    """A run whose deadline fell while the planner was still thinking: no checkpoint."""
-    proc = subprocess.run(
-        [PYTHON, str(SLOWPLAN), "--home", str(home), "flow", "do it", "--timeout", "0.3"],
-        capture_output=True,
+def _interrupted_while_planning(home: Path) -> str:
+    """A run interrupted (SIGINT) while the planner was still thinking: no checkpoint.
+
+    SIGINT cancels the planner call; a deadline would let it finish (decision 101).
+    """
+    proc = subprocess.Popen(
+        [PYTHON, str(SLOWPLAN), "--home", str(home), "flow", "do it"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=60,
         env=child_env(),
-        check=False,
     )
-    assert proc.returncode == 124, proc.stdout + proc.stderr
-    assert "resume with" not in proc.stdout
-    assert "nothing to resume" in proc.stdout
+    try:
+        wait_until((home / "planner-calls.log").exists, timeout=30, what="the planner call")
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert proc.returncode == 130, out + err
+    assert "resume with" not in out
+    assert "nothing to resume" in out
     [run_id] = _run_dirs(home)
     assert not (home / "runs" / run_id / "checkpoint.json").exists()
     return run_id
 
 
 def test_no_resume_hint_and_no_none_fields_without_a_checkpoint(home: Path) -> None:
-    run_id = _timed_out_while_planning(home)
+    run_id = _interrupted_while_planning(home)
     shown = run_cli(home, "show", run_id)
     assert shown.returncode == 0, shown.explain()
     assert "None" not in shown.stdout

@@ -12,7 +12,8 @@ the test sets it, so a flow can be kept live at a known point.
 ``write_fake_agent`` writes a Python script that stands in for ``claude`` or
 ``codex``: it records its argv, cwd, stdin and pid, writes artifact files,
 and then answers, fails, or hangs as its JSON config says (``when`` picks
-per-prompt overrides, so one fake can behave differently per node).
+per-prompt overrides, so one fake can behave differently per node;
+``wait_for`` holds it until a file exists).
 """
 
 from __future__ import annotations
@@ -315,6 +316,10 @@ if cfg.get("grandchild"):
     record["grandchild"] = child.pid
 with open({log!r}, "a") as fh:
     fh.write(json.dumps(record) + "\n")
+if cfg.get("wait_for"):  # held until the test creates this file (at most 60 s)
+    due = time.monotonic() + 60
+    while not os.path.exists(cfg["wait_for"]) and time.monotonic() < due:
+        time.sleep(0.02)
 if cfg.get("hang"):
     while True:  # hung until a signal kills it (pause returns after a handled one)
         signal.pause()

@@ -43,6 +43,7 @@ __all__ = [
     "lstat_identity",
     "open_dir",
     "open_staging",
+    "remove_dir",
     "rename_noreplace",
     "replace",
     "unique_name",
@@ -387,6 +388,19 @@ def unlink(dir_fd: int, name: str, obj: str) -> None:
     _seam(f"{obj}-unlink", "before")
     os.unlink(name, dir_fd=dir_fd)
     _seam(f"{obj}-unlink", "after")
+
+
+def remove_dir(dir_fd: int, name: str, obj: str) -> bool:
+    """Remove the empty directory ``name``; False (and nothing removed) if it is not empty."""
+    _seam(f"{obj}-remove", "before")
+    try:
+        os.rmdir(name, dir_fd=dir_fd)
+    except OSError as exc:
+        if exc.errno in (errno.ENOTEMPTY, errno.EEXIST):
+            return False
+        raise
+    _seam(f"{obj}-remove", "after")
+    return True
 
 
 def _renameat2(src_dir: int, src: str, dst_dir: int, dst: str, flags: int) -> None:

@@ -206,6 +206,23 @@ class V3Backend:
         finally:
             os.close(fd)
 
+    def _remove_staging(self) -> None:
+        """At close, remove the staging directory if it is still ours and empty.
+
+        It is needed only while a writer holds it (every object is made there), so it is
+        not left in every run directory. Still under the lock: no other writer can use it
+        meanwhile. Anything in it (a quarantined object) keeps it, untouched; a name that
+        no longer holds the directory we locked is left alone.
+        """
+        pfd, sfd = self._pfd, self._sfd
+        if pfd is None or sfd is None:
+            return
+        if _io.lstat_identity(pfd, self.staging) != _io.identity(sfd):
+            return
+        # No directory fsync: an empty staging directory that power loss brings back is
+        # harmless (the next writer reuses it), and nothing published depends on it.
+        _io.remove_dir(pfd, self.staging, "staging")
+
     def _release_dirs(self) -> None:
         for fd in (self._sfd, self._pfd):
             if fd is not None:
@@ -224,6 +241,10 @@ class V3Backend:
                     errors.append(exc)
         self._journal = self._base = None
         self.state.release()
+        try:
+            self._remove_staging()
+        except OSError as exc:
+            errors.append(exc)
         self._release_dirs()
         if errors:
             raise PersistenceError(f"closing the checkpoint files failed: {errors[0]}")
@@ -299,7 +320,9 @@ class V3Backend:
                 os.close(pfd)
                 raise PersistenceError(f"{self.dirname!r} is writable by others and not sticky")
             self._pfd = pfd
-        if self._sfd is None:
+        for _ in range(8):
+            if self._sfd is not None:
+                return
             sfd = _io.open_staging(self._pfd, self.staging)
             try:
                 _io.lock_exclusive(sfd)
@@ -310,7 +333,13 @@ class V3Backend:
                         f"another writer owns the checkpoint in {self.dirname!r}"
                     ) from None
                 raise
-            self._sfd = sfd
+            if _io.lstat_identity(self._pfd, self.staging) == _io.identity(sfd):
+                self._sfd = sfd
+                return
+            # A writer that closed meanwhile removed the directory we locked (see
+            # _remove_staging): its lock protects nothing now, so make a new one.
+            os.close(sfd)
+        raise PersistenceError(f"the staging directory in {self.dirname!r} keeps vanishing")
 
     def _initialize(self) -> None:
         """Publish an empty journal, then the first base (a base never lacks its journal).

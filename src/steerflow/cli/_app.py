@@ -393,8 +393,10 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
     if result.stopped_by is not None:
         how = "ctl stop --now" if result.stopped_by.get("now") else "ctl stop"
         why = result.stopped_by.get("reason")
+        # A stop that withheld nothing did not stop the run (decision 104): say so.
+        what = "stop requested" if result.status == "completed" else "stopped by an operator"
         lines.append(
-            f"stopped by an operator ({how}, control {result.stopped_by.get('control_id')})"
+            f"{what} ({how}, control {result.stopped_by.get('control_id')})"
             + (f": {printable(why)}" if why else "")
         )
     from steerflow.cli._reading import node_list
@@ -404,8 +406,9 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
         ckpt_path = result.checkpoint.get("path")
         if ckpt_path and Path(ckpt_path).is_file():
             lines.append(f"resume with: steerflow resume {result.run_id}")
-        else:  # stopped while planning, before anything was saved
-            lines.append("nothing to resume: the run stopped before saving a checkpoint")
+        else:  # stopped while planning, before a plan existed: the warning says why
+            said = [w for w in result.warnings if w.startswith("nothing to resume:")]
+            lines.append(said[0] if said else "nothing to resume: no checkpoint was saved")
     if result_text is not None:
         from steerflow.cli._reading import result_tail
 
@@ -829,14 +832,19 @@ def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
     "--now",
     is_flag=True,
     help="Also cancel the operations already running, as SIGINT does (their nodes stay "
-    "pending and rerun on resume).",
+    "pending and rerun on resume); a planner call is cancelled too (nothing to resume).",
 )
-@click.option("--reason", metavar="TEXT", help="Why; recorded and shown in the run's output.")
+@click.option(
+    "--reason",
+    metavar="TEXT",
+    help="Why (at most 64 KiB); recorded and shown in the run's output.",
+)
 @click.pass_context
 def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> int:
     """Stop a flow, or an agent after its current turn; exit 75 (resumable).
 
-    A flow admits nothing new and lets running operations finish.
+    A flow admits nothing new and lets running operations finish; a flow still planning
+    lets its planner finish and saves the plan for `resume`.
     """
     return _queued(_home(ctx), target, "stop", reason, now=now)
 

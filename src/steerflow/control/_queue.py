@@ -84,6 +84,22 @@ def check_message_text(text: str | None) -> str:
     return text
 
 
+def check_stop_reason(reason: str | None) -> str | None:
+    """Refuse a ``ctl stop --reason`` over :data:`MAX_MESSAGE_BYTES`, as ``ctl msg`` does.
+
+    The reason is kept in the row, the session's metadata and every result that names
+    the stop, so it is held to the bound a steer message has.
+    """
+    if reason is None:
+        return None
+    size = len(reason.encode("utf-8", errors="surrogatepass"))
+    if size > MAX_MESSAGE_BYTES:
+        raise UsageError(
+            f"ctl stop --reason is {size} bytes; the limit is {MAX_MESSAGE_BYTES} bytes (64 KiB)"
+        )
+    return reason
+
+
 def enqueue_control(
     home: Path,
     target: str,
@@ -115,6 +131,8 @@ def enqueue_control(
         raise UsageError(f"unknown control verb {verb!r}: expected pause, resume, message or stop")
     if verb == "message":
         check_message_text(text)
+    elif verb == "stop":
+        check_stop_reason(text)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)

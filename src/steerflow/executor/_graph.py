@@ -169,6 +169,8 @@ class Graph:
         self.replaced_by: dict[str, str] = {}
         #: The run's synthesis (CONTRACT §10): runs once every other node is terminal.
         self.synthesis: Operation | None = None
+        #: Whether the synthesis runs when no worker completed (``when_all_failed: run``).
+        self.synthesis_when_all_failed = False
 
     def add(self, op: Operation) -> None:
         """Add a node; its key must be new."""
@@ -179,13 +181,17 @@ class Graph:
         if op.kind == "planned":
             self.planned.append(op)
 
-    def add_synthesis(self, op: Operation) -> None:
-        """Add the synthesis node: in the graph, but not one of the plan's entries."""
+    def add_synthesis(self, op: Operation, *, when_all_failed: bool = False) -> None:
+        """Add the synthesis node: in the graph, but not one of the plan's entries.
+
+        ``when_all_failed``: it runs even when no worker completed (else it is skipped).
+        """
         if op.key in self.by_key:
             raise ValueError(f"duplicate node key {op.key!r}")
         self.ops[op.node_id] = op
         self.by_key[op.key] = op
         self.synthesis = op
+        self.synthesis_when_all_failed = when_all_failed
 
     def workers(self) -> list[Operation]:
         """Every node but the synthesis, each escalation chain by its last attempt only.

@@ -37,6 +37,11 @@ from steerflow.providers import (
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
 
 LIBRARY_DEFAULT_MAX_SPAWN = 50
+#: Why a synthesis was skipped when none of its workers completed (decision 103).
+NO_WORKER_COMPLETED = (
+    "no worker completed, so there is nothing to synthesize "
+    "(plan key synthesis.when_all_failed: run asks for it anyway)"
+)
 CLI_DEFAULT_MAX_SPAWN = 20
 
 Observer = Callable[[Operation], Awaitable[None]]
@@ -185,7 +190,7 @@ class FlowExecutor:
             self._emit("node_replayed", op)
             await self._notify(op)
             return
-        if op is self.graph.synthesis and not await self._workers_finished(op):
+        if op is self.graph.synthesis and not await self._synthesis_due(op):
             return
         # Edges are read again after each wait: a splice may have moved one onto an
         # escalation retry while this node waited for the attempt it replaced.
@@ -196,12 +201,29 @@ class FlowExecutor:
             self._emit("node_withheld", op, data={"reason": "dependency not run"})
             return
         if verdict == "skipped":
-            op.status = "skipped"
-            self._emit("node_skipped", op, data={"reason": "edge condition not met"})
+            self._skip(op, "edge condition not met")
             return
         base = self._render_dependencies(op)
         if not await self._admit(op):
             return
+        try:
+            outcome = await self._call_admitted(op, base)
+            # Not held across the observers' awaits (checkpoint durability): 64 such
+            # texts, growing layer by layer, left holes the responses could not reuse
+            # (~35 MiB of a 10,000-node v3 run's peak RSS, decision 82).
+            del base
+            retry = await self._after_call(op, outcome)
+        finally:
+            # The slot is held until the outcome's observers returned, i.e. until the
+            # checkpoint acknowledged it: at most ``concurrency`` calls are paid for and
+            # not yet saved, and a save that fails closes admission (on_lost) before
+            # its slot can admit another call (decision 100).
+            self._limiter.release()
+        if retry is not None:
+            self._launch(retry)
+
+    async def _call_admitted(self, op: Operation, base: str) -> NodeStatus:
+        """Claim the steers, run the provider call; the node's new status."""
         try:
             # Messages are claimed only now, with capacity in hand, so they go to the
             # operation that actually starts next, not to one still queued (decision 36).
@@ -220,14 +242,13 @@ class FlowExecutor:
             finally:
                 self._release_claim(op, base)
                 _render_later(op, base, self.graph)
-                # Not held across the observers' awaits (checkpoint durability): 64 such
-                # texts, growing layer by layer, left holes the responses could not reuse
-                # (~35 MiB of a 10,000-node v3 run's peak RSS, decision 82).
-                del base
             op.ended_at = time.time()
         finally:
             self.running -= 1
-            self._limiter.release()
+        return outcome
+
+    async def _after_call(self, op: Operation, outcome: NodeStatus) -> Operation | None:
+        """Record spawns, splice an escalation retry, tell the observers; the retry."""
         if outcome == "completed":
             children = self._spawn_children(op)
             op.spawned_ids = [child.node_id for child in children]
@@ -242,8 +263,27 @@ class FlowExecutor:
         if outcome != "pending":
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
-        if retry is not None:
-            self._launch(retry)
+        return retry
+
+    def _skip(self, op: Operation, reason: str) -> None:
+        op.status = "skipped"
+        op.extra["skipped"] = reason  # for show and the result: why it never ran
+        self._emit("node_skipped", op, data={"reason": reason})
+
+    async def _synthesis_due(self, op: Operation) -> bool:
+        """True if the synthesis runs now: its workers finished and one has a result.
+
+        Over zero completed workers there is nothing to synthesize, so nothing is paid
+        for unless the plan asks (``synthesis.when_all_failed: run``, decision 103).
+        """
+        if not await self._workers_finished(op):
+            return False
+        if self.graph.synthesis_when_all_failed or any(
+            worker.status == "completed" for worker in self.graph.workers()
+        ):
+            return True
+        self._skip(op, NO_WORKER_COMPLETED)
+        return False
 
     async def _workers_finished(self, op: Operation) -> bool:
         """Wait until every other node stopped; False (withheld) if a worker did not finish.

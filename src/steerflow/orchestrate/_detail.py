@@ -352,7 +352,8 @@ def _note(node: NodeInfo, status: str, ran: bool) -> str | None:
     if status == "paused":
         return "has not run yet: the run is paused"
     if status == "skipped":
-        return "skipped: an edge condition was not met, so it never ran"
+        why = node.call.get("skipped") or "an edge condition was not met"
+        return f"skipped: {why}, so it never ran"
     if status == "running":
         return "running: the response is not known yet"
     return None

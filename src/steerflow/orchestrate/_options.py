@@ -10,6 +10,7 @@ from typing import Any, Literal
 from steerflow.errors import ExitCode
 from steerflow.executor import Graph
 from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
+from steerflow.providers import Usage
 from steerflow.resume import ReplayPlan
 
 __all__ = [
@@ -168,19 +169,23 @@ def node_summaries(graph: Graph) -> list[dict[str, Any]]:
             "status": op.status,
             "assignee": op.assignee,
             **({"error": op.error} if op.error else {}),
+            **({"reason": op.extra["skipped"]} if "skipped" in op.extra else {}),
         }
         for op in graph
     ]
 
 
-def usage_total(graph: Graph) -> dict[str, Any]:
-    """Token and cost totals over every node that reported usage."""
+def usage_total(graph: Graph, *calls: Usage | None) -> dict[str, Any]:
+    """Token and cost totals over every node that reported usage, and ``calls``.
+
+    ``calls`` are the run's other paid calls (the planner's), counted like a node's.
+    """
     totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
-    for op in graph:
-        if op.usage is None:
+    for usage in [*(op.usage for op in graph), *calls]:
+        if usage is None:
             continue
-        totals["input_tokens"] += op.usage.input_tokens or 0
-        totals["output_tokens"] += op.usage.output_tokens or 0
-        if op.usage.cost_usd is not None:
-            totals["cost_usd"] = (totals["cost_usd"] or 0.0) + op.usage.cost_usd
+        totals["input_tokens"] += usage.input_tokens or 0
+        totals["output_tokens"] += usage.output_tokens or 0
+        if usage.cost_usd is not None:
+            totals["cost_usd"] = (totals["cost_usd"] or 0.0) + usage.cost_usd
     return totals

@@ -25,6 +25,7 @@ from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
 from steerflow.resume import ReplayPlan, ReplaySpawn, RunTarget, plan_replay, resolve_run_target
+from steerflow.state import StateDB, db_exists
 
 __all__ = ["BRANCHES_DIR", "apply_replay", "load_branch", "prepare_resume", "rerun_report"]
 
@@ -92,7 +93,7 @@ def _prepare(
     # lexists, not is_file: a FIFO, a directory or a link there is refused by the loader,
     # which names what it found, instead of being reported as absent.
     if not os.path.lexists(checkpoint):
-        raise FlowResumeError(f"run {run.run_id} has no checkpoint.json ({str(checkpoint)!r})")
+        raise _no_checkpoint(home, run, checkpoint)
     # v2 leniency: a bad v2 entry is refused by the resume rules (resume-refused), as always.
     state, report = load_state(checkpoint, v2_lenient=True)
     session_id = state.session_id or run.session_id
@@ -140,6 +141,23 @@ def _prepare(
         notes=[*([source.note] if source.note else []), *replay.notes],
         fork=fork,
         artifact_root=root,
+    )
+
+
+def _no_checkpoint(home: Path, run: RunTarget, checkpoint: Path) -> FlowResumeError:
+    """The refusal for a run without a checkpoint, naming why it has none if it said so."""
+    why = None
+    if run.session_id is not None and db_exists(home):
+        with StateDB.open(home, create=False) as db:
+            session = db.get_session(run.session_id)
+        recorded = session.node_metadata.get("nothing_to_resume") if session else None
+        why = recorded if isinstance(recorded, str) else None
+    if why is None:
+        return FlowResumeError(f"run {run.run_id} has no checkpoint.json ({str(checkpoint)!r})")
+    # A run stopped while planning before a plan existed (decision 101).
+    return FlowResumeError(
+        f"run {run.run_id} has nothing to resume: {why}, so no plan was saved; "
+        "start the flow again instead"
     )
 
 

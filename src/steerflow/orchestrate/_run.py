@@ -62,7 +62,7 @@ from steerflow.plan import (
     load_plan_file,
     parse_plan,
 )
-from steerflow.providers import PlanRequest, ProviderCache
+from steerflow.providers import PlanRequest, ProviderCache, Usage
 from steerflow.state import StateDB
 
 __all__ = ["FlowRun", "run_flow"]
@@ -111,36 +111,48 @@ class FlowRun:
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
+        #: What the planner calls cost: paid work of this run, counted in its usage.
+        self.planner_usage: list[Usage] = []
+        #: Why the run has no plan, once planning ended without one (decision 101).
+        self._no_plan: str | None = None
 
     # -- signals and deadlines ---------------------------------------------------------
 
     def request_stop(self, signum: int) -> None:
-        """SIGINT/SIGTERM: admit nothing new, cancel in-flight calls, persist, exit 130/143."""
+        """SIGINT/SIGTERM: admit nothing new, cancel in-flight calls, persist, exit 130/143.
+
+        While planning, SIGTERM lets the planner call finish, so the run keeps its plan
+        and can be resumed; SIGINT (interrupt now), or a second signal, cancels it
+        (decision 101).
+        """
+        repeated = self.stop_signal is not None
         if self.stop_signal is None:
             self.stop_signal = signum
         reason = signal.Signals(signum).name
         if self.executor is not None:
             self.executor.close_admission(reason, cancel_inflight=True)
-        if self._planning is not None:
+        if self._planning is not None and (repeated or signum == signal.SIGINT):
             self._planning.cancel(reason)
 
     def request_operator_stop(self, now: bool, reason: str | None, control_id: str) -> None:
-        """``ctl stop``: admit nothing new; with ``now`` cancel in-flight calls; exit 75."""
+        """``ctl stop``: admit nothing new; with ``now`` cancel in-flight calls; exit 75.
+
+        A graceful stop lets a planner call finish (its plan is kept); ``--now`` cancels it.
+        """
         if self.stopped_by is None:
             self.stopped_by = {"control_id": control_id, "reason": reason, "now": now}
         elif now:
             self.stopped_by["now"] = True  # a later --now escalates a graceful stop
         if self.executor is not None:
             self.executor.close_admission(STOP_REASON, cancel_inflight=now)
-        if self._planning is not None:
+        if self._planning is not None and now:
             self._planning.cancel(STOP_REASON)
 
     def _deadline(self) -> None:
+        # A planner call already made is paid for: it finishes, and its plan is kept.
         self.deadline_hit = True
         if self.executor is not None:
             self.executor.close_admission("deadline", cancel_long_running=True)
-        if self._planning is not None:
-            self._planning.cancel("deadline")
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -217,7 +229,8 @@ class FlowRun:
         graph = build_graph(plan)
         if settings.synthesis is not None:
             graph.add_synthesis(
-                Operation(key=SYNTHESIS_KEY, instruction=str(settings.synthesis["instruction"]))
+                Operation(key=SYNTHESIS_KEY, instruction=str(settings.synthesis["instruction"])),
+                when_all_failed=settings.synthesis.get("when_all_failed") == "run",
             )
         if self.options.resume is not None:
             apply_replay(self.options.resume.replay, graph)
@@ -254,9 +267,13 @@ class FlowRun:
             # A retry is a new assignment: none after a deadline or stop, even when the
             # provider swallowed the cancellation and answered anyway.
             if attempt and self._admission_closed():
+                self._no_plan = (
+                    f"the planner's reply was not a valid plan ({feedback}), and no retry "
+                    "is asked for once the run is stopping"
+                )
                 return None
             try:
-                raw = await provider.plan(
+                reply = await provider.plan_with_usage(
                     PlanRequest(
                         prompt=prompt,
                         schema=schema,
@@ -264,6 +281,9 @@ class FlowRun:
                         feedback=feedback,
                     )
                 )
+                if reply.usage is not None:
+                    self.planner_usage.append(reply.usage)
+                raw = reply.data
             except ProviderError as exc:
                 if exc.retryable:
                     raise  # transport failures were already retried by the provider
@@ -399,8 +419,13 @@ class FlowRun:
         return await self._conclude(s, graph, executor, checkpoint)
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
-        """The planner's plan; None if a signal or the deadline stopped planning."""
+        """The planner's plan, also when a stop came meanwhile; None if it was cancelled.
+
+        A graceful stop, SIGTERM or the deadline lets the call finish: the plan is then
+        saved (a checkpoint with no outcomes) and the run ends resumable (decision 101).
+        """
         if self._admission_closed():
+            self._no_plan = "the run was stopped before its planner was called"
             return None
         self._planning = scope = CallScope()
         try:
@@ -411,7 +436,10 @@ class FlowRun:
             raise
         finally:
             self._planning = None
-        return None  # the scope caught the cancellation request_stop/_deadline made
+        # The scope caught the cancellation of request_stop or request_operator_stop.
+        how = "ctl stop --now" if scope.cancelled_by == STOP_REASON else scope.cancelled_by
+        self._no_plan = f"the planner call was cancelled ({how}) before it returned a plan"
+        return None
 
     async def _stopped_while_planning(self, s: _Session) -> FlowResult:
         status: EndStatus
@@ -421,7 +449,18 @@ class FlowRun:
             status = "stopped"  # an operator's stop outranks a deadline that came with it
         else:
             status = "timed_out" if self.deadline_hit else "interrupted"
-        await self._finish_session(s, status, self._stop_extra())
+        why = self._no_plan or "planning ended without a plan"
+        # Said plainly, and kept on the session, where ``resume`` reads it (no checkpoint).
+        self.warnings.append(f"nothing to resume: {why}; no plan was saved")
+        await self._finish_session(
+            s,
+            status,
+            {
+                "nothing_to_resume": why,
+                "usage": usage_total(Graph(), *self.planner_usage),
+                **self._stop_extra(),
+            },
+        )
         checkpoint = CheckpointOutcome(
             path=str(s.run_dir.checkpoint_path), version=self.options.checkpoint_version
         )
@@ -586,10 +625,16 @@ class FlowRun:
             for error in checkpoint.recovered
         ]
         status = self._final_status(graph, checkpoint)
+        if status == "completed" and self.stopped_by is not None:
+            # Nothing was lost, so nothing is owed: exit 0, not 75 (decision 104).
+            self.warnings.append(
+                f"ctl stop (control {self.stopped_by['control_id']}) came after every node "
+                "had started: nothing was withheld, and the run completed"
+            )
         extra = {
             "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
-            "usage": usage_total(graph),
+            "usage": usage_total(graph, *self.planner_usage),
             **self._stop_extra(),
         }
         await self._finish_session(s, status, extra)
@@ -644,7 +689,7 @@ class FlowRun:
             ],
             resumed_from=seed.resumed_from if seed else None,
             degraded_context=seed.degraded if seed else [],
-            usage=usage_total(graph),
+            usage=usage_total(graph, *self.planner_usage),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
         )

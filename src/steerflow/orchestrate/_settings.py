@@ -48,7 +48,8 @@ class RunSettings:
     #: The run's artifact contract in its stored form (``steerflow.artifacts``); None
     #: until the run knows its artifact root, and for a source recorded without one.
     artifact_contract: Mapping[str, Any] | None = None
-    #: The requested synthesis, ``{"instruction", "model"}`` (model None: the run's), or None.
+    #: The requested synthesis, ``{"instruction", "model"}`` (model None: the run's; plus
+    #: ``"when_all_failed": "run"`` when the plan asks for it), or None.
     synthesis: Mapping[str, Any] | None = None
     #: A resumed run's own source (``_claim.lineage``); never read back into a resume's
     #: settings, so each run of a chain records the run it resumed, not its source's.
@@ -205,7 +206,14 @@ def _synthesis(options: FlowOptions, plan: PlanFile | None) -> dict[str, Any] | 
         if spec is None:
             return None
         instruction = spec.instruction
-    return {"instruction": instruction, "model": spec.model if spec is not None else None}
+    synthesis: dict[str, Any] = {
+        "instruction": instruction,
+        "model": spec.model if spec is not None else None,
+    }
+    if spec is not None and spec.when_all_failed != "skip":
+        # Stored only when asked for, so every other config keeps the bytes it had.
+        synthesis["when_all_failed"] = spec.when_all_failed
+    return synthesis
 
 
 def _stored_synthesis(value: object) -> dict[str, Any] | None:
@@ -213,7 +221,13 @@ def _stored_synthesis(value: object) -> dict[str, Any] | None:
     if not isinstance(value, Mapping) or not isinstance(value.get("instruction"), str):
         return None
     model = value.get("model")
-    return {"instruction": value["instruction"], "model": model if isinstance(model, str) else None}
+    stored: dict[str, Any] = {
+        "instruction": value["instruction"],
+        "model": model if isinstance(model, str) else None,
+    }
+    if value.get("when_all_failed") == "run":
+        stored["when_all_failed"] = "run"
+    return stored
 
 
 def _stored(value: object, bound: CompactBound) -> int:

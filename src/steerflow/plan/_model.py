@@ -139,6 +139,9 @@ class SynthesisSpec(_Strict):
     instruction: str = Field(min_length=1)
     #: The model that runs it; None: the run's model.
     model: str | None = Field(default=None, min_length=1)
+    #: When no worker completed: ``skip`` (the default; there is nothing to synthesize,
+    #: so nothing is paid for) or ``run`` (over the failures' errors). Decision 103.
+    when_all_failed: Literal["skip", "run"] = "skip"
 
 
 class PlanFile(_Strict):

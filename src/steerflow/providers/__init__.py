@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from steerflow.providers._base import (
     Message,
+    PlanReply,
     PlanRequest,
     Provider,
     ProviderRequest,
@@ -19,6 +20,7 @@ __all__ = [
     "INVOCATION_LOG",
     "EchoProvider",
     "Message",
+    "PlanReply",
     "PlanRequest",
     "Provider",
     "ProviderCache",

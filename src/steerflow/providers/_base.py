@@ -14,6 +14,7 @@ from typing import ClassVar, Literal
 
 __all__ = [
     "Message",
+    "PlanReply",
     "PlanRequest",
     "Provider",
     "ProviderRequest",
@@ -92,6 +93,14 @@ class PlanRequest:
     feedback: str | None = None
 
 
+@dataclass(frozen=True)
+class PlanReply:
+    """What one planning call returned: the raw plan data, and its usage if reported."""
+
+    data: object
+    usage: Usage | None = None
+
+
 class Provider(abc.ABC):
     """A model or agent worker behind a ``--model`` spec."""
 
@@ -113,6 +122,13 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def plan(self, request: PlanRequest) -> object:
         """Return raw plan data (validated by the caller against ``request.schema``)."""
+
+    async def plan_with_usage(self, request: PlanRequest) -> PlanReply:
+        """Plan data and the call's usage; a provider that reports usage overrides this.
+
+        The planner call is paid work of the run: its usage counts in the run's total.
+        """
+        return PlanReply(await self.plan(request))
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release clients or subprocesses."""

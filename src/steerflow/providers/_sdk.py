@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 from steerflow.providers._base import (
     Message,
+    PlanReply,
     PlanRequest,
     Provider,
     ProviderRequest,
@@ -86,9 +87,13 @@ class SDKProvider(Provider):
         Raises:
             ProviderError: The call failed or the reply is not a JSON object.
         """
+        return (await self.plan_with_usage(request)).data
+
+    async def plan_with_usage(self, request: PlanRequest) -> PlanReply:
+        """:meth:`plan`, with the call's token usage."""
         turns = [Message(role="user", content=plan_user_prompt(request))]
-        text = await self._plan_text(plan_system_prompt(request), turns)
-        return parse_plan_reply(text, self.spec)
+        text, usage = await self._plan_text(plan_system_prompt(request), turns)
+        return PlanReply(parse_plan_reply(text, self.spec), usage)
 
     async def aclose(self) -> None:
         """Close the SDK client, if one was created."""
@@ -96,10 +101,9 @@ class SDKProvider(Provider):
             client, self._client = self._client, None
             await client.close()
 
-    async def _plan_text(self, system: str, turns: Sequence[Message]) -> str:
-        """The reply text of a planning call; a vendor may ask for JSON mode here."""
-        text, _ = await self._create(system, turns, timeout_s=None)
-        return text
+    async def _plan_text(self, system: str, turns: Sequence[Message]) -> tuple[str, Usage | None]:
+        """The reply text of a planning call and its usage; a vendor may ask for JSON mode."""
+        return await self._create(system, turns, timeout_s=None)
 
     @abc.abstractmethod
     async def _create(

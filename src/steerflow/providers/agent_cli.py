@@ -39,6 +39,7 @@ from typing import ClassVar
 from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import (
     Message,
+    PlanReply,
     PlanRequest,
     Provider,
     ProviderRequest,
@@ -177,11 +178,15 @@ class AgentCLIProvider(Provider, abc.ABC):
         Raises:
             ProviderError: The run failed or the reply is not a JSON object.
         """
+        return (await self.plan_with_usage(request)).data
+
+    async def plan_with_usage(self, request: PlanRequest) -> PlanReply:
+        """:meth:`plan`, with the usage the agent reported."""
         with tempfile.TemporaryDirectory(prefix="steerflow-plan-") as scratch:
-            text, _, _ = await self._run(
+            text, usage, _ = await self._run(
                 plan_system_prompt(request), plan_user_prompt(request), Path(scratch), None
             )
-        return parse_plan_reply(text, self.spec)
+        return PlanReply(parse_plan_reply(text, self.spec), usage)
 
     async def _run(
         self,

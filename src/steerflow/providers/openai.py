@@ -77,20 +77,17 @@ class OpenAIProvider(SDKProvider):
             )
         return self._client
 
-    async def _plan_text(self, system: str, turns: Sequence[Message]) -> str:
+    async def _plan_text(self, system: str, turns: Sequence[Message]) -> tuple[str, Usage | None]:
         """Ask in JSON mode where the server supports it, and remember when it does not."""
         if self._json_mode:
             try:
-                text, _ = await self._create(system, turns, timeout_s=None, json_mode=True)
+                return await self._create(system, turns, timeout_s=None, json_mode=True)
             except ProviderError as exc:
                 if exc.retryable or not _rejects_json_mode(exc):
                     raise
                 # The server refused response_format: ask again without it, and remember.
                 self._json_mode = False
-            else:
-                return text
-        text, _ = await self._create(system, turns, timeout_s=None)
-        return text
+        return await self._create(system, turns, timeout_s=None)
 
     async def _create(
         self,

@@ -67,6 +67,7 @@ def settle_replay(
             "them, and everything downstream of them, again",
             unsettled=[u.to_json() for u in unsettled],
         )
+    _refuse_unwritable(unsettled)
     why = _downstream(plan, spawn_deps, unsettled)
     order = [*(e.agent_id for e in plan.plan), *spawn_deps]
     again = tuple(key for key in order if key in why and key in replayed)
@@ -75,6 +76,25 @@ def settle_replay(
         unsettled=tuple(unsettled),
         rerun=again,
         notes=[f"node {key!r} runs again (--rerun-unsettled): {why[key]}" for key in again],
+    )
+
+
+#: What a re-run leg cannot write over: it never follows a symlink or replaces what is not
+#: a regular file (decision 58), and a file it cannot read it cannot rewrite either.
+_UNWRITABLE = frozenset({"not_regular", "unreadable"})
+
+
+def _refuse_unwritable(unsettled: Sequence[Unsettled]) -> None:
+    """Refuse, before any call is paid for, a re-run whose leg would fail writing its file."""
+    blocked = [u for u in unsettled if u.reason in _UNWRITABLE]
+    if not blocked:
+        return
+    listed = "\n".join(f"  {u.describe()}" for u in blocked)
+    raise ArtifactsUnsettledError(
+        "--rerun-unsettled cannot re-run these nodes: a re-run leg never writes through a "
+        "symbolic link or over what is not a regular file, so each would fail after its "
+        f"model call:\n{listed}\nRemove or restore them, then resume again",
+        unsettled=[u.to_json() for u in unsettled],
     )
 
 
