@@ -95,16 +95,34 @@ async def _session(home: Path) -> str:
     return await wait_until_async(probe, timeout=WAIT_S, what="the session")
 
 
-async def _msg(home: Path, session: str, text: str) -> str:
-    """Queue a message and wait until the agent's poller holds it."""
-    queued = await asyncio.to_thread(enqueue_control, home, session, "message", text)
+async def _listed(home: Path, session: str) -> None:
+    """Return once the agent's poller has listed every row committed before this call.
 
-    def claimed() -> bool:
+    A ``pause`` row inserted by another writer (``ctl pause`` refuses agents) is stamped
+    ``rejected:error:...`` as soon as the poller lists it, so once it is stamped the
+    poller has looked at every earlier row too.
+    """
+
+    def insert() -> str:
         with StateDB.open(home, create=False) as db:
-            row = db.get_control(queued.control_id)
-        return row is not None and (row.result or "").startswith("applying:")
+            return db.insert_control(session_id=session, verb="pause", payload=None).id
 
-    await wait_until_async(claimed, timeout=WAIT_S, what="the message to be claimed")
+    probe = await asyncio.to_thread(insert)
+    await wait_until_async(
+        lambda: (_result_of(home, probe) or "").startswith("rejected:error:"),
+        timeout=WAIT_S,
+        what="the poller to list the rows",
+    )
+
+
+async def _msg(home: Path, session: str, text: str) -> str:
+    """Queue a message during a turn; the poller sees it and leaves it pending (issue 26).
+
+    The agent claims it only when the turn that renders it starts.
+    """
+    queued = await asyncio.to_thread(enqueue_control, home, session, "message", text)
+    await _listed(home, session)
+    assert _result_of(home, queued.control_id) is None  # not claimed while the turn runs
     return queued.control_id
 
 

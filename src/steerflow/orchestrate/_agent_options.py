@@ -36,6 +36,8 @@ class TurnOutcome:
     controls: tuple[str, ...] = ()
     replayed: bool = False
     error: str | None = None
+    #: The worker's own session id after this turn (``claude-code``), if it reported one.
+    conversation: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -7,12 +7,18 @@ Every check runs before the resume claims its source or creates anything.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
 from steerflow.errors import CheckpointRecoveryError, FlowResumeError, SteerflowError
 from steerflow.orchestrate._agent_options import DEFAULT_MAX_TURNS, AgentSeed, TurnOutcome
-from steerflow.orchestrate._agent_state import AGENT_KIND, is_agent_state, read_turns
+from steerflow.orchestrate._agent_state import (
+    AGENT_CONTEXT_KEY,
+    AGENT_KIND,
+    is_agent_state,
+    read_turns,
+)
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.resume import RunTarget, resolve_run_target
 from steerflow.state import StateDB, db_exists
@@ -82,15 +88,20 @@ def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> A
             response=t.entry.response if isinstance(t.entry.response, str) else None,
             controls=t.controls,
             replayed=True,
+            conversation=t.conversation,
         )
         for t in turns.turns
     ]
     next_instruction, next_controls = turns.next_instruction, turns.next_controls
-    context = dict(state.flow_context)
     if replayed and replayed[-1].status == "failed":  # --retry-failed: that turn runs again
         failed = replayed.pop()
         next_instruction, next_controls = failed.instruction, failed.controls
-        context = _without_last_turn(context)
+    if replayed and turns.conversation is not None:
+        # The resumed checkpoint keeps the worker's session on its last entry (an older
+        # checkpoint kept it in the flow context, which the resumed run no longer uses).
+        replayed[-1] = replace(replayed[-1], conversation=turns.conversation)
+    # Turns, their prompts and controls now live in the entries (decision 112).
+    context = {k: v for k, v in state.flow_context.items() if k != AGENT_CONTEXT_KEY}
     return AgentSeed(
         task=state.prompt,
         model=turns.model,
@@ -106,13 +117,6 @@ def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> A
         checkpoint_recovery=report,
         fork=fork,
     )
-
-
-def _without_last_turn(context: dict[str, object]) -> dict[str, object]:
-    agent = context.get("agent")
-    if not isinstance(agent, dict) or not isinstance(agent.get("turns"), list):
-        return context
-    return {**context, "agent": {**agent, "turns": agent["turns"][:-1]}}
 
 
 def _artifact_root(state: CheckpointState, run_dir: Path) -> Path:
