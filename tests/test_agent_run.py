@@ -373,8 +373,17 @@ def test_cli_agent_and_its_resume_in_process(home: Path) -> None:
     assert "turn 1 completed" in err
     code, out, _ = _cli(home, "agent", "SAY-HI")
     assert code == 0 and "turns:\n  turn-1  completed" in out and "result:" in out
-    code, _, err = _cli(home, "resume", data["run_id"], "--dry-run")
-    assert code == 2 and "--dry-run does not apply to an agent run" in err
+    # A dry run of an agent says what it would replay and run (issue 26), and runs nothing.
+    code, out, err = _cli(home, "resume", data["run_id"], "--dry-run", "--json")
+    assert code == 0, err
+    dry = json.loads(out)
+    assert (dry["kind"], dry["status"], dry["run_id"]) == ("agent", "planned", None)
+    assert dry["nodes"] == [{"id": "turn-1", "kind": "planned", "status": "completed"}]
+    assert dry["stranded_messages"] == [] and dry["resumed_from"] == data["session_id"]
+    code, out, _ = _cli(home, "resume", data["run_id"], "--dry-run")
+    assert code == 0 and "would replay: turn-1" in out and "would run: no turn" in out
+    code, _, err = _cli(home, "resume", data["run_id"], "--rerun-unsettled")
+    assert code == 2 and "--rerun-unsettled does not apply to an agent run" in err
     # Nothing was in flight and nothing is queued: the resumed agent replays and completes.
     code, out, err = _cli(home, "resume", data["run_id"], "--json")
     assert code == 0, err

@@ -541,6 +541,15 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     help="The artifact root is always the source run's (also when it used --save); "
     "another DIR is a usage error (exit 2).",
 )
+@click.option(
+    "--redeliver-claimed",
+    is_flag=True,
+    help="Re-queue into the resumed run the operator messages a dead process had claimed "
+    "(left 'applying') but not delivered, each as a new message; the old row becomes "
+    "abandoned:redelivered:<new id>. Without it they stay lost (at most once) and are "
+    "listed as warnings and in stranded_messages. Messages never claimed are re-queued "
+    "either way.",
+)
 @compact_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
@@ -576,6 +585,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         fork=kw["fork"],
         rerun_unsettled=kw["rerun_unsettled"],
         save=kw["save"],
+        redeliver_claimed=kw["redeliver_claimed"],
     )
     options = FlowOptions(
         resume=seed,
@@ -596,13 +606,21 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     run = agent_resume_source(home, target)
     if run is None:
         return None
-    for flag in ("allow_degraded_context", "rerun_unsettled", "dry_run", "show_graph"):
+    for flag in ("allow_degraded_context", "rerun_unsettled", "show_graph"):
         if kw.get(flag):
             raise UsageError(f"--{flag.replace('_', '-')} does not apply to an agent run")
-    from steerflow.cli._agent import execute_agent
+    from steerflow.cli._agent import execute_agent, print_agent_dry_run
     from steerflow.orchestrate._agent_options import AgentOptions
 
-    seed = prepare_agent_resume(home, run, retry_failed=kw["retry_failed"], fork=kw["fork"])
+    seed = prepare_agent_resume(
+        home,
+        run,
+        retry_failed=kw["retry_failed"],
+        fork=kw["fork"],
+        redeliver_claimed=kw["redeliver_claimed"],
+    )
+    if kw.get("dry_run"):
+        return print_agent_dry_run(seed, as_json=kw["as_json"])
     options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
     return execute_agent(home, options, as_json=kw["as_json"])
 

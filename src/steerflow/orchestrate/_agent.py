@@ -49,6 +49,7 @@ from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, tu
 from steerflow.orchestrate._claim import create_session
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._publish import heartbeat_loop
+from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
 from steerflow.state import NodeStatus, NodeUpdate, StateDB, this_host
 
@@ -224,6 +225,10 @@ class AgentRun:
             tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
             try:
                 writer = await self._open_writer(session_id, run_dir)
+                if seed is not None:  # once this run is the one a later resume continues
+                    await redeliver_stranded(
+                        db, seed.stranded, session_id, claimed=seed.redeliver_claimed
+                    )
                 live = _Live(db, session_id, invocation_id, run_dir, poller, writer)
                 result = await self._under_deadline(live, provider)
             except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
@@ -555,6 +560,8 @@ class AgentRun:
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             rejected=list(self.rejected),
             usage=self.usage,
+            warnings=list(seed.notes) if seed else [],
+            stranded_messages=[m.to_json() for m in seed.stranded] if seed else [],
         )
 
 

@@ -41,6 +41,7 @@ from steerflow.orchestrate._options import (
     EndStatus,
     FlowOptions,
     FlowResult,
+    ResumeSeed,
     exit_code_for,
     node_summaries,
     usage_total,
@@ -55,6 +56,7 @@ from steerflow.orchestrate._recorder import (
 )
 from steerflow.orchestrate._resume import apply_replay, rerun_report
 from steerflow.orchestrate._settings import RunSettings
+from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.plan import (
     SYNTHESIS_KEY,
     PlanFile,
@@ -239,6 +241,7 @@ class FlowRun:
             graph_text=graph_text(graph),
             degraded_context=self.options.resume.degraded if self.options.resume else [],
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
+            stranded_messages=_stranded_json(self.options.resume),
         )
 
     def _admission_closed(self) -> bool:
@@ -388,6 +391,7 @@ class FlowRun:
         try:
             recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.events)
             await recorder.flush()
+            await self._redeliver_stranded(s)
             executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
             # Before the checkpoint's pending intent: a spawned leg's declaration is on
             # record before anything of it runs.
@@ -397,6 +401,14 @@ class FlowRun:
         finally:
             await publisher.close()
         return await self._conclude(s, graph, executor, checkpoint)
+
+    async def _redeliver_stranded(self, s: _Session) -> None:
+        """Re-queue the source chain's stranded messages, once this run is the one to resume."""
+        seed = self.options.resume
+        if seed is not None:
+            await redeliver_stranded(
+                s.db, seed.stranded, s.session_id, claimed=seed.redeliver_claimed
+            )
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan; None if a signal or the deadline stopped planning."""
@@ -647,7 +659,12 @@ class FlowRun:
             usage=usage_total(graph),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
+            stranded_messages=_stranded_json(seed),
         )
+
+
+def _stranded_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:
+    return [m.to_json() for m in seed.stranded] if seed is not None else []
 
 
 async def run_flow(
