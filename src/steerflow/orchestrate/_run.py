@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -73,6 +74,8 @@ __all__ = ["FlowRun", "run_flow"]
 CHECKPOINT_LOST = "checkpoint-failed"
 #: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
 STOP_REASON = "stop"
+#: Bound on waiting for the poller to take re-queued messages before the first operation.
+_CATCH_UP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -403,12 +406,19 @@ class FlowRun:
         return await self._conclude(s, graph, executor, checkpoint)
 
     async def _redeliver_stranded(self, s: _Session) -> None:
-        """Re-queue the source chain's stranded messages, once this run is the one to resume."""
+        """Re-queue the source chain's stranded messages, once this run is the one to resume.
+
+        They are in the shared context before the first operation can be admitted, so
+        the operation that starts first renders them, as it would have in the source.
+        """
         seed = self.options.resume
-        if seed is not None:
-            await redeliver_stranded(
-                s.db, seed.stranded, s.session_id, claimed=seed.redeliver_claimed
-            )
+        if seed is None:
+            return
+        await redeliver_stranded(s.db, seed.stranded, s.session_id, claimed=seed.redeliver_claimed)
+        if any(m.redelivered_as for m in seed.stranded):
+            with contextlib.suppress(TimeoutError):  # a stuck listing: the next tick takes them
+                async with asyncio.timeout(_CATCH_UP_S):
+                    await s.poller.catch_up()
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan; None if a signal or the deadline stopped planning."""
