@@ -162,14 +162,12 @@ def contract_difference(stored: ArtifactContract, copy: ArtifactContract) -> str
         for path in ours:
             if path not in theirs:
                 return (
-                    f"leg {leg!r} declares file {path!r} in the state DB but not in the "
-                    "checkpoint"
+                    f"leg {leg!r} declares file {path!r} in the state DB but not in the checkpoint"
                 )
         for path in theirs:
             if path not in ours:
                 return (
-                    f"leg {leg!r} declares file {path!r} in the checkpoint but not in the "
-                    "state DB"
+                    f"leg {leg!r} declares file {path!r} in the checkpoint but not in the state DB"
                 )
         return (
             f"leg {leg!r} declares its files in another order ({list(ours)!r} in the state "
