@@ -167,6 +167,7 @@ def test_a_claimed_message_of_a_dead_agent_is_listed_and_stays_lost(tmp_path: Pa
     )
     assert listed["claimant"] == claim.removeprefix("applying:")
     assert listed["claimed_by"] == "turn-2"  # the turn it was claimed for
+    assert listed["session_id"] == session and listed["run_id"] == run_id
     assert listed["sent_at"] == control(home, msg).created_at
     (warning,) = dry.json["warnings"]
     assert msg in warning and "lost" in warning and "--redeliver-claimed" in warning
@@ -200,6 +201,7 @@ def test_redeliver_claimed_requeues_a_claimed_message(tmp_path: Path) -> None:
     assert out["turns"][1]["response"].count("CLAIMED-TEXT") == 1
     assert control(home, msg).result == f"abandoned:redelivered:{new}"
     assert control(home, new).result == "applied"
+    assert control(home, new).session_id == out["session_id"] != session
     # A second resume finds nothing left to redeliver in the chain.
     assert resume_preflight(home, out["run_id"]).stranded_messages == ()
 
