@@ -59,6 +59,30 @@ def _run_id(home: Path) -> str:
     return str(runs[-1]["run_id"])  # the oldest: the source
 
 
+def _recovery_page(home: Path, run_id: str) -> str:
+    """The Studio's page of ``run_id`` (its recovery section), over real loopback HTTP."""
+    import threading
+
+    import httpx
+
+    from steerflow.studio import listen
+
+    listening = listen(home, port=0)
+    thread = threading.Thread(target=listening.run, name="studio", daemon=True)
+    thread.start()
+    try:
+        wait_for(lambda: listening.server.started, timeout=30, what="the studio to start")
+        base, _, query = listening.url.partition("/?")
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get("/?" + query).status_code == 303  # the token becomes a cookie
+            page = client.get(f"/runs/{run_id}")
+            assert page.status_code == 200, page.text
+            return page.text
+    finally:
+        listening.server.should_exit = True
+        thread.join(timeout=30)
+
+
 def _resume_gated(home: Path, gate: Gate, *args: str, env: dict[str, str] | None = None) -> Any:
     proc = start_gated_agent(home, gate, "resume", *args, "--json", env=env)
     try:
@@ -105,6 +129,9 @@ def test_a_message_sent_mid_turn_survives_a_sigkill_of_the_agent(tmp_path: Path)
     preflight = resume_preflight(home, run_id)
     assert preflight.allowed and preflight.kind == "agent"
     assert [m["control_id"] for m in preflight.stranded_messages] == [msg]
+    page = _recovery_page(home, run_id)
+    table = page[page.index('id="stranded-messages"') :]
+    assert f"<td><code>{msg}</code></td><td>pending</td><td>hello</td>" in table
     assert control(home, msg).result is None  # a dry run writes nothing
 
     gate.release("turn-1", "turn-2")

@@ -198,7 +198,7 @@ def source_contract(home: Path, state: CheckpointState) -> ArtifactContract | No
         elif copy is None:
             why = "its checkpoint holds no copy of the artifact contract the state DB records"
         else:
-            # Name the leg and file (decision 113): which record to believe is the
+            # Name the leg and file (decision 114): which record to believe is the
             # operator's call, and "they disagree" alone gives nothing to check.
             why = (
                 "the state DB's artifact contract (sessions.artifact_contract_json) and the "

@@ -571,6 +571,11 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     under the source run's artifact root and compared by size and BLAKE2b digest against
     the contract that run persisted. A mismatch refuses the resume (exit 3) naming node,
     file, expected and found, unless --rerun-unsettled (see `steerflow verify`).
+
+    Operator messages a dead process of the chain left behind are listed (warnings, and
+    stranded_messages in --json): text, when sent, who had claimed it. Ones never
+    claimed are re-queued into the resumed run; claimed ones only with
+    --redeliver-claimed.
     """
     from steerflow.orchestrate import FlowOptions, prepare_resume
 

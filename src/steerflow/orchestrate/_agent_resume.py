@@ -145,7 +145,7 @@ def _prepare(
 def _refuse_unaccounted(
     run_id: str, chain: ChainControls, delivered: set[str], recorded: int
 ) -> None:
-    """Every message the state DB stamped ``applied`` must be in a recorded turn.
+    """Every message the state DB stamped ``applied`` must be in a recorded turn (decision 113).
 
     An agent stamps a message ``applied`` only once the turn it starts is durable (its
     prompt on the last entry's ``next``), so one that no recorded turn (nor the turn in
