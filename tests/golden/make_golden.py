@@ -229,8 +229,9 @@ async def _record_agent(run_dir: Path, *, legacy: bool) -> None:
         )
         key = f"turn-{number}"
         if legacy:  # the flow context carried the turns (issue 19)
-            context = {**context, "turns": [*context["turns"], {"turn": number,
-                       "instruction": prompt, "controls": controls}], "conversation": CONVERSATION}  # fmt: skip
+            record = {"turn": number, "instruction": prompt, "controls": controls}
+            context = {**context, "turns": [*context["turns"], record]}
+            context["conversation"] = CONVERSATION
             context.pop("next", None)
             await writer.record(key, status="completed", response=response,
                                 flow_context={"agent": context})  # fmt: skip
