@@ -470,16 +470,7 @@ def _check_chains(
     def refuse(entry: SpawnedEntry, why: str) -> FlowResumeError:
         return FlowResumeError(f"{entry.name}: its escalation chain cannot be rebuilt: {why}")
 
-    for entry in entries:
-        attempt = _recorded_attempt(entry)
-        if attempt is not None and entry.escalated_from is None:
-            # Without the witness it would replay as an ordinary spawn under a failed
-            # parent: that parent would need --retry-failed and be paid for again.
-            raise refuse(
-                entry,
-                f"it records escalation attempt {attempt} but not the operation it retries "
-                "(escalated_from is missing)",
-            )
+    _refuse_attempts_without_witness(entries)
 
     def step_of(entry: SpawnedEntry, root_key: str) -> int:
         match = _ESCALATION_KEY.search(entry.spawn_id or "")
@@ -530,6 +521,21 @@ def _check_chains(
             raise refuse(entry, f"no model recorded for attempt {step}")
         chains[entry.node_id] = _Chain(root_key, step, model)
     return chains
+
+
+def _refuse_attempts_without_witness(entries: list[SpawnedEntry]) -> None:
+    """An entry with an attempt number is a retry: it must name the operation it retries.
+
+    Without the witness it would replay as an ordinary spawn under a failed parent, which
+    would then need --retry-failed and be paid for again.
+    """
+    for entry in entries:
+        attempt = _recorded_attempt(entry)
+        if attempt is not None and entry.escalated_from is None:
+            raise FlowResumeError(
+                f"{entry.name}: its escalation chain cannot be rebuilt: it records escalation "
+                f"attempt {attempt} but not the operation it retries (escalated_from is missing)"
+            )
 
 
 def _recorded_attempt(entry: SpawnedEntry) -> int | None:
