@@ -95,16 +95,34 @@ async def _session(home: Path) -> str:
     return await wait_until_async(probe, timeout=WAIT_S, what="the session")
 
 
-async def _msg(home: Path, session: str, text: str) -> str:
-    """Queue a message and wait until the agent's poller holds it."""
-    queued = await asyncio.to_thread(enqueue_control, home, session, "message", text)
+async def _listed(home: Path, session: str) -> None:
+    """Return once the agent's poller has listed every row committed before this call.
 
-    def claimed() -> bool:
+    A ``pause`` row inserted by another writer (``ctl pause`` refuses agents) is stamped
+    ``rejected:error:...`` as soon as the poller lists it, so once it is stamped the
+    poller has looked at every earlier row too.
+    """
+
+    def insert() -> str:
         with StateDB.open(home, create=False) as db:
-            row = db.get_control(queued.control_id)
-        return row is not None and (row.result or "").startswith("applying:")
+            return db.insert_control(session_id=session, verb="pause", payload=None).id
 
-    await wait_until_async(claimed, timeout=WAIT_S, what="the message to be claimed")
+    probe = await asyncio.to_thread(insert)
+    await wait_until_async(
+        lambda: (_result_of(home, probe) or "").startswith("rejected:error:"),
+        timeout=WAIT_S,
+        what="the poller to list the rows",
+    )
+
+
+async def _msg(home: Path, session: str, text: str) -> str:
+    """Queue a message during a turn; the poller sees it and leaves it pending (issue 26).
+
+    The agent claims it only when the turn that renders it starts.
+    """
+    queued = await asyncio.to_thread(enqueue_control, home, session, "message", text)
+    await _listed(home, session)
+    assert _result_of(home, queued.control_id) is None  # not claimed while the turn runs
     return queued.control_id
 
 
@@ -355,8 +373,17 @@ def test_cli_agent_and_its_resume_in_process(home: Path) -> None:
     assert "turn 1 completed" in err
     code, out, _ = _cli(home, "agent", "SAY-HI")
     assert code == 0 and "turns:\n  turn-1  completed" in out and "result:" in out
-    code, _, err = _cli(home, "resume", data["run_id"], "--dry-run")
-    assert code == 2 and "--dry-run does not apply to an agent run" in err
+    # A dry run of an agent says what it would replay and run (issue 26), and runs nothing.
+    code, out, err = _cli(home, "resume", data["run_id"], "--dry-run", "--json")
+    assert code == 0, err
+    dry = json.loads(out)
+    assert (dry["kind"], dry["status"], dry["run_id"]) == ("agent", "planned", None)
+    assert dry["nodes"] == [{"id": "turn-1", "kind": "planned", "status": "completed"}]
+    assert dry["stranded_messages"] == [] and dry["resumed_from"] == data["session_id"]
+    code, out, _ = _cli(home, "resume", data["run_id"], "--dry-run")
+    assert code == 0 and "would replay: turn-1" in out and "would run: no turn" in out
+    code, _, err = _cli(home, "resume", data["run_id"], "--rerun-unsettled")
+    assert code == 2 and "--rerun-unsettled does not apply to an agent run" in err
     # Nothing was in flight and nothing is queued: the resumed agent replays and completes.
     code, out, err = _cli(home, "resume", data["run_id"], "--json")
     assert code == 0, err

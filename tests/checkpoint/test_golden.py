@@ -21,8 +21,10 @@ from steerflow.checkpoint import (
     entry_digest,
     load_checkpoint,
     load_state,
+    result_digest,
 )
 from steerflow.errors import CheckpointRecoveryError, FlowResumeError
+from steerflow.orchestrate._agent_state import read_turns
 from steerflow.resume import plan_replay
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
@@ -191,6 +193,8 @@ def test_pending_intent_under_an_unrecorded_emitter_is_dropped(tmp_path: Path) -
     doc = json.loads(path.read_text("utf-8"))
     del doc["ops"]["draft"]  # killed between the spawn intent and the emitter's outcome
     doc["spawned"][0].update(status="pending", response=None)
+    # sealed as the intent record was (every entry's digest is checked, pending ones too)
+    doc["spawned"][0]["result_digest"] = entry_digest(doc["spawned"][0])
     path.write_text(json.dumps(doc), encoding="utf-8")
     state, _ = load_state(run_dir, v2_lenient=True)
     plan = plan_replay(state, run_dir)
@@ -206,3 +210,105 @@ def test_a_lenient_bad_v2_entry_refuses_the_replay_naming_it(tmp_path: Path) -> 
     state, _ = load_state(run_dir, v2_lenient=True)
     with pytest.raises(FlowResumeError, match=r"node 'research': unsupported status 'running'"):
         plan_replay(state, run_dir)
+
+
+# -- the agent and escalation units (issue 26) -------------------------------------------------
+
+KIND_UNITS = sorted(make_golden.KIND_UNITS)
+AGENT_UNITS = ["agent-v3", "agent-v3-legacy"]
+ESCALATION_UNITS = ["escalation-v3", "escalation-v3-legacy"]
+
+
+def _kind_dir(unit: str) -> Path:
+    return GOLDEN / unit / "runs" / make_golden.KIND_UNITS[unit]
+
+
+@pytest.mark.parametrize("unit", KIND_UNITS)
+def test_an_agent_or_escalation_unit_loads_to_its_recorded_state(unit: str) -> None:
+    state, report = load_checkpoint(_kind_dir(unit))
+    expected = _expected(unit)
+    assert (state, report) == (expected["state"], expected["report"])
+    assert report["status"] == "clean" and report["checkpoint_version"] == 3
+
+
+@pytest.mark.parametrize("unit", AGENT_UNITS)
+def test_both_agent_forms_read_as_the_same_turns(unit: str) -> None:
+    """Today's entries and the older flow-context form describe the same run."""
+    state, _ = load_state(_kind_dir(unit))
+    turns = read_turns(state)
+    assert turns.problems == []
+    assert [(t.number, t.instruction, list(t.controls), t.entry.response) for t in turns.turns] == [
+        tuple(turn) for turn in make_golden.TURNS
+    ]
+    in_flight = make_golden.IN_FLIGHT
+    assert (turns.next_instruction, list(turns.next_controls)) == (
+        in_flight["instruction"],
+        in_flight["controls"],
+    )
+    assert turns.conversation == make_golden.CONVERSATION
+    assert turns.model == make_golden.AGENT_CONFIG["model"] and turns.max_turns == 20
+    turns.refuse_if_unfaithful("RUN", retry_failed=False)
+
+
+def test_turn_entries_are_digested_over_what_the_turn_is_and_legacy_ones_over_the_response() -> (
+    None
+):
+    new, _ = load_state(_kind_dir("agent-v3"))
+    old, _ = load_state(_kind_dir("agent-v3-legacy"))
+    turn2 = new.ops["turn-2"]
+    assert turn2.raw["turn"] == 2 and turn2.raw["controls"] == ["c2" * 16]
+    assert turn2.raw["next"] == make_golden.IN_FLIGHT
+    # Pinned by hand: the digest today's writer gave the last record of turn 2 ...
+    pinned = "blake2b:977cf1c17cd298113aeddb6ea27ea1f790beaa7cdd3ff36d155d41c2c23cff4c"
+    assert turn2.result_digest == entry_digest(dict(turn2.raw)) == pinned
+    # ... and the one an entry of the older form keeps: over the response alone.
+    legacy = old.ops["turn-2"]
+    assert "turn" not in legacy.raw
+    assert legacy.result_digest == result_digest("recorded: turn 2")
+    assert legacy.result_digest == (
+        "blake2b:cdf687be842c225b104147d6b714102b864749d204e5c6ee17daaf00cd8e67eb"
+    )
+
+
+@pytest.mark.parametrize("unit", ESCALATION_UNITS)
+def test_the_replay_plan_of_an_escalation_unit(unit: str) -> None:
+    state, _ = load_state(_kind_dir(unit))
+    plan = plan_replay(state, _kind_dir(unit))
+    assert plan.completed == {} and plan.rerun == ()
+    assert plan.superseded == {"a": make_golden.ESC_RESPONSES["a"]}
+    (retry,) = plan.spawned
+    assert (retry.spawn_id, retry.status, retry.response) == (
+        "a.esc1",
+        "completed",
+        make_golden.ESC_RESPONSES["a.esc1"],
+    )
+    assert (retry.escalated_from_key, retry.escalation, retry.parent_key) == ("a", 1, "a")
+    assert retry.model == f"script:{make_golden.SCRIPT}" and not retry.superseded
+
+
+def test_the_retry_s_digest_covers_its_witness_and_attempt() -> None:
+    new, _ = load_state(_kind_dir("escalation-v3"))
+    old, _ = load_state(_kind_dir("escalation-v3-legacy"))
+    (retry,), (legacy,) = new.spawned, old.spawned
+    assert retry.raw["escalation"] == 1 and "escalation" not in legacy.raw
+    assert (
+        retry.result_digest == entry_digest(dict(retry.raw)) != result_digest("recorded: rescued")
+    )
+    assert legacy.result_digest == result_digest("recorded: rescued")
+    for member in ("escalated_from", "escalation", "parent_id", "model"):
+        changed = {k: v for k, v in retry.raw.items() if k not in (member, "result_digest")}
+        assert entry_digest(changed) != retry.result_digest, member
+
+
+def test_a_golden_retry_that_lost_its_witness_is_refused_naming_it(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run"
+    shutil.copytree(_kind_dir("escalation-v3"), run_dir)
+    journal = run_dir / "checkpoint.json.journal"
+    records = [json.loads(line) for line in journal.read_text("utf-8").splitlines()]
+    for record in records:
+        record["entry"].pop("escalated_from", None)
+    journal.write_text("".join(json.dumps(r) + "\n" for r in records), encoding="utf-8")
+    state, _ = load_state(run_dir)
+    for retry_failed in (False, True):
+        with pytest.raises(FlowResumeError, match=r"^spawned node 'a\.esc1': .*result_digest"):
+            plan_replay(state, run_dir, retry_failed=retry_failed)

@@ -126,3 +126,61 @@ async def test_messages_rejected_stamps_the_given_result(home: Path, writer: Sta
     assert results[taken.id] == "rejected:max-turns"
     # A message nobody rejected or delivered is still closed when the run ends.
     assert results[left.id] == "rejected:no-pending-ops"
+
+
+class ClaimAtBoundaryTarget(DeferringTarget):
+    """Leaves message rows pending until a turn boundary opens the claim (issue 26)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.claiming = False
+
+    def defers_message_claim(self) -> bool:
+        return not self.claiming
+
+
+def _result(db: StateDB, control_id: str) -> str | None:
+    row = db.get_control(control_id)
+    assert row is not None
+    return row.result
+
+
+async def test_a_deferred_claim_leaves_messages_pending_until_the_boundary(
+    home: Path, writer: StateDB
+) -> None:
+    sid = writer.create_session(kind="agent").id
+    target = ClaimAtBoundaryTarget()
+    poller = ControlPoller(home, sid, target, interval=30.0, forced_list=3600.0)
+    async with asyncio.TaskGroup() as tasks:
+        tasks.create_task(poller.run())
+        async with asyncio.timeout(10):
+            first = await asyncio.to_thread(
+                writer.insert_control, session_id=sid, verb="message", payload={"text": "a"}
+            )
+            stop = await asyncio.to_thread(
+                writer.insert_control, session_id=sid, verb="pause", payload=None
+            )
+            await poller.catch_up()
+            # Listed (the later row was applied, refused by this target) yet not claimed.
+            assert (_result(writer, stop.id) or "").startswith("rejected:error:")
+            assert _result(writer, first.id) is None and target.messages == []
+            target.claiming = True
+            await poller.catch_up()
+            assert [m["control_id"] for m in target.messages] == [first.id]
+            assert (_result(writer, first.id) or "").startswith("applying:")
+            target.claiming = False
+            later = await asyncio.to_thread(
+                writer.insert_control, session_id=sid, verb="message", payload={"text": "b"}
+            )
+            await poller.catch_up()
+            assert _result(writer, later.id) is None
+            poller.messages_delivered([first.id])
+            await poller.catch_up()
+            assert _result(writer, first.id) == "applied"
+        await poller.stop()
+    # The run's last pass claims a message still deferred, and no operation will take it.
+    assert _result(writer, later.id) == "rejected:no-pending-ops"
+
+
+def test_a_target_claims_at_once_unless_it_says_otherwise() -> None:
+    assert DeferringTarget().defers_message_claim() is False

@@ -25,6 +25,7 @@ from agent_support import (
     claude_runs,
     session_of,
     start_gated_agent,
+    wait_left_pending,
     write_gated_claude,
 )
 from ctl_support import control, ctl_ok, wait_for
@@ -47,11 +48,7 @@ def test_sigkill_mid_turn_then_resume_replays_finished_turns(tmp_path: Path) -> 
         gate.wait_started(1, proc)
         session = session_of(home)
         msg = ctl_ok(home, "msg", session, "keep it backwards compatible")
-        wait_for(
-            lambda: (control(home, msg).result or "").startswith("applying:"),
-            timeout=WAIT_S,
-            what="the message to be claimed",
-        )
+        wait_left_pending(home, msg)  # claimed when turn 2 starts
         gate.release(1)
         gate.wait_started(2, proc)
         # Turn 2's prompt is durable, so its message is stamped; kill after the stamp landed.
@@ -114,11 +111,7 @@ def test_killed_after_the_next_prompt_is_durable_but_before_its_stamp(tmp_path: 
     try:
         gate.wait_started("turn-1", proc)
         msg = ctl_ok(home, "msg", session_of(home), "NEXT-PROMPT-TEXT")
-        wait_for(
-            lambda: (control(home, msg).result or "").startswith("applying:"),
-            timeout=WAIT_S,
-            what="the message to be claimed",
-        )
+        wait_left_pending(home, msg)  # claimed when turn 2 starts
         gate.release("turn-1", "turn-2")
         proc.wait(timeout=WAIT_S)
     finally:

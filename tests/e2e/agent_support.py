@@ -126,3 +126,40 @@ def session_of(home: Path) -> str:
             return rows[0].id if rows else None
 
     return wait_for(probe, timeout=WAIT_S, what="the agent session")
+
+
+def poller_listed(home: Path, session_id: str) -> None:
+    """Return once the session's poller has listed every row committed before this call.
+
+    ``ctl pause`` refuses an agent before any insert, so a ``pause`` row inserted by another
+    writer is stamped ``rejected:error:...`` by the poller as soon as it lists it; once it
+    is stamped, every earlier row of the session was looked at too.
+    """
+    from steerflow.state import StateDB
+
+    with StateDB.open(home, create=False) as db:
+        probe = db.insert_control(session_id=session_id, verb="pause", payload=None).id
+
+    def stamped() -> bool:
+        with StateDB.open(home, create=False) as db:
+            row = db.get_control(probe)
+        return row is not None and (row.result or "").startswith("rejected:error:")
+
+    wait_for(stamped, timeout=WAIT_S, what="the agent's poller to list the session's rows")
+
+
+def wait_left_pending(home: Path, control_id: str) -> None:
+    """The agent's poller has seen the message and left it pending (issue 26).
+
+    A message sent while a turn runs is claimed only when the turn that renders it
+    (the next one) starts; until then its row stays pending.
+    """
+    from steerflow.state import StateDB
+
+    with StateDB.open(home, create=False) as db:
+        row = db.get_control(control_id)
+    assert row is not None, control_id
+    poller_listed(home, row.session_id)
+    with StateDB.open(home, create=False) as db:
+        row = db.get_control(control_id)
+    assert row is not None and row.result is None, row  # not claimed while the turn runs

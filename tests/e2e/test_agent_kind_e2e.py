@@ -19,6 +19,7 @@ from agent_support import (
     claude_runs,
     session_of,
     start_gated_agent,
+    wait_left_pending,
     write_gated_claude,
 )
 from ctl_support import control, controls, count_controls, ctl, ctl_ok, wait_for
@@ -49,15 +50,6 @@ def script(tmp_path: Path, **entries: Any) -> str:
     return "script:" + str(write_yaml(tmp_path / "script.yaml", entries or {"*": {}}))
 
 
-def wait_claimed(home: Path, control_id: str) -> None:
-    """The agent's poller holds the message (``applying:``): it belongs to the next turn."""
-    wait_for(
-        lambda: (control(home, control_id).result or "").startswith("applying:"),
-        timeout=WAIT_S,
-        what=f"message {control_id} to be claimed",
-    )
-
-
 def invocation_counts(home: Path) -> dict[str, int]:
     counts: dict[str, int] = {}
     for line in read_invocations(home):
@@ -74,7 +66,7 @@ def test_message_sent_mid_turn_starts_the_next_turn_exactly_once(
         gate.wait_started("turn-1", proc)
         session = session_of(home)
         msg = ctl_ok(home, "msg", session, "use the other API")
-        wait_claimed(home, msg)
+        wait_left_pending(home, msg)
         gate.release("turn-1")
         gate.wait_started("turn-2", proc)
         # Durable in the checkpoint first, then stamped: applied once turn 2 has started.
@@ -98,7 +90,7 @@ def test_message_sent_mid_turn_starts_the_next_turn_exactly_once(
     assert out["result"] == second
     # One call per turn: the message started exactly one more turn, and no third.
     assert invocation_counts(home) == {"turn-1": 1, "turn-2": 1}
-    assert [c.result for c in controls(home, session)] == ["applied"]
+    assert [c.result for c in controls(home, session) if c.verb == "message"] == ["applied"]
 
     with_json = run_cli(home, "ctl", "status", session, "--json")
     assert with_json.returncode == 0 and json.loads(with_json.stdout)["turns"] == 2
@@ -120,8 +112,8 @@ def test_two_messages_make_one_turn_in_order(home: Path, tmp_path: Path, gate: G
         session = session_of(home)
         first = ctl_ok(home, "msg", session, "ALPHA correction")
         second = ctl_ok(home, "msg", session, "BETA correction")
-        wait_claimed(home, first)
-        wait_claimed(home, second)
+        wait_left_pending(home, first)
+        wait_left_pending(home, second)
         status = json.loads(run_cli(home, "ctl", "status", session, "--json").stdout)
         assert status["turns"] == 0  # turn 1 is still running
         gate.release("turn-1", "turn-2")
@@ -163,7 +155,7 @@ def test_stop_ends_the_agent_after_the_current_turn(home: Path, tmp_path: Path, 
         gate.wait_started("turn-1", proc)
         session = session_of(home)
         msg = ctl_ok(home, "msg", session, "one more thing")
-        wait_claimed(home, msg)
+        wait_left_pending(home, msg)
         stop_id = ctl_ok(home, "stop", session, "--reason", "enough")
         wait_for(
             lambda: control(home, stop_id).result == "applied",
@@ -215,7 +207,7 @@ def test_max_turns_reached_rejects_the_pending_message(
     try:
         gate.wait_started("turn-1", proc)
         msg = ctl_ok(home, "msg", session_of(home), "keep going")
-        wait_claimed(home, msg)
+        wait_left_pending(home, msg)
         gate.release("turn-1")
         result = finish(proc, timeout=WAIT_S)
     finally:
@@ -238,7 +230,7 @@ def test_claude_code_agent_resumes_its_own_session(home: Path, tmp_path: Path, g
     try:
         gate.wait_started(1, proc)
         msg = ctl_ok(home, "msg", session_of(home), "keep the public API")
-        wait_claimed(home, msg)
+        wait_left_pending(home, msg)
         gate.release(1)
         gate.wait_started(2, proc)
         gate.release(2)
@@ -270,7 +262,7 @@ def test_codex_agent_gets_the_earlier_turns_as_a_transcript(
     try:
         gate.wait_started(1, proc)
         msg = ctl_ok(home, "msg", session_of(home), "CORRECTION-TWO")
-        wait_claimed(home, msg)
+        wait_left_pending(home, msg)
         gate.release(1, 2)
         result = finish(proc, timeout=WAIT_S)
     finally:
@@ -303,7 +295,7 @@ def test_openai_agent_keeps_the_conversation_in_process(home: Path) -> None:
         try:
             assert server.wait_for(1, timeout=WAIT_S)
             msg = ctl_ok(home, "msg", session_of(home), "SECOND-STEER")
-            wait_claimed(home, msg)
+            wait_left_pending(home, msg)
             held.set()
             result = finish(proc, timeout=WAIT_S)
         finally:

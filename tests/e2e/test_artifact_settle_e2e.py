@@ -231,6 +231,46 @@ def test_a_missing_persisted_contract_refuses_recorded_artifacts(tmp_path: Path)
     guard.assert_unchanged()
 
 
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        # The DB's contract lost leg b's file: the copy declares what the DB does not.
+        (
+            lambda c: {**c, "legs": {k: v for k, v in c["legs"].items() if k != "b"}},
+            "leg 'b' declares file 'b.txt' in the checkpoint but not in the state DB",
+        ),
+        # The DB's contract says leg d produces one more file than the checkpoint's copy.
+        (
+            lambda c: {**c, "legs": {**c["legs"], "d": ["d.txt", "extra.txt"]}},
+            "leg 'd' declares file 'extra.txt' in the state DB but not in the checkpoint",
+        ),
+        (
+            lambda c: {**c, "root": "/elsewhere"},
+            "the artifact root is '/elsewhere' in the state DB",
+        ),
+    ],
+)
+def test_a_contract_that_differs_from_the_checkpoint_names_leg_and_file(
+    tmp_path: Path, change: Callable[[dict[str, Any]], dict[str, Any]], named: str
+) -> None:
+    """Issue 26 item 6: "the two records disagree" named neither the leg nor the file."""
+    home, run_dir = _source(tmp_path)
+    guard = SourceGuard.of(run_dir)
+    with StateDB.open(home) as db:
+        session = db.session_for_run(run_dir.name)
+        assert session is not None and session.artifact_contract is not None
+        db.set_artifact_contract(session.id, change(session.artifact_contract))
+    body = _refused(
+        resume(home, run_dir.name, "--retry-failed", "--json"), code="artifact-contract-refused"
+    )
+    message = body["error"]["message"]
+    assert "disagree" in message and named in message, message
+    assert "sessions.artifact_contract_json" in message and "config.artifact_contract" in message
+    assert read_invocations(home)  # the source ran; the refused resume added nothing:
+    assert invocation_counts(home)["f"] == 1
+    guard.assert_unchanged()
+
+
 def test_an_original_run_with_save_is_settled_and_resumed_in_that_root(tmp_path: Path) -> None:
     saved = tmp_path / "saved"
     home, run_dir = _source(tmp_path, "--save", saved)

@@ -17,7 +17,7 @@ import pytest
 from flow_support import finish, read_invocations, run_cli, start_cli, stop, wait_for, write_yaml
 from resume_support import new_runs, resume, single_run
 
-from steerflow.checkpoint import load_checkpoint
+from steerflow.checkpoint import entry_digest, load_checkpoint
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -247,7 +247,16 @@ def test_restored_retries_then_a_further_escalation_pick_the_same_anchor(tmp_pat
 @pytest.mark.parametrize(
     ("corrupt", "why"),
     [
-        (lambda e, s: e.update(spawn_id="a.esc2"), "attempt 2 cannot follow attempt 0"),
+        (
+            lambda e, s: e.update(spawn_id="a.esc2", escalation=2),
+            "attempt 2 cannot follow attempt 0",
+        ),
+        (lambda e, s: e.update(escalation=2), "records attempt 2 but its spawn_id is attempt 1"),
+        (lambda e, s: e.update(escalation=True), "escalation 'True' is not an attempt number"),
+        (
+            lambda e, s: e.pop("escalated_from"),
+            "records escalation attempt 1 but not the operation it retries",
+        ),
         (
             lambda e, s: e.update(escalated_from=s["plan"][1]["node_id"]),
             "has no recorded failed first attempt",
@@ -267,6 +276,9 @@ def test_a_chain_that_cannot_be_rebuilt_refuses_the_resume(
     doc = json.loads(path.read_text())
     (entry,) = [e for e in doc["spawned"] if e.get("escalated_from")]
     corrupt(entry, doc)
+    # Sealed again: a consistently wrong entry, which only the chain rules can refuse
+    # (an unsealed edit is refused by its digest, see the next test).
+    entry["result_digest"] = entry_digest(entry)
     path.write_text(json.dumps(doc))
     refused = resume(home, single_run(home).name, "--retry-failed", "--json")
     assert refused.returncode == 3, refused.explain()
@@ -274,3 +286,43 @@ def test_a_chain_that_cannot_be_rebuilt_refuses_the_resume(
     assert error["code"] == "resume-refused"
     assert "escalation chain cannot be rebuilt" in error["message"] and why in error["message"]
     assert f"spawned node {entry['spawn_id']!r}" in error["message"]
+
+
+def _journal_lines(run_dir: Path) -> list[dict[str, Any]]:
+    journal = run_dir / "checkpoint.json.journal"
+    return [json.loads(line) for line in journal.read_text().splitlines()]
+
+
+def _write_journal(run_dir: Path, records: list[dict[str, Any]]) -> None:
+    text = "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records)
+    (run_dir / "checkpoint.json.journal").write_text(text)
+
+
+@pytest.mark.parametrize("flags", [(), ("--retry-failed",)])
+def test_a_retry_that_lost_its_witness_is_refused_as_itself(
+    tmp_path: Path, flags: tuple[str, ...]
+) -> None:
+    """Issue 26 item 6: ``escalated_from`` is covered by the retry's digest. Dropped from
+    every journal record of ``a.esc1``, the retry no longer loads as an ordinary spawn
+    under the failed ``a`` (refused as ``a``, or with --retry-failed ``a`` paid for again
+    and the retry rejected as a duplicate): the resume names ``a.esc1`` and runs nothing."""
+    home = tmp_path / "home"
+    plan, _ = ladder_plan(tmp_path, 1)
+    done = run_cli(home, "flow", "--plan", plan, "--json")
+    assert done.returncode == 0, done.explain()
+    run_dir = single_run(home)
+    records = _journal_lines(run_dir)
+    touched = 0
+    for record in records:
+        if record["entry"].get("spawn_id") == "a.esc1":
+            record["entry"].pop("escalated_from")
+            touched += 1
+    assert touched >= 2  # the pending intent and the outcome
+    _write_journal(run_dir, records)
+    invoked = len(read_invocations(home))
+    refused = resume(home, run_dir.name, *flags, "--json")
+    assert refused.returncode == 3, refused.explain()
+    message = refused.json["error"]["message"]
+    assert message.startswith("spawned node 'a.esc1': "), message
+    assert "result_digest" in message
+    assert len(read_invocations(home)) == invoked

@@ -33,6 +33,7 @@ __all__ = [
     "ArtifactContract",
     "ContractError",
     "checkpoint_contract",
+    "contract_difference",
     "merge_declared",
 ]
 
@@ -141,3 +142,35 @@ def checkpoint_contract(
             raise ContractError(f"spawned leg {key!r} declares unreadable artifact paths")
         contract = contract.with_leg(key, declared)
     return contract
+
+
+def contract_difference(stored: ArtifactContract, copy: ArtifactContract) -> str:
+    """Where ``stored`` (the state DB's) and ``copy`` (the checkpoint's) first differ.
+
+    Names the leg and the declared file (or the root), so an operator can see which
+    record to believe; an empty string when they are equal.
+    """
+    if stored.root != copy.root:
+        return (
+            f"the artifact root is {str(stored.root)!r} in the state DB but "
+            f"{str(copy.root)!r} in the checkpoint"
+        )
+    for leg in sorted(set(stored.legs) | set(copy.legs)):
+        ours, theirs = stored.declared(leg), copy.declared(leg)
+        if ours == theirs:
+            continue
+        for path in ours:
+            if path not in theirs:
+                return (
+                    f"leg {leg!r} declares file {path!r} in the state DB but not in the checkpoint"
+                )
+        for path in theirs:
+            if path not in ours:
+                return (
+                    f"leg {leg!r} declares file {path!r} in the checkpoint but not in the state DB"
+                )
+        return (
+            f"leg {leg!r} declares its files in another order ({list(ours)!r} in the state "
+            f"DB, {list(theirs)!r} in the checkpoint)"
+        )
+    return ""

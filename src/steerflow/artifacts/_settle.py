@@ -29,7 +29,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from steerflow.artifacts._contract import ArtifactContract, ContractError, checkpoint_contract
+from steerflow.artifacts._contract import (
+    ArtifactContract,
+    ContractError,
+    checkpoint_contract,
+    contract_difference,
+)
 from steerflow.artifacts._hash import (
     ArtifactProblem,
     ArtifactRecord,
@@ -244,7 +249,13 @@ def read_source_contract(
         if copy is None:
             why = "its checkpoint holds no copy of the artifact contract the state DB records"
         elif stored != copy:
-            why = "the state DB's artifact contract and the checkpoint's copy disagree"
+            # Name the leg and file (decision 114): which record to believe is the
+            # operator's call, and "they disagree" alone gives nothing to check.
+            why = (
+                "the state DB's artifact contract (sessions.artifact_contract_json) and the "
+                "checkpoint's copy (config.artifact_contract and spawned declarations) "
+                f"disagree: {contract_difference(stored, copy)}"
+            )
         else:
             return SourceContract(stored, "state_db")
         raise ArtifactContractError(f"{where}: {why}; its recorded artifacts cannot be settled")

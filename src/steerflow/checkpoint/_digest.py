@@ -17,10 +17,16 @@ Digest
 Entry digest
     An entry's ``result_digest`` covers its response and, when the entry carries them,
     the members of :data:`COVERED_MEMBERS` (CONTRACT §10: ``spawned_ids``,
-    ``artifacts``).  An entry without any of them is digested exactly as before, over
-    the response alone, so every digest already written stays valid; an entry with
-    them is digested over ``{"response": ..., <member>: ...}``, so removing, adding or
-    changing such a member no longer matches.
+    ``artifacts``; an agent turn's ``turn``, ``controls``, ``next`` and
+    ``conversation``; an escalation retry's attempt number ``escalation``).  An entry
+    carrying ``turn`` or ``escalation`` (the :data:`IDENTITY_MARKERS`, written only since
+    they were covered) is digested over its :data:`IDENTITY_MEMBERS` too: its label and
+    instruction, the logical operation, the attempt it replaces and its model, which
+    older entries carried uncovered.  An entry without any of them is digested exactly
+    as before, over the response alone, so every digest already written stays valid;
+    an entry with them is digested over ``{"response": ..., <member>: ...}``, so
+    removing, adding or changing such a member (or the marker that makes the others
+    covered) no longer matches.
 """
 
 from __future__ import annotations
@@ -33,6 +39,8 @@ from typing import Any, TypeAlias
 
 __all__ = [
     "COVERED_MEMBERS",
+    "IDENTITY_MARKERS",
+    "IDENTITY_MEMBERS",
     "JSON",
     "canonical_bytes",
     "entry_digest",
@@ -45,7 +53,20 @@ JSON: TypeAlias = Any  # a plain tree of dict/list/str/int/float/bool/None
 _DIGEST_PREFIX = "blake2b:"
 
 #: Entry members covered by ``result_digest`` besides the response, when present.
-COVERED_MEMBERS = ("spawned_ids", "artifacts")
+COVERED_MEMBERS = (
+    "spawned_ids",
+    "artifacts",
+    "turn",
+    "controls",
+    "next",
+    "conversation",
+    "escalation",
+)
+#: Covered members that make :data:`IDENTITY_MEMBERS` covered as well.
+IDENTITY_MARKERS = ("turn", "escalation")
+#: What names an agent turn or an escalation retry; entries written before these were
+#: covered carry them too, so they count only beside a marker (old digests still verify).
+IDENTITY_MEMBERS = ("agent_id", "instruction", "spawn_id", "escalated_from", "parent_id", "model")
 
 
 def _key(key: object) -> str:
@@ -112,4 +133,6 @@ def entry_digest(entry: Mapping[str, object]) -> str:
     covered = {name: entry[name] for name in COVERED_MEMBERS if name in entry}
     if not covered:
         return result_digest(entry.get("response"))
+    if any(name in covered for name in IDENTITY_MARKERS):
+        covered.update((name, entry[name]) for name in IDENTITY_MEMBERS if name in entry)
     return result_digest({"response": entry.get("response"), **covered})

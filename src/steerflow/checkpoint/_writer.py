@@ -161,6 +161,7 @@ class CheckpointWriter:
         flow_context: Mapping[str, object] | None = None,
         spawned_ids: Sequence[str] | None = None,
         artifacts: Sequence[Mapping[str, object]] | None = None,
+        **extra: object,
     ) -> None:
         """Record a planned node's outcome; returns once it is acknowledged.
 
@@ -169,11 +170,19 @@ class CheckpointWriter:
         tell that a child's entry is missing.  None or empty: no such member.
         ``artifacts`` (``[{"path", "bytes", "digest"}]``, sorted by path) likewise
         becomes the covered ``artifacts`` member; :meth:`record_spawned` takes it as
-        an extra field.
+        an extra field.  Extra keyword fields (an agent turn's ``turn``, ``controls``,
+        ``instruction``, ...) are kept in the entry verbatim after normalization.
         """
         if status not in _PLANNED_STATUSES:
             raise ValueError(f"planned status must be completed or failed, got {status!r}")
-        raw: dict[str, object] = {"agent_id": agent_id, "status": status, "response": response}
+        if "result_digest" in extra:
+            raise ValueError("reserved entry fields passed as extras: ['result_digest']")
+        raw: dict[str, object] = {
+            "agent_id": agent_id,
+            "status": status,
+            "response": response,
+            **extra,
+        }
         _add_spawned_ids(raw, spawned_ids)
         if artifacts:
             raw["artifacts"] = list(artifacts)

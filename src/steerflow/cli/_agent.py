@@ -8,9 +8,9 @@ from typing import TYPE_CHECKING
 from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
 
 if TYPE_CHECKING:
-    from steerflow.orchestrate._agent_options import AgentOptions, AgentResult
+    from steerflow.orchestrate._agent_options import AgentOptions, AgentResult, AgentSeed
 
-__all__ = ["execute_agent", "print_agent_result"]
+__all__ = ["execute_agent", "print_agent_dry_run", "print_agent_result"]
 
 #: How much of the last response the human summary shows.
 _RESULT_TAIL = 4000
@@ -64,3 +64,45 @@ def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
         shown = text if len(text) <= _RESULT_TAIL else "..." + text[-_RESULT_TAIL:]
         lines += ["result:", printable(shown, keep_newlines=True)]
     emit_text("\n".join(lines))
+
+
+def print_agent_dry_run(seed: AgentSeed, *, as_json: bool) -> int:
+    """``resume --dry-run`` of an agent run: what it would replay and run; nothing runs."""
+    from steerflow.orchestrate._agent_resume import agent_replay_nodes
+
+    for warning in seed.notes:
+        warn(f"warning: {printable(warning)}")
+    nodes = agent_replay_nodes(seed)
+    if as_json:
+        emit_json(
+            {
+                "session_id": None,
+                "run_id": None,
+                "kind": "agent",
+                "status": "planned",
+                "exit_code": 0,
+                "resumed_from": seed.resumed_from,
+                "checkpoint": {"path": None, "version": None, "persisted": False, "error": None},
+                "checkpoint_recovery": seed.checkpoint_recovery,
+                "nodes": nodes,
+                "turns": [t.to_json() for t in seed.turns],
+                "warnings": list(seed.notes),
+                "stranded_messages": [m.to_json() for m in seed.stranded],
+            }
+        )
+        return 0
+    replayed = [n["id"] for n in nodes if n["status"] != "pending"]
+    to_run = [n["id"] for n in nodes if n["status"] == "pending"]
+    lines = [
+        "status: planned (dry run: nothing runs)",
+        f"resumes session: {seed.resumed_from}",
+        "would replay: " + (", ".join(replayed) or "nothing"),
+        "would run: " + (", ".join(to_run) or "no turn in flight (then waits for queued messages)"),
+    ]
+    for message in seed.stranded:
+        lines.append(
+            f"stranded message {message.control_id} ({message.state}): "
+            + printable(message.text[:80])
+        )
+    emit_text("\n".join(lines))
+    return 0

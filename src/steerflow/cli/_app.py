@@ -559,6 +559,15 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     is_flag=True,
     help=ACCEPT_CONTRACT_HELP,
 )
+@click.option(
+    "--redeliver-claimed",
+    is_flag=True,
+    help="Re-queue into the resumed run the operator messages a dead process had claimed "
+    "(left 'applying') but not delivered, each as a new message; the old row becomes "
+    "abandoned:redelivered:<new id>. Without it they stay lost (at most once) and are "
+    "listed as warnings and in stranded_messages. Messages never claimed are re-queued "
+    "either way.",
+)
 @compact_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
@@ -580,6 +589,11 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     under the source run's artifact root and compared by size and BLAKE2b digest against
     the contract that run persisted. A mismatch refuses the resume (exit 3) naming node,
     file, expected and found, unless --rerun-unsettled (see `steerflow verify`).
+
+    Operator messages a dead process of the chain left behind are listed (warnings, and
+    stranded_messages in --json): text, when sent, who had claimed it. Ones never
+    claimed are re-queued into the resumed run; claimed ones only with
+    --redeliver-claimed.
     """
     from steerflow.orchestrate import FlowOptions, prepare_resume
 
@@ -595,6 +609,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         rerun_unsettled=kw["rerun_unsettled"],
         save=kw["save"],
         accept_checkpoint_contract=kw["accept_checkpoint_contract"],
+        redeliver_claimed=kw["redeliver_claimed"],
     )
     options = FlowOptions(
         resume=seed,
@@ -618,16 +633,23 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     for flag in (
         "allow_degraded_context",
         "rerun_unsettled",
-        "dry_run",
         "show_graph",
         "accept_checkpoint_contract",
     ):
         if kw.get(flag):
             raise UsageError(f"--{flag.replace('_', '-')} does not apply to an agent run")
-    from steerflow.cli._agent import execute_agent
+    from steerflow.cli._agent import execute_agent, print_agent_dry_run
     from steerflow.orchestrate._agent_options import AgentOptions
 
-    seed = prepare_agent_resume(home, run, retry_failed=kw["retry_failed"], fork=kw["fork"])
+    seed = prepare_agent_resume(
+        home,
+        run,
+        retry_failed=kw["retry_failed"],
+        fork=kw["fork"],
+        redeliver_claimed=kw["redeliver_claimed"],
+    )
+    if kw.get("dry_run"):
+        return print_agent_dry_run(seed, as_json=kw["as_json"])
     options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
     return execute_agent(home, options, as_json=kw["as_json"])
 

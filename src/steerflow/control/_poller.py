@@ -20,7 +20,9 @@ Rules it keeps (ADR-0069 D1-D3, CONTRACT §7):
   gate; a target without :meth:`SteeringTarget.stop` stamps
   ``rejected:unsupported-verb:stop``.
 * ``message`` is at most once: claim ``applying:<claimant>``, check that an
-  operation is still pending, append, stamp ``applied``. A row already claimed is
+  operation is still pending, append, stamp ``applied``. A target that defers the
+  claim (:meth:`SteeringTarget.defers_message_claim`, an agent during a turn) has
+  its message rows left pending until it stops deferring. A row already claimed is
   never touched again, not even by a later poller of the same session. A target
   that defers the stamp (:meth:`SteeringTarget.defers_message_stamp`) has it
   stamped ``applied`` only once an operation was invoked with the message
@@ -110,6 +112,16 @@ class SteeringTarget(abc.ABC):
         """True if ``applied`` waits until an operation is invoked with the message.
 
         The target then reports deliveries to :meth:`ControlPoller.messages_delivered`.
+        """
+        return False
+
+    def defers_message_claim(self) -> bool:
+        """True while a message row should stay pending (unclaimed) for now.
+
+        An agent renders messages only into the turn that starts after the running one
+        ends, so it claims them then, not while that turn runs (issue 26): a process
+        that dies meanwhile leaves them pending, for a resume to deliver, instead of
+        claimed and lost. The run's last pass claims (and refuses) them regardless.
         """
         return False
 
@@ -510,6 +522,8 @@ class ControlPoller:
             self._paused_by_controls = row.verb == "pause"
             return "applied"
         if row.verb == "message":
+            if not self._draining and self.target.defers_message_claim():
+                return None  # left pending: claimed when an operation can render it
             return await self._apply_message(db, row)
         if row.verb == "stop":
             return self._apply_stop(row)

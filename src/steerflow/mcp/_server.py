@@ -96,8 +96,12 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
         allow_degraded_context: bool = False,
         fork: bool = False,
         rerun_unsettled: bool = False,
+        redeliver_claimed: bool = False,
     ) -> dict[str, Any]:
-        """What `steerflow resume TARGET --dry-run` would replay and run, or why it refuses."""
+        """What `steerflow resume TARGET --dry-run` would replay and run, or why it refuses.
+
+        Lists the operator messages a dead process left behind (`stranded_messages`).
+        """
         return _answer(
             lambda: views.resume_preflight(
                 home,
@@ -106,6 +110,7 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
                 allow_degraded_context=allow_degraded_context,
                 fork=fork,
                 rerun_unsettled=rerun_unsettled,
+                redeliver_claimed=redeliver_claimed,
             )
         ).to_json()
 

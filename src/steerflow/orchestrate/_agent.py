@@ -1,15 +1,18 @@
 """One ``agent`` invocation: a single long-running agent steered between turns (issue 19).
 
-Turn 1 runs the task. When a turn ends, the pending operator messages (``ctl msg``,
-claimed at most once by the same :class:`~steerflow.control.ControlPoller` a flow
-uses, and held until then) become the next turn's prompt, rendered with the
-operator steer block; with none pending the agent is done. ``--max-turns`` bounds
-the turns; messages still pending when it is reached are ``rejected:max-turns``.
+Turn 1 runs the task. When a turn ends, the pending operator messages (``ctl msg``)
+become the next turn's prompt, rendered with the operator steer block; with none
+pending the agent is done. ``--max-turns`` bounds the turns; messages still pending
+when it is reached are ``rejected:max-turns``.
 
-A message row is stamped ``applied`` only once the turn it starts has been made
-durable: the prompt is first recorded in the checkpoint (``next`` in the agent
-context, see :mod:`._agent_state`), so a crash after the stamp loses nothing a
-resume cannot run again. Each finished turn is the checkpoint entry ``turn-<n>``.
+A message is claimed (at most once, by the same :class:`~steerflow.control.ControlPoller`
+a flow uses) only when the turn that renders it starts: while a turn runs, rows stay
+pending (:meth:`AgentTarget.defers_message_claim`), so a process that dies mid-turn
+leaves them for a resume to deliver (issue 26). A claimed row is stamped ``applied``
+only once the turn it starts has been made durable: the prompt is first recorded in
+the checkpoint (``next`` on the last turn's entry, see :mod:`._agent_state`), so a
+crash after the stamp loses nothing a resume cannot run again. Each finished turn is
+the checkpoint entry ``turn-<n>``.
 
 Continuation: a worker that reports its own session (``claude-code``) is resumed
 with it (``--resume <id>``); every other provider gets the earlier turns as
@@ -42,10 +45,11 @@ from steerflow.orchestrate._agent_options import (
     AgentResult,
     TurnOutcome,
 )
-from steerflow.orchestrate._agent_state import AGENT_CONTEXT_KEY, AGENT_KIND, LEG_KEY, turn_key
+from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, turn_members
 from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._publish import heartbeat_loop
+from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
 from steerflow.state import NodeStatus, NodeUpdate, StateDB, this_host
 
@@ -70,6 +74,8 @@ class AgentTarget(SteeringTarget):
         self.inbox: list[dict[str, Any]] = []
         #: No further turn will start: later messages are ``rejected:no-pending-ops``.
         self.finished = False
+        #: A turn boundary is deciding what the next turn takes: claim messages now.
+        self.claiming = False
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
 
     def pause(self) -> None:
@@ -87,6 +93,10 @@ class AgentTarget(SteeringTarget):
     def defers_message_stamp(self) -> bool:
         """Always: ``applied`` once the turn the message starts is durable."""
         return True
+
+    def defers_message_claim(self) -> bool:
+        """While a turn runs: its messages are claimed when the next turn starts."""
+        return not self.claiming and not self.finished
 
     def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
         if self.on_stop is None:
@@ -135,6 +145,13 @@ class AgentRun:
         self.turns: list[TurnOutcome] = list(seed.turns) if seed else []
         self.conversation = seed.conversation if seed else None
         self.context: dict[str, Any] = dict(seed.flow_context) if seed else {}
+        #: ``{"turn", "instruction", "controls"}`` of a turn started after the last
+        #: recorded one (``next`` on that turn's entry), None when there is none.
+        self.in_flight: dict[str, Any] | None = None
+        if seed is not None and seed.next_instruction is not None and self.turns:
+            self.in_flight = {"turn": len(self.turns) + 1,
+                              "instruction": seed.next_instruction,
+                              "controls": list(seed.next_controls)}  # fmt: skip
         self.stop_signal: int | None = None
         self.stopped_by: dict[str, Any] | None = None
         self.deadline_hit = False
@@ -208,6 +225,10 @@ class AgentRun:
             tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
             try:
                 writer = await self._open_writer(session_id, run_dir)
+                if seed is not None:  # once this run is the one a later resume continues
+                    await redeliver_stranded(
+                        db, seed.stranded, session_id, claimed=seed.redeliver_claimed
+                    )
                 live = _Live(db, session_id, invocation_id, run_dir, poller, writer)
                 result = await self._under_deadline(live, provider)
             except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
@@ -244,8 +265,13 @@ class AgentRun:
         return {"turns": done, "turn": turn, "max_turns": self.max_turns, "model": self.model}
 
     async def _open_writer(self, session_id: str, run_dir: RunDir) -> CheckpointWriter:
+        last = self.turns[-1].number if self.turns else None
         seed_ops = {
-            turn_key(t.number): {"status": t.status, "response": _stored_response(t)}
+            turn_key(t.number): {
+                "status": t.status,
+                "response": _stored_response(t),
+                **_members(t, self.in_flight if t.number == last else None),
+            }
             for t in self.turns
         }
         writer = CheckpointWriter(
@@ -321,15 +347,20 @@ class AgentRun:
 
     async def _pending_messages(self, s: _Live) -> list[dict[str, Any]]:
         """The messages the next turn takes; none: the agent is done (or out of turns)."""
+        # The rows left pending while the turn ran are claimed by this listing.
+        self.target.claiming = True
         try:
             async with asyncio.timeout(_CATCH_UP_S):
                 await s.poller.catch_up()
         except TimeoutError:
             pass  # a stuck listing: what was claimed so far is all this turn boundary sees
         if self._ending():
+            self.target.claiming = False
             return []
-        # From here to the decision nothing awaits, so no claim can slip in between.
+        # From here to the decision nothing awaits, so no claim can slip in between;
+        # from the decision on, rows wait for the next boundary again.
         messages = self.target.take()
+        self.target.claiming = False
         if not messages:
             self.target.finished = True
             return []
@@ -344,26 +375,19 @@ class AgentRun:
             return []
         return messages
 
-    def _agent_context(self) -> dict[str, Any]:
-        agent = self.context.get(AGENT_CONTEXT_KEY)
-        return dict(agent) if isinstance(agent, dict) else {}
-
     async def _record_next(self, s: _Live, prompt: str, controls: tuple[str, ...]) -> None:
         """Make the next turn's prompt durable before its messages are stamped ``applied``.
 
-        The context only travels with an entry, so the last turn's entry is recorded
-        again, unchanged, carrying it.
+        The last turn's entry is recorded again, unchanged but for its ``next`` member.
         """
-        agent = self._agent_context()
-        agent["next"] = {"turn": self._next_number(), "instruction": prompt,
-                         "controls": list(controls)}  # fmt: skip
-        self.context = {**self.context, AGENT_CONTEXT_KEY: agent}
+        self.in_flight = {"turn": self._next_number(), "instruction": prompt,
+                          "controls": list(controls)}  # fmt: skip
         last = self.turns[-1]
         await s.writer.record(
             turn_key(last.number),
             status=last.status,
             response=_stored_response(last),
-            flow_context=self.context,
+            **_members(last, self.in_flight),
         )
 
     def _request(self, s: _Live, provider: Provider, number: int, prompt: str) -> ProviderRequest:
@@ -404,7 +428,7 @@ class AgentRun:
         detail: dict[str, Any] = {"instruction": prompt, "model": self.model,
                                   "started_at": time.time()}  # fmt: skip
         if controls:
-            detail["steers"] = len(controls)
+            detail["steers"] = list(controls)  # the control ids, as a flow node's
         await self._publish(s, key, "running", detail)
         await self._set_meta(s, turn=number)
         self.progress(f"turn {number} started")
@@ -437,20 +461,12 @@ class AgentRun:
             response=None if error is not None else text,
             controls=controls,
             error=error,
+            conversation=self.conversation,
         )
-        agent = self._agent_context()
-        agent.pop("next", None)
-        record = {"turn": number, "instruction": prompt, "controls": list(controls)}
-        agent["turns"] = [*agent.get("turns", []), record]
-        if self.conversation is not None:
-            agent["conversation"] = self.conversation
-        self.context = {**self.context, AGENT_CONTEXT_KEY: agent}
         self.turns.append(outcome)
+        self.in_flight = None
         await s.writer.record(
-            key,
-            status=outcome.status,
-            response=_stored_response(outcome),
-            flow_context=self.context,
+            key, status=outcome.status, response=_stored_response(outcome), **_members(outcome)
         )
         if error is not None:
             detail["error"] = error
@@ -546,7 +562,16 @@ class AgentRun:
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             rejected=list(self.rejected),
             usage=self.usage,
+            warnings=list(seed.notes) if seed else [],
+            stranded_messages=[m.to_json() for m in seed.stranded] if seed else [],
         )
+
+
+def _members(turn: TurnOutcome, in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
+    """What the entry of ``turn`` records beside its status and response."""
+    return turn_members(
+        turn.number, turn.instruction, turn.controls, turn.conversation, in_flight=in_flight
+    )
 
 
 def _stored_response(turn: TurnOutcome) -> object:

@@ -8,6 +8,7 @@ from typing import Any
 
 from steerflow.errors import ExitCode
 from steerflow.orchestrate._options import EndStatus
+from steerflow.orchestrate._stranded import StrandedMessage
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -36,6 +37,8 @@ class TurnOutcome:
     controls: tuple[str, ...] = ()
     replayed: bool = False
     error: str | None = None
+    #: The worker's own session id after this turn (``claude-code``), if it reported one.
+    conversation: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,6 +69,10 @@ class AgentSeed:
     flow_context: dict[str, Any]
     checkpoint_recovery: dict[str, Any] | None = None
     fork: bool = False
+    #: Messages of the chain nothing will deliver (issue 26), and the warnings about them.
+    stranded: list[StrandedMessage] = field(default_factory=list)
+    redeliver_claimed: bool = False
+    notes: list[str] = field(default_factory=list)
 
 
 @dataclass
@@ -98,6 +105,8 @@ class AgentResult:
     rejected: list[dict[str, str]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
     warnings: list[str] = field(default_factory=list)
+    #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
+    stranded_messages: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def result_text(self) -> str | None:
@@ -132,6 +141,7 @@ class AgentResult:
             "rejected_controls": self.rejected,
             "usage": self.usage,
             "warnings": self.warnings,
+            "stranded_messages": self.stranded_messages,
             "result": self.result_text,
         }
         if self.stopped_by is not None:

@@ -7,17 +7,26 @@ Every check runs before the resume claims its source or creates anything.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
 from steerflow.errors import CheckpointRecoveryError, FlowResumeError, SteerflowError
 from steerflow.orchestrate._agent_options import DEFAULT_MAX_TURNS, AgentSeed, TurnOutcome
-from steerflow.orchestrate._agent_state import AGENT_KIND, is_agent_state, read_turns
+from steerflow.orchestrate._agent_state import (
+    AGENT_CONTEXT_KEY,
+    AGENT_KIND,
+    is_agent_state,
+    read_turns,
+    turn_key,
+)
 from steerflow.orchestrate._claim import preflight_claim
+from steerflow.orchestrate._stranded import ChainControls, read_chain, stranded_notes
 from steerflow.resume import RunTarget, resolve_run_target
-from steerflow.state import StateDB, db_exists
+from steerflow.state import ControlRow, SessionRow, StateDB, db_exists
 
-__all__ = ["agent_resume_source", "prepare_agent_resume"]
+__all__ = ["agent_replay_nodes", "agent_resume_source", "prepare_agent_resume"]
 
 
 def agent_resume_source(home: Path, target: str) -> RunTarget | None:
@@ -48,24 +57,37 @@ def _session_kind(home: Path, session_id: str | None) -> str | None:
 
 
 def prepare_agent_resume(
-    home: Path, run: RunTarget, *, retry_failed: bool = False, fork: bool = False
+    home: Path,
+    run: RunTarget,
+    *,
+    retry_failed: bool = False,
+    fork: bool = False,
+    redeliver_claimed: bool = False,
 ) -> AgentSeed:
     """Load and check an agent run's checkpoint; what the resumed run replays and runs.
+
+    Messages of the chain a dead process left behind are listed in ``stranded`` (and the
+    notes); ``redeliver_claimed`` re-queues the claimed ones too (issue 26).
 
     Raises:
         ResumeClaimedError: The source still runs, or another resume holds it (not ``fork``).
         CheckpointRecoveryError: The checkpoint is refused by the loader.
         FlowResumeError: The turns cannot be replayed faithfully (see
-            :meth:`~steerflow.orchestrate._agent_state.AgentTurns.refuse_if_unfaithful`).
+            :meth:`~steerflow.orchestrate._agent_state.AgentTurns.refuse_if_unfaithful`),
+            or a message the state DB says a turn was started with is in none of them.
     """
     try:
-        return _prepare(home, run, retry_failed=retry_failed, fork=fork)
+        return _prepare(
+            home, run, retry_failed=retry_failed, fork=fork, redeliver_claimed=redeliver_claimed
+        )
     except SteerflowError as exc:
         exc.source_ids = {"session_id": run.session_id, "run_id": run.run_id}
         raise
 
 
-def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> AgentSeed:
+def _prepare(
+    home: Path, run: RunTarget, *, retry_failed: bool, fork: bool, redeliver_claimed: bool
+) -> AgentSeed:
     preflight_claim(home, run.run_id, fork=fork)
     state, report = load_state(run.run_dir / CHECKPOINT_FILENAME, v2_lenient=True)
     session_id = state.session_id or run.session_id
@@ -74,6 +96,10 @@ def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> A
     turns = read_turns(state)
     turns.refuse_if_unfaithful(run.run_id, retry_failed=retry_failed)
     assert turns.model is not None  # refused above otherwise
+    chain = read_chain(home, session_id)
+    delivered = {c for t in turns.turns for c in t.controls} | set(turns.next_controls)
+    _refuse_unaccounted(run.run_id, chain, delivered, len(turns.turns))
+    stranded = chain.stranded(delivered, _claiming_turn)
     replayed = [
         TurnOutcome(
             number=t.number,
@@ -82,15 +108,20 @@ def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> A
             response=t.entry.response if isinstance(t.entry.response, str) else None,
             controls=t.controls,
             replayed=True,
+            conversation=t.conversation,
         )
         for t in turns.turns
     ]
     next_instruction, next_controls = turns.next_instruction, turns.next_controls
-    context = dict(state.flow_context)
     if replayed and replayed[-1].status == "failed":  # --retry-failed: that turn runs again
         failed = replayed.pop()
         next_instruction, next_controls = failed.instruction, failed.controls
-        context = _without_last_turn(context)
+    if replayed and turns.conversation is not None:
+        # The resumed checkpoint keeps the worker's session on its last entry (an older
+        # checkpoint kept it in the flow context, which the resumed run no longer uses).
+        replayed[-1] = replace(replayed[-1], conversation=turns.conversation)
+    # Turns, their prompts and controls now live in the entries (decision 112).
+    context = {k: v for k, v in state.flow_context.items() if k != AGENT_CONTEXT_KEY}
     return AgentSeed(
         task=state.prompt,
         model=turns.model,
@@ -105,14 +136,43 @@ def _prepare(home: Path, run: RunTarget, *, retry_failed: bool, fork: bool) -> A
         flow_context=context,
         checkpoint_recovery=report,
         fork=fork,
+        stranded=stranded,
+        redeliver_claimed=redeliver_claimed,
+        notes=stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
     )
 
 
-def _without_last_turn(context: dict[str, object]) -> dict[str, object]:
-    agent = context.get("agent")
-    if not isinstance(agent, dict) or not isinstance(agent.get("turns"), list):
-        return context
-    return {**context, "agent": {**agent, "turns": agent["turns"][:-1]}}
+def _refuse_unaccounted(
+    run_id: str, chain: ChainControls, delivered: set[str], recorded: int
+) -> None:
+    """Every message the state DB stamped ``applied`` must be in a recorded turn (decision 113).
+
+    An agent stamps a message ``applied`` only once the turn it starts is durable (its
+    prompt on the last entry's ``next``), so one that no recorded turn (nor the turn in
+    flight) took means the checkpoint lost entries, typically the last records of its
+    journal, and resuming it would drop that turn and the message silently.
+
+    Raises:
+        FlowResumeError: naming the message and the turn that is missing.
+    """
+    for session, row in chain.applied:
+        if row.id in delivered:
+            continue
+        taker = chain.published_taker(session.id, row.id) or turn_key(recorded + 1)
+        raise FlowResumeError(
+            f"agent run {run_id} cannot be resumed: {taker} is missing from the checkpoint "
+            f"(it records {recorded} turn(s)): operator message {row.id} (session "
+            f"{session.id}) was stamped applied, which happens only once the turn it "
+            "starts is recorded, yet no recorded turn took it; the checkpoint lost that "
+            "turn, and resuming would lose it and the message"
+        )
+
+
+def _claiming_turn(session: SessionRow, row: ControlRow) -> str | None:
+    """The turn a dead agent was starting when it claimed ``row``: one after its last."""
+    meta = session.node_metadata.get("agent")
+    done = meta.get("turns") if isinstance(meta, dict) else None
+    return turn_key(done + 1) if type(done) is int and done >= 0 else None
 
 
 def _artifact_root(state: CheckpointState, run_dir: Path) -> Path:
@@ -121,3 +181,18 @@ def _artifact_root(state: CheckpointState, run_dir: Path) -> Path:
     if isinstance(recorded, str) and recorded:
         return Path(recorded)
     return run_dir / "artifacts"
+
+
+def agent_replay_nodes(seed: AgentSeed) -> list[dict[str, Any]]:
+    """``{id, kind, status}`` per turn a resume replays, then the turn it runs (``pending``).
+
+    No turn to run (nothing was in flight): the resumed agent waits for the messages
+    queued for it (re-queued stranded ones included) as at any turn boundary.
+    """
+    nodes: list[dict[str, Any]] = [
+        {"id": turn_key(t.number), "kind": "planned", "status": t.status} for t in seed.turns
+    ]
+    if seed.next_instruction is not None:
+        number = len(seed.turns) + 1
+        nodes.append({"id": turn_key(number), "kind": "planned", "status": "pending"})
+    return nodes

@@ -1,16 +1,24 @@
-"""What an ``agent`` run keeps in its checkpoint, and reading it back (issue 19).
+"""What an ``agent`` run keeps in its checkpoint, and reading it back (issues 19, 26).
 
 An agent's checkpoint has an empty plan; each finished turn is a planned entry
-``turn-<n>`` (a ``kind: op`` journal line in version 3). The flow context holds
-what a resume needs beside the responses, under ``"agent"``:
+``turn-<n>`` (a ``kind: op`` journal line in version 3) that says what the turn was,
+beside its response (decision 112), every member covered by its ``result_digest``:
 
-* ``turns``: one ``{"turn", "instruction", "controls"}`` per recorded turn, in order
-  (``instruction`` exactly as the model received it, steer block included);
-* ``next``: the turn that was started after the last recorded one, if any (its
-  prompt, and the controls it delivered), so a resume runs it again with the same
-  prompt instead of losing the messages already stamped ``applied``;
-* ``conversation``: the agent CLI's own session id (``claude-code``), continued
-  with ``--resume`` on later turns and after a resume.
+* ``turn``: ``n`` again, so a renumbered or swapped entry does not match its key;
+* ``instruction``: the prompt exactly as the model received it, steer block included;
+* ``controls``: the ids of the operator messages the turn consumed;
+* ``conversation``: the agent CLI's own session id after the turn (``claude-code``),
+  continued with ``--resume`` on later turns and after a resume;
+* ``next`` (on the last entry only, when a turn was started after it): the prompt and
+  controls of that turn, recorded (by recording the last entry again with it) before
+  its messages are stamped ``applied``, so a resume runs it again with the same prompt
+  instead of losing them.
+
+No member of the flow context is used, so a journal that lost records at a record
+boundary never fails to fold: the missing turn is named as missing. Checkpoints
+written before issue 26 kept the same facts in the flow context's ``agent`` member
+(``turns``: ``{"turn", "instruction", "controls"}`` per turn, ``next``,
+``conversation``); they are read from there (an entry without ``turn``).
 
 The checkpoint ``config`` says ``{"kind": "agent", "model", "max_turns",
 "artifact_root", "leg"}``.
@@ -19,6 +27,7 @@ The checkpoint ``config`` says ``{"kind": "agent", "model", "max_turns",
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Final
 
@@ -35,6 +44,7 @@ __all__ = [
     "ordered_keys",
     "read_turns",
     "turn_key",
+    "turn_members",
 ]
 
 AGENT_KIND: Final = "agent"
@@ -47,6 +57,27 @@ _TURN_KEY = re.compile(r"turn-([1-9][0-9]*)")
 def turn_key(number: int) -> str:
     """The checkpoint key of turn ``number`` (1-based)."""
     return f"turn-{number}"
+
+
+def turn_members(
+    number: int,
+    instruction: str,
+    controls: tuple[str, ...],
+    conversation: str | None,
+    *,
+    in_flight: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """The members of turn ``number``'s entry beside its status and response."""
+    members: dict[str, Any] = {
+        "turn": number,
+        "instruction": instruction,
+        "controls": list(controls),
+    }
+    if conversation is not None:
+        members["conversation"] = conversation
+    if in_flight is not None:
+        members["next"] = dict(in_flight)
+    return members
 
 
 def ordered_keys(keys: list[str]) -> list[str]:
@@ -72,6 +103,8 @@ class RecordedTurn:
     entry: PlannedEntry
     instruction: str | None
     controls: tuple[str, ...] = ()
+    #: The worker's own session id after this turn, when the entry records one.
+    conversation: str | None = None
 
     @property
     def key(self) -> str:
@@ -126,16 +159,77 @@ def _digest_problem(key: str, entry: PlannedEntry) -> str | None:
     except (TypeError, ValueError):
         return f"{key}'s response cannot be checked against its result_digest"
     if actual != entry.result_digest:
-        return f"{key}'s response does not match its result_digest (the checkpoint was altered)"
+        return (
+            f"{key}'s entry does not match its result_digest (its response, prompt, controls "
+            "or number was changed after it was recorded)"
+        )
     return None
+
+
+def _ids(value: object) -> tuple[str, ...] | None:
+    """A list of control ids, or None when ``value`` is not one."""
+    if isinstance(value, list) and all(isinstance(c, str) and c for c in value):
+        return tuple(value)
+    return None
+
+
+def _turn(number: int, entry: PlannedEntry, record: dict[str, Any]) -> tuple[RecordedTurn, str]:
+    """One recorded turn, and the first thing wrong with it (``""``: nothing).
+
+    ``record`` is the flow-context record of an entry from before issue 26 (no ``turn``).
+    """
+    key = turn_key(number)
+    raw = entry.raw
+    own = "turn" in raw
+    fields: Mapping[str, Any] = raw if own else record
+    problem = ""
+    if own and (type(raw["turn"]) is not int or raw["turn"] != number):
+        shown = str(raw["turn"])[:20]
+        problem = f"{key}'s entry records turn {shown}: its turns were swapped or renumbered"
+    instruction = fields.get("instruction") if own or record.get("turn") == number else None
+    if not isinstance(instruction, str):
+        problem = problem or f"the prompt of {key} is not recorded"
+        instruction = None
+    controls = _ids(fields.get("controls", []))
+    if controls is None:
+        problem = problem or f"the controls {key} consumed are not a list of control ids"
+    conversation = raw.get("conversation") if own else None
+    turn = RecordedTurn(
+        number=number,
+        entry=entry,
+        instruction=instruction,
+        controls=controls or (),
+        conversation=conversation if isinstance(conversation, str) and conversation else None,
+    )
+    return turn, problem
+
+
+def _in_flight(
+    state: CheckpointState, turns: list[RecordedTurn], problems: list[str]
+) -> tuple[str | None, tuple[str, ...]]:
+    """The prompt and controls of the turn started after the recorded ones, if any."""
+    last = turns[-1].entry.raw if turns else {}
+    nxt = last.get("next") if "turn" in last else _context(state).get("next")
+    number = len(turns) + 1
+    if nxt is None:
+        return None, ()
+    if not isinstance(nxt, dict) or nxt.get("turn") != number:
+        problems.append("the turn in flight does not follow the recorded ones")
+        return None, ()
+    instruction, controls = nxt.get("instruction"), _ids(nxt.get("controls", []))
+    if not isinstance(instruction, str) or controls is None:
+        problems.append(f"the prompt of turn-{number} (in flight) is not recorded")
+        return None, ()
+    return instruction, controls
 
 
 def read_turns(state: CheckpointState) -> AgentTurns:
     """The recorded turns (numbered 1..n) and what a resume must know; never raises.
 
     Whatever would make a resume unfaithful is listed in ``problems`` (in order):
-    entries that are not ``turn-<n>``, a gap in the numbering, a turn whose
-    instruction the context lacks, a digest mismatch.
+    entries that are not ``turn-<n>``, a missing turn (named), an entry whose number
+    is not its key's, a turn whose prompt or controls are not recorded, a digest
+    mismatch.
     """
     agent = _context(state)
     problems: list[str] = []
@@ -149,43 +243,22 @@ def read_turns(state: CheckpointState) -> AgentTurns:
     recorded = agent.get("turns")
     records = [r for r in recorded if isinstance(r, dict)] if isinstance(recorded, list) else []
     turns: list[RecordedTurn] = []
-    for number in range(1, len(numbered) + 1):
+    for number in range(1, max(numbered, default=0) + 1):
         found = numbered.get(number)
         if found is None:
-            problems.append(f"turn-{number} is missing while later turns are recorded")
-            break
-        entry = found
-        record = records[number - 1] if number <= len(records) else {}
-        instruction = record.get("instruction") if record.get("turn") == number else None
-        if not isinstance(instruction, str):
-            problems.append(f"the prompt of turn-{number} is not recorded")
-            instruction = None
-        if (problem := _digest_problem(turn_key(number), entry)) is not None:
-            problems.append(problem)
-        controls = record.get("controls")
-        turns.append(
-            RecordedTurn(
-                number=number,
-                entry=entry,
-                instruction=instruction,
-                controls=tuple(c for c in controls if isinstance(c, str))
-                if isinstance(controls, list)
-                else (),
+            problems.append(
+                f"turn-{number} is missing while later turns are recorded "
+                f"(up to turn-{max(numbered)}): the checkpoint lost it"
             )
-        )
-    nxt = agent.get("next")
-    next_instruction: str | None = None
-    next_controls: tuple[str, ...] = ()
-    if isinstance(nxt, dict) and nxt.get("turn") == len(turns) + 1:
-        if isinstance(nxt.get("instruction"), str):
-            next_instruction = nxt["instruction"]
-            controls = nxt.get("controls")
-            if isinstance(controls, list):
-                next_controls = tuple(c for c in controls if isinstance(c, str))
-        else:
-            problems.append(f"the prompt of turn-{len(turns) + 1} (in flight) is not recorded")
-    elif nxt is not None:
-        problems.append("the turn in flight does not follow the recorded ones")
+            break
+        record = records[number - 1] if number <= len(records) else {}
+        turn, problem = _turn(number, found, record)
+        if problem:
+            problems.append(problem)
+        if (digest := _digest_problem(turn_key(number), found)) is not None:
+            problems.append(digest)
+        turns.append(turn)
+    next_instruction, next_controls = _in_flight(state, turns, problems)
     if not turns and next_instruction is None:
         next_instruction = state.prompt  # turn 1 runs the task itself
     model = state.config.get("model")
@@ -193,13 +266,23 @@ def read_turns(state: CheckpointState) -> AgentTurns:
         problems.append("the checkpoint records no model")
         model = None
     max_turns = state.config.get("max_turns")
-    conversation = agent.get("conversation")
     return AgentTurns(
         turns=tuple(turns),
         next_instruction=next_instruction,
         next_controls=next_controls,
-        conversation=conversation if isinstance(conversation, str) and conversation else None,
+        conversation=_conversation(turns, agent),
         model=model,
         max_turns=max_turns if isinstance(max_turns, int) and max_turns > 0 else None,
         problems=problems,
     )
+
+
+def _conversation(turns: list[RecordedTurn], agent: dict[str, Any]) -> str | None:
+    """The worker's session after the last turn that reported one (older form: the context)."""
+    for turn in reversed(turns):
+        if turn.conversation is not None:
+            return turn.conversation
+    if turns and "turn" in turns[-1].entry.raw:
+        return None
+    conversation = agent.get("conversation")
+    return conversation if isinstance(conversation, str) and conversation else None

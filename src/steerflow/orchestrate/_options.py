@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 from steerflow.errors import ExitCode
 from steerflow.executor import Graph
+from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
 from steerflow.providers import Usage
 from steerflow.resume import ReplayPlan
@@ -72,6 +73,10 @@ class ResumeSeed:
     # The source run's artifact root: the resumed run's legs are written there too, so
     # replayed and re-run legs share one root (Amendment 1 row 9). None: a fresh root.
     artifact_root: Path | None = None
+    # Messages of the chain nothing will deliver (issue 26); re-queued after the first
+    # checkpoint (``applying`` ones only with ``resume --redeliver-claimed``).
+    stranded: list[StrandedMessage] = field(default_factory=list)
+    redeliver_claimed: bool = False
 
 
 @dataclass
@@ -133,6 +138,8 @@ class FlowResult:
     rerun_unsettled: list[dict[str, Any]] = field(default_factory=list)
     #: ``ctl stop``: ``{control_id, reason, now}`` of the stop that ended the run.
     stopped_by: dict[str, Any] | None = None
+    #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
+    stranded_messages: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -150,6 +157,7 @@ class FlowResult:
             "resumed_from": self.resumed_from,
             "degraded_context": self.degraded_context,
             "usage": self.usage,
+            "stranded_messages": self.stranded_messages,
         }
         if self.error is not None:
             out["error"] = self.error

@@ -289,6 +289,8 @@ def _spawn_fields(graph: Graph, op: Operation) -> dict[str, Any]:
         # (pending, completed, failed; recorded, replaced, replayed): Amendment 3 item 4.
         fields["escalated_from"] = op.escalated_from
         fields["model"] = op.pinned_model
+        # The attempt number: with it the digest covers what the retry is (decision 111).
+        fields["escalation"] = op.escalation
     if op.declared_artifacts:
         # The config's contract copy predates every spawn: the entry carries the leg's
         # declaration, so the checkpoint unit still describes its whole contract.

@@ -16,6 +16,7 @@ from steerflow.artifacts import ArtifactContract, read_source_contract
 from steerflow.checkpoint import (
     BRANCHES_DIR,
     CHECKPOINT_FILENAME,
+    CheckpointState,
     context_problem,
     load_branch,
     load_state,
@@ -24,6 +25,12 @@ from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
+from steerflow.orchestrate._stranded import (
+    StrandedMessage,
+    read_chain,
+    rendered_into,
+    stranded_notes,
+)
 from steerflow.resume import ReplayPlan, ReplaySpawn, RunTarget, plan_replay, resolve_run_target
 from steerflow.state import StateDB, db_exists
 
@@ -40,6 +47,7 @@ def prepare_resume(
     rerun_unsettled: bool = False,
     save: Path | None = None,
     accept_checkpoint_contract: bool = False,
+    redeliver_claimed: bool = False,
 ) -> ResumeSeed:
     """Resolve ``target``, load and check its checkpoint, and describe the replay.
 
@@ -56,6 +64,8 @@ def prepare_resume(
     say so. All of it happens before the resume claims its source or creates anything,
     so a refusal leaves nothing behind.
     ``save``, when given, must name the source run's artifact root (``UsageError``).
+    Messages of the chain a dead process left behind are listed in ``stranded`` (and
+    the notes); ``redeliver_claimed`` re-queues the claimed ones too (issue 26).
     """
     run = resolve_run_target(home, target)
     known: dict[str, str | None] = {"session_id": run.session_id, "run_id": run.run_id}
@@ -70,6 +80,7 @@ def prepare_resume(
             rerun_unsettled=rerun_unsettled,
             save=save,
             accept_checkpoint_contract=accept_checkpoint_contract,
+            redeliver_claimed=redeliver_claimed,
         )
     except SteerflowError as exc:
         exc.source_ids = dict(known)
@@ -87,6 +98,7 @@ def _prepare(
     rerun_unsettled: bool,
     save: Path | None,
     accept_checkpoint_contract: bool,
+    redeliver_claimed: bool,
 ) -> ResumeSeed:
     preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / CHECKPOINT_FILENAME
@@ -127,6 +139,7 @@ def _prepare(
         contract=contract,
         rerun_unsettled=rerun_unsettled,
     )
+    stranded = _stranded(home, session_id, state)
     return ResumeSeed(
         plan=replay.plan,
         prompt=state.prompt,
@@ -138,9 +151,33 @@ def _prepare(
         max_spawn=state.max_spawn,
         degraded=list(replay.degraded),
         checkpoint_recovery=report,
-        notes=[*([source.note] if source.note else []), *replay.notes],
+        notes=[
+            *([source.note] if source.note else []),
+            *replay.notes,
+            *stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
+        ],
         fork=fork,
         artifact_root=root,
+        stranded=stranded,
+        redeliver_claimed=redeliver_claimed,
+    )
+
+
+def _stranded(home: Path, session_id: str, state: CheckpointState) -> list[StrandedMessage]:
+    """The chain's messages a dead process left behind (see ``orchestrate._stranded``).
+
+    A claimed message counts as delivered when the checkpoint shows a recorded operation
+    rendered it (its outcome, and so its call, came before the stamp that was lost).
+    """
+    taken = rendered_into(state.flow_context)
+    recorded = set(state.ops) | {
+        e.spawn_id for e in state.spawned if e.status != "pending" and e.spawn_id
+    }
+    delivered = {control for control, node in taken.items() if node in recorded}
+    chain = read_chain(home, session_id)
+    return chain.stranded(
+        delivered,
+        lambda session, row: taken.get(row.id) or chain.published_taker(session.id, row.id),
     )
 
 

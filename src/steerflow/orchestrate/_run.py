@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import signal
 import time
 from dataclasses import dataclass, replace
@@ -41,6 +42,7 @@ from steerflow.orchestrate._options import (
     EndStatus,
     FlowOptions,
     FlowResult,
+    ResumeSeed,
     exit_code_for,
     node_summaries,
     usage_total,
@@ -55,6 +57,7 @@ from steerflow.orchestrate._recorder import (
 )
 from steerflow.orchestrate._resume import apply_replay, rerun_report
 from steerflow.orchestrate._settings import RunSettings
+from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.plan import (
     SYNTHESIS_KEY,
     PlanFile,
@@ -71,6 +74,8 @@ __all__ = ["FlowRun", "run_flow"]
 CHECKPOINT_LOST = "checkpoint-failed"
 #: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
 STOP_REASON = "stop"
+#: Bound on waiting for the poller to take re-queued messages before the first operation.
+_CATCH_UP_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -252,6 +257,7 @@ class FlowRun:
             graph_text=graph_text(graph),
             degraded_context=self.options.resume.degraded if self.options.resume else [],
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
+            stranded_messages=_stranded_json(self.options.resume),
         )
 
     def _admission_closed(self) -> bool:
@@ -408,6 +414,7 @@ class FlowRun:
         try:
             recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.events)
             await recorder.flush()
+            await self._redeliver_stranded(s)
             executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
             # Before the checkpoint's pending intent: a spawned leg's declaration is on
             # record before anything of it runs.
@@ -417,6 +424,21 @@ class FlowRun:
         finally:
             await publisher.close()
         return await self._conclude(s, graph, executor, checkpoint)
+
+    async def _redeliver_stranded(self, s: _Session) -> None:
+        """Re-queue the source chain's stranded messages, once this run is the one to resume.
+
+        They are in the shared context before the first operation can be admitted, so
+        the operation that starts first renders them, as it would have in the source.
+        """
+        seed = self.options.resume
+        if seed is None:
+            return
+        await redeliver_stranded(s.db, seed.stranded, s.session_id, claimed=seed.redeliver_claimed)
+        if any(m.redelivered_as for m in seed.stranded):
+            with contextlib.suppress(TimeoutError):  # a stuck listing: the next tick takes them
+                async with asyncio.timeout(_CATCH_UP_S):
+                    await s.poller.catch_up()
 
     async def _plan(self, s: _Session, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan, also when a stop came meanwhile; None if it was cancelled.
@@ -692,7 +714,12 @@ class FlowRun:
             usage=usage_total(graph, *self.planner_usage),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
+            stranded_messages=_stranded_json(seed),
         )
+
+
+def _stranded_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:
+    return [m.to_json() for m in seed.stranded] if seed is not None else []
 
 
 async def run_flow(

@@ -155,6 +155,7 @@ def plan_replay(
             ``rerun_unsettled``; the message names node, path, expected and found.
     """
     plan = _rebuild_plan(state, run_dir)
+    _check_digests(state)
     plan_ids = {
         item["node_id"]: item["agent_id"]
         for item in state.plan
@@ -294,10 +295,9 @@ def _check_planned(
         if entry is None:
             raise FlowResumeError(f"node {key!r}: {rejected.get(key, 'malformed entry')}")
         if entry.status == "completed":
-            _check_digest(f"node {key!r}", entry)
             completed[key] = entry.response
         elif key in superseded:
-            _check_digest(f"node {key!r}", entry)  # replayed as recorded
+            pass  # replayed as recorded
         elif not retry_failed:
             raise FlowResumeError(
                 f"node {key!r} failed in the recorded run; resuming would skip it and "
@@ -309,8 +309,21 @@ def _check_planned(
     return completed, rerun
 
 
+def _check_digests(state: CheckpointState) -> None:
+    """The Amendment 1 settle check of every entry, before any rule reads one.
+
+    A digest covers what an entry *is* as well as its response (an escalation retry's
+    ``escalated_from`` and attempt, say), so an altered entry is named here, as itself,
+    rather than by whatever rule its altered members would break later (decision 111).
+    """
+    for key, entry in state.ops.items():
+        _check_digest(f"node {key!r}", entry)
+    for spawned in state.spawned:
+        _check_digest(spawned.name, spawned)
+
+
 def _check_digest(where: str, entry: PlannedEntry | SpawnedEntry) -> None:
-    """The Amendment 1 settle check: the stored response still matches its digest."""
+    """The stored entry still matches its digest."""
     if entry.result_digest is None:
         return  # older checkpoints carry no digest: nothing independent to check
     try:
@@ -322,8 +335,9 @@ def _check_digest(where: str, entry: PlannedEntry | SpawnedEntry) -> None:
         ) from None
     if entry.result_digest != actual:
         raise FlowResumeError(
-            f"{where}: the stored response does not match its result_digest; the checkpoint "
-            "was changed after the node completed, so replaying it would not be faithful"
+            f"{where}: the stored response does not match its result_digest (the response, "
+            "or a member that decides what the entry is, was changed after it was recorded), "
+            "so replaying it would not be faithful"
         )
 
 
@@ -403,8 +417,6 @@ def _check_spawned(
                 "everything after it. Re-run it with --retry-failed (this repeats its "
                 "side effects)"
             )
-        if entry.status == "completed" or superseded:
-            _check_digest(entry.name, entry)
         chain = (chains or {}).get(entry.node_id)
         out.append(
             ReplaySpawn(
@@ -458,6 +470,8 @@ def _check_chains(
     def refuse(entry: SpawnedEntry, why: str) -> FlowResumeError:
         return FlowResumeError(f"{entry.name}: its escalation chain cannot be rebuilt: {why}")
 
+    _refuse_attempts_without_witness(entries)
+
     def step_of(entry: SpawnedEntry, root_key: str) -> int:
         match = _ESCALATION_KEY.search(entry.spawn_id or "")
         if match is None or entry.spawn_id != f"{root_key}.esc{match.group(1)}":
@@ -482,6 +496,9 @@ def _check_chains(
                 f"its logical operation {root_id!r} has no recorded failed first attempt",
             )
         step = step_of(entry, root_key)
+        attempt = _recorded_attempt(entry)
+        if attempt is not None and attempt != step:
+            raise refuse(entry, f"it records attempt {attempt} but its spawn_id is attempt {step}")
         anchor = entry.parent_id
         if anchor == root_id:
             anchor_step = 0
@@ -504,6 +521,38 @@ def _check_chains(
             raise refuse(entry, f"no model recorded for attempt {step}")
         chains[entry.node_id] = _Chain(root_key, step, model)
     return chains
+
+
+def _refuse_attempts_without_witness(entries: list[SpawnedEntry]) -> None:
+    """An entry with an attempt number is a retry: it must name the operation it retries.
+
+    Without the witness it would replay as an ordinary spawn under a failed parent, which
+    would then need --retry-failed and be paid for again.
+    """
+    for entry in entries:
+        attempt = _recorded_attempt(entry)
+        if attempt is not None and entry.escalated_from is None:
+            raise FlowResumeError(
+                f"{entry.name}: its escalation chain cannot be rebuilt: it records escalation "
+                f"attempt {attempt} but not the operation it retries (escalated_from is missing)"
+            )
+
+
+def _recorded_attempt(entry: SpawnedEntry) -> int | None:
+    """The entry's ``escalation`` member (a retry's attempt number), if it has one.
+
+    Raises:
+        FlowResumeError: the member is not a positive integer.
+    """
+    if "escalation" not in entry.raw:
+        return None  # entries from before the member: the spawn id alone says it
+    attempt = entry.raw["escalation"]
+    if type(attempt) is not int or attempt < 1:
+        raise FlowResumeError(
+            f"{entry.name}: its escalation chain cannot be rebuilt: escalation "
+            f"{str(attempt)[:40]!r} is not an attempt number"
+        )
+    return attempt
 
 
 def _ladder_model(config: Mapping[str, Any], assignee: str | None, step: int) -> str | None:

@@ -210,6 +210,34 @@ def _initialize(path: Path, *, busy_timeout_s: float) -> None:
                 os.unlink(f"{tmp}{suffix}")
 
 
+class _RowChangedError(Exception):
+    """The row a redelivery read changed before its stamp: roll the insert back."""
+
+
+def _insert_control(
+    tx: StateTransaction,
+    session_id: str,
+    verb: ControlVerb,
+    body: dict[str, Any] | None,
+    created_at: float,
+) -> ControlRow:
+    """Insert a pending control inside ``tx``; ``created_at`` kept above the session's newest."""
+    # Strictly above the session's newest row even when clocks differ between hosts.
+    newest = tx.query(
+        "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
+        (session_id,),
+    )[0]["newest"]
+    if newest is not None and created_at <= float(newest):
+        created_at = math.nextafter(float(newest), math.inf)
+    row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None)
+    tx.execute(
+        "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
+        " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
+        (row.id, session_id, verb, None if body is None else dump_json(body), created_at),
+    )
+    return row
+
+
 def _new_id() -> str:
     return uuid.uuid4().hex
 
@@ -619,7 +647,6 @@ class StateDB:
         """
         _check_choice(verb, ControlVerb, "control verb")
         body = None if payload is None else dict(payload)
-        encoded = None if body is None else dump_json(body)
         with self.backend.transaction(write=True) as tx:
             # One writer per session at a time (SQLite: every writer), so created_at below
             # is taken in commit order, and a status change waits for this insert.
@@ -635,19 +662,47 @@ class StateDB:
                         f"session {session_id} is {status}, not running: "
                         f"no consumer would apply the {verb}"
                     )
-            # Strictly above the session's newest row even when clocks differ between hosts.
-            newest = tx.query(
-                "SELECT MAX(created_at) AS newest FROM session_controls WHERE session_id = ?",
-                (session_id,),
-            )[0]["newest"]
-            if newest is not None and created_at <= float(newest):
-                created_at = math.nextafter(float(newest), math.inf)
-            row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None)
-            tx.execute(
-                "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
-                " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-                (row.id, session_id, verb, encoded, created_at),
-            )
+            row = _insert_control(tx, session_id, verb, body, created_at)
+        return row
+
+    def redeliver_control(
+        self, control_id: str, *, seen: str | None, to_session: str
+    ) -> ControlRow | None:
+        """Re-queue a message a dead process left behind as a new row of ``to_session``.
+
+        In one write transaction: the old row, only if it still reads as it was ``seen``
+        (``None``: pending; else its exact ``applying:<claimant>``), is stamped
+        ``abandoned:redelivered:<new id>``, and a pending ``message`` row with the same
+        text is inserted for ``to_session`` (payload ``{"text", "redelivered_from"}``),
+        ``created_at`` above that session's newest row as for :meth:`insert_control`.
+
+        Returns:
+            The new row, or ``None`` (nothing written) when the old row is gone, is not a
+            message, or changed since it was seen.
+        """
+        try:
+            with self.backend.transaction(write=True) as tx:
+                self.backend.lock(tx, "session", to_session)
+                rows = tx.query(_CONTROL_BY_ID_SQL, (control_id,))
+                old = ControlRow.from_mapping(rows[0]) if rows else None
+                if old is None or old.verb != "message" or old.applied_at is not None:
+                    return None
+                if old.result != seen:
+                    return None
+                payload = old.payload if isinstance(old.payload, dict) else {}
+                body = {"text": payload.get("text", ""), "redelivered_from": control_id}
+                row = _insert_control(tx, to_session, "message", body, time.time())
+                # Conditional again: on PostgreSQL another writer may have stamped the row
+                # since the read above; then the insert is rolled back with it.
+                changed = tx.execute(
+                    "UPDATE session_controls SET applied_at = ?, result = ? WHERE id = ?"
+                    " AND applied_at IS NULL AND COALESCE(result, '') = ?",
+                    (time.time(), f"abandoned:redelivered:{row.id}", control_id, seen or ""),
+                )
+                if changed != 1:
+                    raise _RowChangedError
+        except _RowChangedError:
+            return None
         return row
 
     def list_pending_controls(self, session_id: str) -> list[ControlRow]:

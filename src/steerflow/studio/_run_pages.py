@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+from typing import Any
 from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
@@ -118,6 +120,35 @@ def _payload(payload: object) -> str:
     return str(payload)
 
 
+def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
+    """The operator messages a dead process left behind: text, when sent, who took them."""
+    if not messages:
+        return []
+    rows = [
+        "<tr>"
+        f"<td><code>{esc(m['control_id'])}</code></td><td>{esc(m['state'])}</td>"
+        f"<td>{esc(m['text'])}</td><td>{esc(_when(m['sent_at']))}</td>"
+        f"<td>{esc(m.get('claimed_by') or '-')}</td>"
+        "</tr>"
+        for m in messages
+    ]
+    return [
+        "<h4>operator messages left behind</h4>",
+        '<table id="stranded-messages"><tr><th>control</th><th>state</th><th>text</th>'
+        "<th>sent</th><th>claimed by</th></tr>",
+        *rows,
+        "</table>",
+        "<p>pending ones are re-queued into the resumed run; claimed ones only with "
+        "<code>steerflow resume --redeliver-claimed</code> (a possible duplicate).</p>",
+    ]
+
+
+def _when(ts: object) -> str:
+    if not isinstance(ts, (int, float)):
+        return "-"
+    return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
+
+
 def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight, csrf: str) -> str:
     rec = report.report or {}
     lines = [
@@ -149,6 +180,7 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
     if preflight.degraded_context:
         lines.append(f"<p>degraded context: {esc(', '.join(preflight.degraded_context))}</p>")
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
+    lines += _stranded(preflight.stranded_messages)
     action = esc(run_href(run_id) + "/resume")
     lines.append(
         f'<form method="post" action="{action}">'

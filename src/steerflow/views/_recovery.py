@@ -2,8 +2,10 @@
 
 The report is read with ``checkpoint.load_state``, the loader every reader and the
 resume share. The preflight runs the very code of ``steerflow resume --dry-run``
-(``orchestrate.prepare_resume``, then a dry ``FlowRun``), so what it says would be
-replayed, would run, or refuses is what the resume would do.
+(``orchestrate.prepare_resume``, then a dry ``FlowRun``; for an agent run
+``prepare_agent_resume``), so what it says would be replayed, would run, or refuses
+is what the resume would do, including the operator messages of the chain that a
+dead process left behind (``stranded_messages``, issue 26).
 """
 
 from __future__ import annotations
@@ -14,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, load_state
-from steerflow.errors import CheckpointRecoveryError, SteerflowError
-from steerflow.resume import resolve_run_target
+from steerflow.errors import CheckpointRecoveryError, SteerflowError, UsageError
+from steerflow.resume import RunTarget, resolve_run_target
 
 __all__ = [
     "CheckpointReport",
@@ -118,6 +120,11 @@ class ResumePreflight:
     rerun_unsettled: tuple[dict[str, Any], ...] = ()
     warnings: tuple[str, ...] = ()
     checkpoint_recovery: dict[str, Any] | None = None
+    #: ``agent`` or ``flow`` (a refused preflight that never read the kind: ``flow``).
+    kind: str = "flow"
+    #: The chain's messages nothing would deliver: ``{control_id, session_id, run_id,
+    #: text, sent_at, state, claimant, claimed_by, redelivered_as}`` each.
+    stranded_messages: tuple[dict[str, Any], ...] = ()
 
     @property
     def allowed(self) -> bool:
@@ -148,6 +155,8 @@ class ResumePreflight:
             "rerun_unsettled": list(self.rerun_unsettled),
             "warnings": list(self.warnings),
             "checkpoint_recovery": self.checkpoint_recovery,
+            "kind": self.kind,
+            "stranded_messages": list(self.stranded_messages),
         }
 
 
@@ -159,20 +168,30 @@ def resume_preflight(
     allow_degraded_context: bool = False,
     fork: bool = False,
     rerun_unsettled: bool = False,
+    redeliver_claimed: bool = False,
 ) -> ResumePreflight:
     """Run ``resume TARGET --dry-run`` (with these flags) and describe its verdict.
 
     Nothing is claimed, allocated or written. A refusal is returned, not raised; only a
     ``target`` that names no run (or several) raises. Runs an event loop of its own:
-    from inside one, call it in a worker thread.
+    from inside one, call it in a worker thread. ``allow_degraded_context`` and
+    ``rerun_unsettled`` do not apply to an agent run (a usage-error refusal, as the CLI).
 
     Raises:
         UnknownIdError, AmbiguousIdError: ``target`` names no run or several.
     """
     from steerflow.orchestrate import FlowOptions, FlowRun, prepare_resume
+    from steerflow.orchestrate._agent_resume import agent_resume_source
 
     run = resolve_run_target(home, target)
     try:
+        agent = agent_resume_source(home, target)
+        if agent is not None:
+            if allow_degraded_context or rerun_unsettled:
+                raise UsageError(
+                    "--allow-degraded-context and --rerun-unsettled do not apply to an agent run"
+                )
+            return _agent_preflight(home, agent, retry_failed, fork, redeliver_claimed)
         seed = prepare_resume(
             home,
             target,
@@ -180,6 +199,7 @@ def resume_preflight(
             allow_degraded_context=allow_degraded_context,
             fork=fork,
             rerun_unsettled=rerun_unsettled,
+            redeliver_claimed=redeliver_claimed,
         )
         options = FlowOptions(resume=seed, dry_run=True, checkpoint_version=3)
         result = asyncio.run(FlowRun(options, home=home).run())
@@ -206,4 +226,26 @@ def resume_preflight(
         rerun_unsettled=tuple(result.rerun_unsettled),
         warnings=tuple(result.warnings),
         checkpoint_recovery=result.checkpoint_recovery,
+        stranded_messages=tuple(result.stranded_messages),
+    )
+
+
+def _agent_preflight(
+    home: Path, run: RunTarget, retry_failed: bool, fork: bool, redeliver_claimed: bool
+) -> ResumePreflight:
+    """The preflight of an agent run: the turns it replays and the one it runs."""
+    from steerflow.orchestrate._agent_resume import agent_replay_nodes, prepare_agent_resume
+
+    seed = prepare_agent_resume(
+        home, run, retry_failed=retry_failed, fork=fork, redeliver_claimed=redeliver_claimed
+    )
+    return ResumePreflight(
+        run_id=run.run_id,
+        session_id=seed.resumed_from,
+        refusal=None,
+        nodes=tuple(agent_replay_nodes(seed)),
+        warnings=tuple(seed.notes),
+        checkpoint_recovery=seed.checkpoint_recovery,
+        kind="agent",
+        stranded_messages=tuple(m.to_json() for m in seed.stranded),
     )

@@ -1,0 +1,115 @@
+"""Mutated ``agent`` checkpoints are refused, naming the entry (issue 26 item 6).
+
+A real ``steerflow agent`` runs two turns (the second started by a ``ctl msg`` from another
+process); then its journal is changed at record boundaries, the way a lost tail, a lost
+head or a shuffled copy would change it, and ``steerflow resume`` (a new process) must
+refuse (exit 3) naming the turn, run nothing and leave the checkpoint as it was:
+
+* the tail lost (only turn 1's record kept): the message the state DB stamped ``applied``
+  is in no recorded turn, so turn 2 is named missing (before: exit 0, the message and
+  turn 2 silently gone);
+* the head lost (turn 1's records dropped, the rest renumbered): turn 1 is named missing
+  (before: ``invalid-transition`` at turn 2's record);
+* the turns swapped (each record's label exchanged): turn 1's entry no longer matches its
+  digest, which covers its label and number (before: replayed in the wrong slots, exit 0).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
+
+from agent_support import WAIT_S, Gate, session_of, start_gated_agent, wait_left_pending
+from ctl_support import control, ctl_ok
+from flow_support import finish, read_invocations, run_cli, stop, write_yaml
+
+pytestmark = pytest.mark.timeout(240)
+
+Records = list[dict[str, Any]]
+
+
+def _two_turns(tmp_path: Path) -> tuple[Path, Path, str]:
+    """(home, run dir, the message that started turn 2) of a finished two-turn agent."""
+    home, gate = tmp_path / "home", Gate(tmp_path / "gate")
+    model = "script:" + str(write_yaml(tmp_path / "s.yaml", {"turn-1": {"response": "one"}}))
+    proc = start_gated_agent(home, gate, "agent", "t", "--model", model, "--json")
+    try:
+        gate.wait_started("turn-1", proc)
+        msg = ctl_ok(home, "msg", session_of(home), "SECOND")
+        wait_left_pending(home, msg)
+        gate.release("turn-1", "turn-2")
+        done = finish(proc, timeout=WAIT_S)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.explain()
+    assert [t["id"] for t in done.json["turns"]] == ["turn-1", "turn-2"]
+    assert control(home, msg).result == "applied"
+    return home, Path(done.json["run_dir"]), msg
+
+
+def _journal(run_dir: Path) -> Records:
+    text = (run_dir / "checkpoint.json.journal").read_text()
+    return [json.loads(line) for line in text.splitlines()]
+
+
+def _labels(records: Records) -> list[str]:
+    return [r["entry"]["agent_id"] for r in records]
+
+
+def _lose_tail(records: Records) -> Records:
+    return records[:1]  # turn 1's outcome; turn 2's prompt and outcome lost
+
+
+def _lose_head(records: Records) -> Records:
+    rest = [r for r in records if r["entry"]["agent_id"] != "turn-1"]
+    return [{**r, "seq": n} for n, r in enumerate(rest, 1)]
+
+
+def _swap(records: Records) -> Records:
+    other = {"turn-1": "turn-2", "turn-2": "turn-1"}
+    return [
+        {**r, "entry": {**r["entry"], "agent_id": other[r["entry"]["agent_id"]]}} for r in records
+    ]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "named"),
+    [
+        (_lose_tail, "turn-2 is missing from the checkpoint"),
+        (_lose_head, "turn-1 is missing while later turns are recorded"),
+        (_swap, "turn-1's entry records turn 2: its turns were swapped or renumbered"),
+    ],
+    ids=["lost-tail", "lost-head", "swapped"],
+)
+def test_a_mutated_agent_journal_is_refused_naming_the_turn(
+    tmp_path: Path, mutate: Callable[[Records], Records], named: str
+) -> None:
+    home, run_dir, msg = _two_turns(tmp_path)
+    records = _journal(run_dir)
+    # turn 1's outcome, turn 1 again carrying turn 2's prompt (``next``), turn 2's outcome
+    assert _labels(records) == ["turn-1", "turn-1", "turn-2"]
+    assert records[1]["entry"]["next"]["controls"] == [msg]
+    journal = run_dir / "checkpoint.json.journal"
+    journal.write_text(
+        "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in mutate(records))
+    )
+    before = {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()}
+    invoked = len(read_invocations(home))
+
+    refused = run_cli(home, "resume", run_dir.name, "--json", timeout=WAIT_S)
+    assert refused.returncode == 3, refused.explain()
+    message = refused.json["error"]["message"]
+    assert named in message, message
+    if mutate is _lose_tail:
+        assert msg in message and "stamped applied" in message
+    dry = run_cli(home, "resume", run_dir.name, "--dry-run", "--json", timeout=WAIT_S)
+    assert dry.returncode == 3 and named in dry.json["error"]["message"], dry.explain()
+    assert len(read_invocations(home)) == invoked
+    assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
