@@ -10,6 +10,7 @@ from __future__ import annotations
 from steerflow.state._claims import ResumeClaim, ResumedBy
 from steerflow.state._copy import CopyReport, copy_state
 from steerflow.state._db import STATE_DB_URL_ENV, ResolvedTarget, StateDB, db_exists
+from steerflow.state._lease import DEFAULT_LEASE_S, LEASE_ENV, holds_lease, lease_seconds
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
     HOST_ID_ENV,
@@ -38,8 +39,10 @@ from steerflow.state._schema import (
 )
 
 __all__ = [
+    "DEFAULT_LEASE_S",
     "HEARTBEAT_STALE_S",
     "HOST_ID_ENV",
+    "LEASE_ENV",
     "SCHEMA_VERSION",
     "STATE_DB_URL_ENV",
     "ControlRow",
@@ -65,6 +68,8 @@ __all__ = [
     "copy_state",
     "db_exists",
     "effective_status",
+    "holds_lease",
+    "lease_seconds",
     "owner_alive",
     "process_start_time",
     "this_host",

@@ -143,6 +143,11 @@ class PostgresBackend:
         return redact(self.url)
 
     @property
+    def clock_sql(self) -> str:
+        """The server's clock at the statement (not ``now()``: that is the transaction's start)."""
+        return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+    @property
     def migrations(self) -> tuple[Migration, ...]:
         """The schema steps in PostgreSQL's dialect."""
         return PG_MIGRATIONS
