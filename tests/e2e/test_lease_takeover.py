@@ -166,3 +166,34 @@ def test_a_stalled_owner_with_a_fresh_lease_is_not_taken_over(
         counts[line["node"]] = counts.get(line["node"], 0) + 1
     assert counts == dict.fromkeys(["scope", *ANGLES, *LATER], 1), counts
     assert len({ln["run_id"] for ln in read_invocations(home)}) == 1
+
+
+@pytest.mark.timeout(180)
+def test_a_stalled_agent_taken_over_records_no_turn(tmp_path: Path, state_backend: str) -> None:
+    home = tmp_path / "home"
+    script = write_yaml(tmp_path / "slow.yaml", {"turn-1": {"delay": 4.0}})
+    env = {LEASE_ENV: LEASE_S}
+    argv = steerflow_argv(home, "agent", "write it", "--model", f"script:{script}", "--json")
+    with live_flow(home, [], env=env, argv=argv) as agent:
+        wait_for(lambda: _lines(home, agent.run_id), timeout=60, what="turn 1 in flight",
+                 alive=agent.proc)  # fmt: skip
+        os.kill(agent.proc.pid, signal.SIGSTOP)
+        try:
+            wait_for(lambda: _lease_expired(home, agent.session_id), timeout=30,
+                     what="the lease expired by the state DB's clock")  # fmt: skip
+            resumed = _start_resume(home, agent.run_id, env, tmp_path / "resume")
+            taken = wait_for(
+                lambda: (row := _session(home, agent.session_id)).lease_taken_by and row,
+                timeout=60, what="the resume to take the lease over", alive=resumed,
+            )  # fmt: skip
+        finally:
+            os.kill(agent.proc.pid, signal.SIGCONT)
+        assert agent.finish(timeout=60) == 3, agent.stderr()
+        assert resumed.wait(timeout=120) == 0, (tmp_path / "resume.err").read_text()
+    assert any("taken over" in ln and taken.lease_taken_by in ln
+               for ln in agent.stderr().splitlines()), agent.stderr()  # fmt: skip
+    assert [ln["node"] for ln in _lines(home, agent.run_id)] == ["turn-1"]
+    new = _session(home, taken.lease_taken_by)
+    assert [ln["node"] for ln in _lines(home, new.run_id or "")] == ["turn-1"]
+    state, _ = load_checkpoint(home / "runs" / agent.run_id / "checkpoint.json")
+    assert "turn-1" not in state["ops"], state["ops"]

@@ -30,7 +30,13 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit, urlunsplit
 
-from steerflow.errors import DatabaseBusyError, RefusedError, SteerflowError, UsageError
+from steerflow.errors import (
+    DatabaseBusyError,
+    RefusedError,
+    StateDBLostError,
+    SteerflowError,
+    UsageError,
+)
 from steerflow.state._pg_schema import CONTROLS_CHANNEL, PG_MIGRATIONS, PG_SCHEMA_VERSION_DDL
 from steerflow.state._schema import Migration, StateTransaction
 
@@ -223,6 +229,12 @@ class PostgresBackend:
                 ) from exc
             if state == _READ_ONLY_STATE:
                 raise RefusedError(f"state database is read-only: {self.location}") from exc
+            if state == _UNDEFINED_TABLE:
+                # Opening checks the schema; a table missing afterwards was dropped under
+                # us: the database was replaced, which a live run must stop for.
+                raise StateDBLostError(
+                    f"the state database {self.location} lost its tables: {_first_line(exc)}"
+                ) from exc
             raise SteerflowError(
                 f"state database error at {self.location}: {_first_line(exc)}"
             ) from exc
