@@ -9,6 +9,7 @@ meanwhile admits nothing more.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from pathlib import Path
@@ -22,6 +23,7 @@ from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss
 from steerflow.plan import parse_plan
 from steerflow.providers import PlanRequest, Provider, ProviderRequest, ProviderResponse
 from steerflow.state import STATE_DB_URL_ENV, Owner, ResumeClaim, StateDB
+from waiting import wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -53,6 +55,25 @@ async def test_admissions_within_the_lease_cost_no_round_trip(db: StateDB) -> No
     for _ in range(10_000):
         assert keeper.fresh() and await keeper.hold()
     assert (keeper.renewals, keeper.waited) == (1, 1)
+
+
+async def test_the_heartbeat_renews_a_lease_that_is_still_fresh(db: StateDB) -> None:
+    row = db.create_session(kind="flow", run_id=RUN, owner=ELSEWHERE, lease_s=30.0)
+    keeper = LeaseKeeper(db, row.id, row.lease_epoch, lease_s=30.0)
+    # A quarter lease is 7.5 s; shortened so the test need not wait: every renewal after
+    # the first happens while the lease is fresh, which is the heartbeat other hosts read.
+    keeper.interval_s = 0.02
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tg:
+        tg.create_task(keeper.run(stop))
+        await wait_until_async(lambda: keeper.renewals >= 5, timeout=20, what="five renewals")
+        stop.set()
+    renewed = db.get_session(row.id)
+    assert renewed is not None and renewed.heartbeat_at is not None
+    assert renewed.heartbeat_at > (row.heartbeat_at or 0) and keeper.fresh()
+    assert renewed.lease_expires is not None and row.lease_expires is not None
+    assert renewed.lease_expires > row.lease_expires
+    assert keeper.waited == 0  # nobody waited: the lease never ran out
 
 
 async def test_after_a_stall_the_next_admission_asks_the_database(db: StateDB) -> None:

@@ -156,15 +156,15 @@ class LeaseKeeper:
     async def run(self, stop: asyncio.Event) -> None:
         """Renew every quarter lease (sooner after a failure) until ``stop`` or a loss."""
         while not stop.is_set() and self.lost is None:
-            ok = await self._renew_now()
+            ok = await self._renew_now(periodic=True)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(self.interval_s if ok else _RETRY_S):
                     await stop.wait()
 
-    async def _renew_now(self) -> bool:
+    async def _renew_now(self, *, periodic: bool = False) -> bool:
         async with self._lock:  # many waiters after a stall: one round trip
-            if self.fresh():
-                return True
+            if self.fresh() and not periodic:
+                return True  # renewed by another waiter meanwhile
             if self.lost is not None:
                 return False
             return await self._renew_once()
