@@ -492,13 +492,17 @@ class StateDB:
         """
         _check_choice(status, SessionStatus, "session status")
         sql = "UPDATE sessions SET status = ?, updated_at = ? WHERE id = ?"
+        params: list[object] = [status, time.time(), session_id]
         if expected is not None:
-            sql += " AND status = ?"
+            sql, params = sql + " AND status = ?", [*params, expected]
+        if epoch is not None:  # in the statement: PostgreSQL re-checks it after a lock wait
+            sql, params = sql + " AND lease_epoch = ?", [*params, epoch]
         with self.backend.transaction(write=True) as tx:
             self.backend.lock(tx, "session", session_id)  # after any control insert in flight
-            self._fence(tx, session_id, epoch)
-            params = (status, time.time(), session_id, *([] if expected is None else [expected]))
-            return tx.execute(sql, params) == 1
+            if tx.execute(sql, params) == 1:
+                return True
+            self._fence(tx, session_id, epoch)  # no row changed: lost the lease, or not expected
+            return False
 
     def set_session_phase(self, session_id: str, phase: Phase) -> None:
         """Record the flow's phase (``planning``, ``executing`` or ``paused``)."""
@@ -563,17 +567,20 @@ class StateDB:
     def _fence(self, tx: StateTransaction, session_id: str, epoch: int | None) -> None:
         """Refuse ``tx`` unless ``session_id`` still holds its lease at ``epoch``.
 
-        An update, not a read: on PostgreSQL it holds the row's lock to the commit, so a
-        takeover (which updates the same row) commits either before it (this fails) or
-        after this transaction.
+        A read, not a row lock: on PostgreSQL a lock on the session row would queue the
+        poller's phase and stamp writes behind every node-status batch (control latency
+        p99 went from ~130 ms to ~650 ms at 100 flows, benchmarks/fleet_pg.py). So a batch
+        whose check ran just before a takeover committed may still land just after it;
+        it writes only the old session's own rows, which the new owner never reads or
+        writes (decision 120). Status and metadata writes carry the epoch in their
+        ``UPDATE`` instead, which PostgreSQL re-checks after any lock wait.
         """
         if epoch is None:
             return
-        changed = tx.execute(
-            "UPDATE sessions SET updated_at = ? WHERE id = ? AND lease_epoch = ?",
-            (time.time(), session_id, epoch),
+        held = tx.query(
+            "SELECT 1 AS held FROM sessions WHERE id = ? AND lease_epoch = ?", (session_id, epoch)
         )
-        if changed != 1:
+        if not held:
             self._lease_lost(tx, session_id)
 
     def _lease_lost(self, tx: StateTransaction, session_id: str) -> None:
@@ -633,17 +640,18 @@ class StateDB:
             LeaseLostError: ``epoch`` was given and the lease was taken over.
         """
         with self.backend.transaction(write=True) as tx:
-            self._fence(tx, session_id, epoch)
             meta = self._read_metadata(tx, session_id)
             for key, value in patch.items():
                 if value is None:
                     meta.pop(key, None)
                 else:
                     meta[key] = value
-            tx.execute(
-                "UPDATE sessions SET node_metadata = ?, updated_at = ? WHERE id = ?",
-                (dump_json(meta), time.time(), session_id),
-            )
+            sql = "UPDATE sessions SET node_metadata = ?, updated_at = ? WHERE id = ?"
+            params: list[object] = [dump_json(meta), time.time(), session_id]
+            if epoch is not None:
+                sql, params = sql + " AND lease_epoch = ?", [*params, epoch]
+            if tx.execute(sql, params) != 1:
+                self._fence(tx, session_id, epoch)
         return meta
 
     def set_artifact_contract(self, session_id: str, contract: object | None) -> None:
