@@ -11,7 +11,7 @@ checkpoint file:
   (``lease`` rows), or the old ``db.heartbeat`` every 2 s (``baseline`` rows);
 - the real ``control.ControlPoller`` acting on a real ``executor.Steering`` (pause gate),
   woken by LISTEN/NOTIFY;
-- a real ``executor.FlowExecutor`` running a 400-node plan at concurrency 2 whose provider
+- a real ``executor.FlowExecutor`` running a 60-node plan at concurrency 2 whose provider
   sleeps 5-15 s per call (an LLM call), with the lease as its fence in ``lease`` rows;
 - the real ``orchestrate.NodePublisher`` writing node status (fenced by the lease epoch in
   ``lease`` rows).
@@ -60,7 +60,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-NODES = 400
+NODES = 60  # at concurrency 2 and 10 s a call, 300 s of work: longer than a row
 CONCURRENCY = 2
 CALL_S = (5.0, 15.0)
 LEGACY_HEARTBEAT_S = 2.0  # what the heartbeat did before leases

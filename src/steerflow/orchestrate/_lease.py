@@ -28,7 +28,7 @@ from steerflow.errors import (
     StateDBLostError,
     SteerflowError,
 )
-from steerflow.state import StateDB, lease_seconds
+from steerflow.state import HEARTBEAT_STALE_S, StateDB, lease_seconds
 
 __all__ = ["LeaseKeeper", "LeaseLoss", "lease_clock", "loss_error"]
 
@@ -111,7 +111,9 @@ class LeaseKeeper:
         self.epoch = epoch
         self.lease_s = lease_seconds() if lease_s is None else lease_s
         self.margin_s = min(max(self.lease_s * _MARGIN_SHARE, _MIN_MARGIN_S), self.lease_s / 2)
-        self.interval_s = self.lease_s / _RENEWALS_PER_LEASE
+        # The renewal is also the heartbeat other hosts judge liveness by (30 s window):
+        # a long lease must not make it rarer than a quarter of that window.
+        self.interval_s = min(self.lease_s, HEARTBEAT_STALE_S) / _RENEWALS_PER_LEASE
         self.valid_until = -math.inf  # nothing is admitted before the first renewal
         self.lost: LeaseLoss | None = None
         self.on_lost: list[Callable[[LeaseLoss], None]] = []
@@ -154,7 +156,10 @@ class LeaseKeeper:
         self._lose(error)
 
     async def run(self, stop: asyncio.Event) -> None:
-        """Renew every quarter lease (sooner after a failure) until ``stop`` or a loss."""
+        """Renew every quarter lease, at most every 7.5 s (sooner after a failure).
+
+        Until ``stop`` is set or the lease is lost.
+        """
         while not stop.is_set() and self.lost is None:
             ok = await self._renew_now(periodic=True)
             with contextlib.suppress(TimeoutError):
