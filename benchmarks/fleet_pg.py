@@ -8,7 +8,8 @@ checkpoint file:
 
 - a real session row (``StateDB.create_session``, lease and all);
 - the real heartbeat: ``orchestrate.LeaseKeeper`` renewing the lease every quarter lease
-  (``lease`` rows), or the old ``db.heartbeat`` every 2 s (``baseline`` rows);
+  (``lease`` rows), or the old ``db.heartbeat`` every 2 s (``baseline`` rows: the code
+  before issue 27, whose poller also re-listed every 2 s under LISTEN);
 - the real ``control.ControlPoller`` acting on a real ``executor.Steering`` (pause gate),
   woken by LISTEN/NOTIFY;
 - a real ``executor.FlowExecutor`` running a 60-node plan at concurrency 2 whose provider
@@ -19,10 +20,11 @@ checkpoint file:
 A real flow process holds three connections (its own, its poller's, the poller's LISTEN);
 1,000 of them would be 3,000 server backends, more than this machine has memory for. So
 each worker process shares a few: its flows' heartbeats and publishers go through
-``--conns`` ``StateDB`` objects (round robin), their pollers through one more, whose one
-LISTEN connection dispatches to every poller by session id. The statements, their number
-and the server's work per statement are a real fleet's; what differs is how many idle
-backends the server keeps.
+``--conns`` ``StateDB`` objects (round robin), their pollers through ``--poll-conns``
+more, each with one LISTEN connection that dispatches to its pollers by session id, and
+the process's thread pool is widened to 32 threads. The statements, their number and the
+server's work per statement are a real fleet's; what differs is how many idle backends
+the server keeps, and that a shared connection serializes its flows' statements.
 
 Control latency: a real ``python -m steerflow ctl pause|resume SESSION`` subprocess per
 sample, on a random flow, one at a time with a random pause; latency is the row's
@@ -55,6 +57,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,7 +66,10 @@ ROOT = Path(__file__).resolve().parent.parent
 NODES = 60  # at concurrency 2 and 10 s a call, 300 s of work: longer than a row
 CONCURRENCY = 2
 CALL_S = (5.0, 15.0)
+FORCED_LIST_S = float(os.environ.get("FLEET_FORCED_LIST_S", "0"))  # 0: the poller default
+THREADS = 32  # worker threads per worker process (asyncio.to_thread)
 LEGACY_HEARTBEAT_S = 2.0  # what the heartbeat did before leases
+LEGACY_FORCED_LIST_S = 2.0  # the poller's safety-net listing before decision 124
 GOAL_P99_S = 0.2
 
 
@@ -78,17 +84,22 @@ async def _worker(args: argparse.Namespace) -> None:
     from steerflow.state import StateDB
 
     url, mode = args.url, args.mode
-    dbs = [StateDB.open_url(url) for _ in range(args.conns)]
-    poll_db = StateDB.open_url(url)
+    # A real flow has a thread pool and connections of its own; here a few hundred flows
+    # share them, so the pool is widened to keep that sharing from queueing their calls.
+    loop = asyncio.get_running_loop()
+    loop.set_default_executor(ThreadPoolExecutor(max_workers=THREADS))
+    dbs = [StateDB.open_url(url) for _ in range(int(args.conns))]
+    poll_dbs = [StateDB.open_url(url) for _ in range(int(args.poll_conns))]
     counts: Counter[str] = Counter()
-    for db in [*dbs, poll_db]:
+    for db in [*dbs, *poll_dbs]:
         _count_writes(db, counts)
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
     home = Path(args.home)
     sessions: list[str] = []
-    flows = [_Flow(dbs[i % len(dbs)], poll_db, home, mode) for i in range(args.count)]
+    flows = [
+        _Flow(dbs[i % len(dbs)], poll_dbs[i % len(poll_dbs)], home, mode) for i in range(args.count)
+    ]
     ready = asyncio.Event()
     async with asyncio.TaskGroup() as tg:
         for flow in flows:
@@ -97,15 +108,28 @@ async def _worker(args: argparse.Namespace) -> None:
         text = "\n".join(sessions) + "\n"
         await asyncio.to_thread(Path(args.sessions).write_text, text)
         marks: dict[str, Any] = {}
-        reader = tg.create_task(_commands(marks, counts, flows))
+        lags: list[float] = []
+        reader = tg.create_task(_commands(marks, counts, flows, lags))
+        ticker = tg.create_task(_loop_lag(lags))
         await stop.wait()
         reader.cancel()
+        ticker.cancel()
     print(json.dumps(marks), flush=True)
-    for db in [*dbs, poll_db]:
+    for db in [*dbs, *poll_dbs]:
         db.close()
 
 
-async def _commands(marks: dict[str, Any], counts: Counter[str], flows: list[_Flow]) -> None:
+async def _loop_lag(lags: list[float]) -> None:
+    """How late a 50 ms timer fires: the worker's event loop is saturated when it grows."""
+    while True:
+        due = time.monotonic() + 0.05
+        await asyncio.sleep(0.05)
+        lags.append(time.monotonic() - due)
+
+
+async def _commands(
+    marks: dict[str, Any], counts: Counter[str], flows: list[_Flow], lags: list[float]
+) -> None:
     """``mark NAME`` on stdin: snapshot the write counters (the window's two ends)."""
     reader = asyncio.StreamReader()
     await asyncio.get_running_loop().connect_read_pipe(
@@ -114,7 +138,16 @@ async def _commands(marks: dict[str, Any], counts: Counter[str], flows: list[_Fl
     while line := await reader.readline():
         name = line.decode().strip()
         fence_waits = sum(f.keeper.waited for f in flows if f.keeper is not None)
-        marks[name] = {"t": time.time(), "counts": dict(counts), "fence_waits": fence_waits}
+        if name == "start":
+            lags.clear()
+        window = sorted(lags) or [0.0]
+        marks[name] = {
+            "t": time.time(),
+            "counts": dict(counts),
+            "fence_waits": fence_waits,
+            "lag_p99": window[int(0.99 * (len(window) - 1))],
+            "cpu": time.process_time(),
+        }
 
 
 def _count_writes(db: Any, counts: Counter[str]) -> None:
@@ -191,7 +224,11 @@ class _Flow:
         lease = self.mode == "lease"
         from steerflow.control import ControlPoller
 
-        poller = ControlPoller(self.home, row.id, steering, db=self.poll_db)
+        # The baseline is the code before issue 27: a 2 s heartbeat, no fence, and the
+        # poller's 2 s safety-net listing (decision 124 made it 20 s under LISTEN).
+        forced = FORCED_LIST_S or (LEGACY_FORCED_LIST_S if self.mode == "baseline" else 0)
+        extra = {"forced_list": forced} if forced else {}
+        poller = ControlPoller(self.home, row.id, steering, db=self.poll_db, **extra)
         publisher = NodePublisher(self.db, row.id, graph, epoch=row.lease_epoch if lease else None)
         events.subscribe(publisher.on_event)
         steering.gate.on_change.append(publisher.on_gate)
@@ -320,6 +357,8 @@ class Row:
     row_writes: int
     cpu_share: float
     fence_waits: int
+    loop_lag_p99: float  # the worst worker's event-loop lag p99, seconds
+    worker_cpu: float  # all workers' CPU, share of one core
 
     def line(self) -> str:
         p50, p99 = _percentiles(self.latencies)
@@ -331,21 +370,24 @@ class Row:
         return (
             f"{self.mode:<8} {self.flows:>6} {len(self.latencies):>5} {p50:>8.1f} {p99:>8.1f}"
             f" {lib50:>8.1f} {lib99:>8.1f} {per_flow:>10.3f} {share:>8.0%} {rows:>9.3f}"
-            f" {self.cpu_share:>7.0%} {self.fence_waits:>6}"
+            f" {self.cpu_share:>7.0%} {self.worker_cpu:>7.0%} {self.loop_lag_p99 * 1000:>7.0f}"
+            f" {self.fence_waits:>6} {self.window_s:>6.0f}"
         )
 
 
 HEADER = (
     f"{'mode':<8} {'flows':>6} {'n':>5} {'ctl p50':>8} {'ctl p99':>8} {'lib p50':>8}"
     f" {'lib p99':>8} {'writes/f/s':>10} {'heartbt':>8} {'rows/f/s':>9} {'pg cpu':>7}"
-    f" {'fence':>6}"
+    f" {'wrk cpu':>7} {'lag ms':>7} {'fence':>6} {'win s':>6}"
 )
 LEGEND = (
     "ctl: `steerflow ctl pause` process exit -> applied_at (ms; below 0: stamped before the"
     " ctl process finished exiting); lib: `steerflow.views.resume` call start -> applied_at;"
     " writes/f/s: write transactions per flow per second (heartbt: the heartbeat's share);"
     " rows/f/s: the server's row inserts+updates+deletes per flow per second; pg cpu: all"
-    " server processes, share of one core; fence: admissions that waited for a DB check"
+    " server processes, share of one core; wrk cpu: the worker processes' CPU, same unit;"
+    " lag: the worst worker's event-loop lag p99 (a 50 ms timer); fence: admissions that"
+    " waited for a DB check; win: the measurement window"
 )
 
 
@@ -362,7 +404,7 @@ def _run_row(args: argparse.Namespace, url: str, data_dir: Path | None, mode: st
             sessions = Path(tmp) / f"sessions-{i}"
             argv = [sys.executable, __file__, "--worker", "--url", url, "--mode", mode,
                     "--count", str(count), "--home", str(home), "--sessions", str(sessions),
-                    "--conns", str(args.conns)]  # fmt: skip
+                    "--conns", str(args.conns), "--poll-conns", str(args.poll_conns)]  # fmt: skip
             procs.append((subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                            text=True, env=env), sessions))  # fmt: skip
         try:
@@ -415,7 +457,7 @@ def _measure(
     ticks = (_pg_cpu_ticks(data_dir) - ticks0) if data_dir else 0
     cpu = ticks / os.sysconf("SC_CLK_TCK") / window if data_dir else float("nan")
     writes: Counter[str] = Counter()
-    fence = 0
+    fence, lag, worker_cpu = 0, 0.0, 0.0
     for proc, _ in procs:
         proc.send_signal(signal.SIGTERM)
     for proc, _ in procs:
@@ -423,7 +465,9 @@ def _measure(
         marks = json.loads(out.strip().splitlines()[-1])
         writes.update(Counter(marks["end"]["counts"]) - Counter(marks["start"]["counts"]))
         fence += marks["end"]["fence_waits"] - marks["start"]["fence_waits"]
-    return Row(mode, n, latencies, lib, writes, window, rows, cpu, fence)
+        lag = max(lag, marks["end"]["lag_p99"])
+        worker_cpu += marks["end"]["cpu"] - marks["start"]["cpu"]
+    return Row(mode, n, latencies, lib, writes, window, rows, cpu, fence, lag, worker_cpu / window)
 
 
 def _reset(url: str) -> None:
@@ -457,7 +501,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--flows", default="100,1000")
     parser.add_argument("--procs", type=int, default=4)
-    parser.add_argument("--conns", type=int, default=4, help="StateDB connections per worker")
+    parser.add_argument("--conns", type=int, default=8, help="flows' StateDBs per worker")
+    parser.add_argument("--poll-conns", type=int, default=2, help="pollers' StateDBs per worker")
     parser.add_argument("--samples", type=int, default=40, help="pause+resume pairs per row")
     parser.add_argument("--window", type=float, default=40.0)
     parser.add_argument("--warmup", type=float, default=10.0)
@@ -473,8 +518,8 @@ def main() -> None:
         return
     sys.path.insert(0, str(ROOT / "src"))
     modes = ["lease"] if args.no_baseline else ["baseline", "lease"]
-    print(f"fleet_pg: {os.cpu_count()} CPUs, {args.procs} worker processes x {args.conns}+1"
-          f" connections, {NODES}-node plans at concurrency {CONCURRENCY}, calls"
+    print(f"fleet_pg: {os.cpu_count()} CPUs, {args.procs} worker processes x {args.conns}+"
+          f"{args.poll_conns}x2 connections, {NODES}-node plans at concurrency {CONCURRENCY}, calls"
           f" {CALL_S[0]:g}-{CALL_S[1]:g} s, window {args.window:g} s after {args.warmup:g} s;"
           f" latency = real `steerflow ctl` exit -> applied_at")  # fmt: skip
     print(HEADER)
@@ -482,8 +527,10 @@ def main() -> None:
         os.environ["STEERFLOW_STATE_DB_URL"] = url  # the library samples' writer
         for n in (int(x) for x in args.flows.split(",")):
             for mode in modes:
+                load = os.getloadavg()[0]
                 row = _run_row(args, url, data_dir, mode, n)
                 print(row.line(), flush=True)
+                print(f"         machine load average before the row: {load:.1f}", flush=True)
                 print(f"         writes by kind: {dict(row.writes)}", flush=True)
     print(LEGEND)
     print(f"goal: 1,000 flows, control p99 < {GOAL_P99_S * 1000:.0f} ms (reported, not asserted)")
