@@ -13,7 +13,10 @@ compute the same strings:
   ``echo`` provider, concurrency 64, no checkpoint;
 - ``steerflow+v3``: the same, plus the run's real checkpoint path: a version 3
   ``CheckpointWriter`` (default limits) behind the ``CheckpointRecorder`` completion
-  observer, branch files and all, in a temporary run directory.
+  observer, branch files and all, in a temporary run directory;
+- ``steerflow+lease``, ``steerflow+v3+lease``: the same, plus the run's lease (issue 27):
+  a session in a real SQLite state DB, its ``LeaseKeeper`` renewing it, and the keeper as
+  the executor's (and the recorder's) fence: every provider call and every record checks it.
 
 Each row runs in a fresh child process, so its peak RSS (``ru_maxrss`` of that child,
 from ``os.wait4``) is its own. Wall and CPU (``time.process_time``: every thread of the
@@ -43,7 +46,14 @@ from typing import Annotated, Any, TypedDict
 
 LAYERS = 100
 CONCURRENCY = 64
-ROWS = ("asyncio.gather", "langgraph", "steerflow", "steerflow+v3")
+ROWS = (
+    "asyncio.gather",
+    "langgraph",
+    "steerflow",
+    "steerflow+lease",
+    "steerflow+v3",
+    "steerflow+v3+lease",
+)
 LANGGRAPH_HINT = "pip install -e '.[bench]'  (LangGraph 1.2, the optional bench extra)"
 
 
@@ -129,7 +139,7 @@ def prepare_langgraph(nodes: list[tuple[str, str, str | None]]) -> Callable[[], 
 
 
 def prepare_steerflow(
-    nodes: list[tuple[str, str, str | None]], tmp: Path, *, checkpoint: bool
+    nodes: list[tuple[str, str, str | None]], tmp: Path, *, checkpoint: bool, lease: bool = False
 ) -> Callable[[], Any]:
     from steerflow.executor import FlowExecutor, SharedContext, build_graph
     from steerflow.plan import parse_plan
@@ -157,9 +167,20 @@ def prepare_steerflow(
         context=context,
     )
     if not checkpoint:
+        fence = _lease_keeper(home) if lease else None
+        executor.fence = fence
 
         async def run_plain() -> dict[str, Any]:
-            await executor.run()
+            stop = asyncio.Event()
+            async with asyncio.TaskGroup() as tasks:
+                if fence is not None:
+                    tasks.create_task(fence.run(stop))
+                    # Confirmed before the first node, as a run's is long before its first
+                    # call; a first call that waits for it would change how every task
+                    # after it is scheduled, not what the fence costs.
+                    await fence.hold()
+                await executor.run()
+                stop.set()
             return {"completed": sum(op.status == "completed" for op in graph)}
 
         return run_plain
@@ -182,11 +203,20 @@ def prepare_steerflow(
     recorder = CheckpointRecorder(writer, graph, run_dir, context, executor.events)
     executor.observers.append(recorder.record_outcome)
     executor.spawn_observers.append(recorder.record_intent)
+    keeper = _lease_keeper(home) if lease else None
+    if keeper is not None:
+        executor.fence = recorder.fence = keeper
 
     async def run_v3() -> dict[str, Any]:
-        await recorder.flush()
-        await executor.run()
-        outcome = await recorder.close()
+        stop = asyncio.Event()
+        async with asyncio.TaskGroup() as tasks:
+            if keeper is not None:
+                tasks.create_task(keeper.run(stop))
+                await keeper.hold()  # as above
+            await recorder.flush()
+            await executor.run()
+            outcome = await recorder.close()
+            stop.set()
         if not outcome.persisted:
             raise RuntimeError(f"checkpoint not persisted: {outcome.error}")
         counted = getattr(writer, "bytes_written", None)
@@ -196,6 +226,17 @@ def prepare_steerflow(
         }
 
     return run_v3
+
+
+def _lease_keeper(home: Path) -> Any:
+    from steerflow.home import new_run_id
+    from steerflow.orchestrate._lease import LeaseKeeper
+    from steerflow.state import StateDB
+
+    os.environ.pop("STEERFLOW_STATE_DB_URL", None)
+    db = StateDB.open(home)
+    row = db.create_session(kind="flow", run_id=new_run_id(time.time()))
+    return LeaseKeeper(db, row.id, row.lease_epoch)
 
 
 def wchar() -> int | None:
@@ -219,7 +260,12 @@ def child(row: str, count: int) -> None:
             elif row == "langgraph":
                 run = prepare_langgraph(nodes)
             else:
-                run = prepare_steerflow(nodes, Path(tmp), checkpoint=row == "steerflow+v3")
+                run = prepare_steerflow(
+                    nodes,
+                    Path(tmp),
+                    checkpoint="+v3" in row,
+                    lease=row.endswith("+lease"),
+                )
         except (ImportError, AttributeError, TypeError) as exc:
             print(json.dumps({"skipped": f"{type(exc).__name__}: {exc}"}))
             return
@@ -290,7 +336,7 @@ def main() -> int:
         print(f"langgraph row skipped: not installed; {LANGGRAPH_HINT}")
         rows.remove("langgraph")
     header = (
-        f"{'row':<15} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
+        f"{'row':<18} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
         f"{'CPU µs/node':>12} {'peak RSS MiB':>13} {'written':>10} {'ckpt':>10} "
         f"{'CPU slope':>10}"
     )
@@ -301,7 +347,7 @@ def main() -> int:
         for count in sizes:
             out = measure(row, count)
             if "skipped" in out:
-                print(f"{row:<15} {count:>6}  skipped: {out['skipped']}")
+                print(f"{row:<18} {count:>6}  skipped: {out['skipped']}")
                 continue
             n = out["nodes"]
             cpu_at[n] = out["cpu"]
@@ -311,7 +357,7 @@ def main() -> int:
                 lo, hi = min(cpu_at), max(cpu_at)
                 slope = f"{math.log(cpu_at[hi] / cpu_at[lo]) / math.log(hi / lo):.2f}"
             print(
-                f"{row:<15} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
+                f"{row:<18} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
                 f"{out['wall'] / n * 1e6:>9.0f} {out['cpu'] / n * 1e6:>12.0f} "
                 f"{out['rss_mib']:>13.1f} {fmt_bytes(out['bytes']):>10} "
                 f"{fmt_bytes(out.get('writer_bytes')):>10} {slope:>10}",

@@ -20,6 +20,11 @@ read between the first completion and the end of ``close()`` count. Prints, per 
 and pooled, the sample count, p50, p99 and max lag, and the completion→acknowledgement
 latency (provider return to hook return). A repetition with fewer than ``MIN_SAMPLES``
 samples is flagged. Target p99 < 25 ms is reported, never asserted.
+
+``--lease`` adds the run's lease (issue 27): a session in a real SQLite state DB under
+the run's home, its ``LeaseKeeper`` renewing it, and the keeper as the executor's and the
+recorder's fence, so every call and every record checks it (run with and without to see
+its cost).
 """
 
 from __future__ import annotations
@@ -145,8 +150,18 @@ class Completion(Provider):
         raise NotImplementedError
 
 
+def _keeper(home: Path) -> object:
+    from steerflow.orchestrate._lease import LeaseKeeper
+    from steerflow.state import StateDB
+
+    os.environ.pop("STEERFLOW_STATE_DB_URL", None)
+    db = StateDB.open(home)
+    row = db.create_session(kind="flow", run_id="20260101T000000-aaaaaa")
+    return LeaseKeeper(db, row.id, row.lease_epoch)
+
+
 async def one_repetition(
-    tmp: Path, seed: int, cadence: float
+    tmp: Path, seed: int, cadence: float, lease: bool = False
 ) -> tuple[list[float], list[float], float]:
     home = tmp / "home"
     home.mkdir(mode=0o700)
@@ -185,13 +200,20 @@ async def one_repetition(
         acks.append(time.perf_counter() - provider.finished[op.key])
 
     executor.observers.append(hook)
-    await recorder.flush()
-    with sampler:
-        t0 = time.perf_counter()
-        await executor.run()
-        outcome = await recorder.close()
-        sampler.active = False
-        elapsed = time.perf_counter() - t0
+    keeper = await asyncio.to_thread(_keeper, home) if lease else None
+    stop = asyncio.Event()
+    async with asyncio.TaskGroup() as tasks:
+        if keeper is not None:
+            executor.fence = recorder.fence = keeper  # type: ignore[attr-defined]
+            tasks.create_task(keeper.run(stop))  # type: ignore[attr-defined]
+        await recorder.flush()
+        with sampler:
+            t0 = time.perf_counter()
+            await executor.run()
+            outcome = await recorder.close()
+            sampler.active = False
+            elapsed = time.perf_counter() - t0
+        stop.set()
     done = sum(op.status == "completed" for op in graph)
     assert outcome.persisted and done == COMPLETIONS, (outcome, done)
     assert writer.records_acknowledged == COMPLETIONS, writer.error
@@ -219,6 +241,7 @@ def main() -> None:
     parser.add_argument(
         "--cadence-ms", type=float, default=CADENCE * 1e3, help="between callback requests"
     )
+    parser.add_argument("--lease", action="store_true", help="with the run's lease as fence")
     args = parser.parse_args()
     base = os.path.realpath(args.dir or tempfile.gettempdir())
     cadence = args.cadence_ms / 1e3
@@ -227,6 +250,7 @@ def main() -> None:
         f"workload: {COMPLETIONS} concurrent completions through FlowExecutor's completion "
         f"hook (CheckpointRecorder), {SIZE}-byte response + {SIZE}-byte context item each, "
         f"version 3, default limits, real fsync; {args.repetitions} repetitions"
+        + ("; the lease as fence" if args.lease else "")
     )
     print(
         f"sampling: a callback request every {cadence * 1e3:.2f} ms from another process, its "
@@ -239,7 +263,9 @@ def main() -> None:
     )
     for rep in range(args.repetitions):
         with tempfile.TemporaryDirectory(dir=base) as tmp:
-            lags, acks, elapsed = asyncio.run(one_repetition(Path(tmp), rep, cadence))
+            lags, acks, elapsed = asyncio.run(
+                one_repetition(Path(tmp), rep, cadence, lease=args.lease)
+            )
         pooled += lags
         short = "" if len(lags) >= MIN_SAMPLES else f"  (fewer than {MIN_SAMPLES} samples)"
         print(

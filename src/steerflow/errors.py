@@ -19,10 +19,12 @@ The tree is shallow on purpose; the CLI maps classes to exit codes in one place
      |   |   '- ArtifactsUnsettledError 3   recorded artifacts that no longer match (``.unsettled``)
      |   |- CheckpointRecoveryError     3   the loader refused a checkpoint (``.report``)
      |   |- HomeRefusedError            3   a home we cannot write, or one others can
-     |   '- DatabaseBusyError           3   a lock wait ran past its bound
+     |   |- DatabaseBusyError           3   a lock wait ran past its bound
+     |   '- LeaseLostError              3   a resume took over this run's lease (``taken over``)
      |- ProviderError                   1   a model call failed (``retryable``)
      |   '- UnsafePathError             1   a leg path would leave its directory (node fails)
-     '- PersistenceError                1   a checkpoint write failed or is uncertain
+     |- PersistenceError                1   a checkpoint write failed or is uncertain
+     '- StateDBLostError                1   the state DB went away under a live run
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ __all__ = [
     "FlowResumeError",
     "HomeRefusedError",
     "KindNotAllowedError",
+    "LeaseLostError",
     "NoResponseError",
     "NotRunningError",
     "PersistenceError",
@@ -49,6 +52,7 @@ __all__ = [
     "ProviderError",
     "RefusedError",
     "ResumeClaimedError",
+    "StateDBLostError",
     "SteerflowError",
     "UnknownIdError",
     "UnsafePathError",
@@ -219,6 +223,56 @@ class DatabaseBusyError(RefusedError):
     """A state-DB lock wait ran past its bound (10 s by default)."""
 
     code = "database-busy"
+
+
+class LeaseLostError(RefusedError):
+    """Another process took over this session's lease (a resume, on any host).
+
+    The holder admits nothing more and exits 3; the message contains ``taken over`` and
+    names the run, the new owner's session and host (CONTRACT §11).
+    """
+
+    code = "lease-taken-over"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        session_id: str,
+        new_session_id: str | None = None,
+        new_host: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.session_id = session_id
+        self.new_session_id = new_session_id
+        self.new_host = new_host
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with the keyword-only fields, which ``Exception`` alone would drop."""
+        return (
+            _rebuild_lease_lost,
+            (str(self), self.session_id, self.new_session_id, self.new_host),
+        )
+
+
+def _rebuild_lease_lost(
+    message: str, session_id: str, new_session_id: str | None, new_host: str | None
+) -> LeaseLostError:
+    return LeaseLostError(
+        message, session_id=session_id, new_session_id=new_session_id, new_host=new_host
+    )
+
+
+class StateDBLostError(SteerflowError):
+    """The state database went away under a live run.
+
+    Deleted, replaced, made unwritable, its session row gone, or unreachable for longer
+    than the lease.
+
+    The run stops admitting; what it completed stays resumable from its checkpoint.
+    """
+
+    code = "state-db-lost"
 
 
 class ProviderError(SteerflowError):

@@ -134,3 +134,30 @@ async def test_a_poller_that_cannot_listen_polls_and_says_why(
         db.close()
         writer.close()
         pg.psql(f'DROP DATABASE "{name}" WITH (FORCE)')
+
+
+async def test_with_notifications_the_safety_net_listing_is_rare(
+    home: Path, writer: StateDB
+) -> None:
+    """Decision 124: 2 s while polling, 20 s once LISTEN is in effect (fleet cost)."""
+    sid = writer.create_session(kind="flow").id
+    opened = StateDB.open(home)
+    db = _Counted(opened.backend)
+    poller = ControlPoller(home, sid, _Target(), interval=0.05, db=db)
+    assert poller.forced_list == 2.0  # nothing listens yet
+    task = asyncio.ensure_future(poller.run())
+    try:
+        await wait_until_async(lambda: poller.listings >= 1, timeout=10, what="a first listing")
+        assert poller.forced_list == 20.0
+        reads = db.reads
+        # Idle for 3 s: with the old 2 s net the poller would have listed again.
+        await holds_for_async(lambda: _assert_equal(db.reads, reads), seconds=3.0)
+        assert poller.listings == 1
+    finally:
+        await poller.stop()
+        await asyncio.wait_for(task, timeout=30)
+        opened.close()
+
+
+def _assert_equal(got: int, want: int) -> None:
+    assert got == want, (got, want)

@@ -28,6 +28,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -432,3 +433,84 @@ def test_pause_message_stop_and_liveness_across_namespaces(
         conn.close()
     assert b.status(killed) == "interrupted"
     assert b.listed(killed) == "interrupted"
+
+
+def _lines(home: Path, run_id: str) -> list[dict[str, Any]]:
+    path = home / ".steerflow" / "script-invocations.jsonl"
+    if not path.exists():
+        return []
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [line for line in lines if line["run_id"] == run_id]
+
+
+def _lease(obs: Observer, session_id: str) -> dict[str, Any]:
+    with obs._db() as db:
+        clock = db.backend.clock_sql
+        rows = db.backend.query(
+            f"SELECT lease_expires < {clock} AS expired, lease_taken_by, lease_epoch, status"
+            " FROM sessions WHERE id = ?",
+            (session_id,),
+        )
+    return rows[0]
+
+
+@pytest.mark.timeout(240)
+def test_a_stalled_owner_is_fenced_across_namespaces(
+    tmp_path: Path, hosts: tuple[Host, Host], pg_two_hosts: PgServer
+) -> None:
+    """Issue 27: host-a's flow is SIGSTOPped past its lease, host-b resumes it, host-a wakes.
+
+    Both hosts share one home (a shared file system: host-b resumes from host-a's run
+    directory), each reaches PostgreSQL over its own link, and each has its own host name.
+    """
+    host_a, host_b = hosts
+    admin = pg_two_hosts.new_database()
+    obs = Observer(admin)
+    shared = tmp_path / "shared-home"
+    a = Machine(host_a, shared, _host_url(pg_two_hosts, admin, host_a))
+    b = Machine(host_b, shared, _host_url(pg_two_hosts, admin, host_b))
+    a.steerflow_home.mkdir(mode=0o700, parents=True)
+    angles = ("angle-history", "angle-tools", "angle-risks")
+    script = tmp_path / "slow.yaml"
+    write_yaml(script, {"*": {"delay": 0.2}, **{k: {"delay": 4.0} for k in angles}})
+    lease = {"STEERFLOW_LEASE_S": "2"}
+    err_a = tmp_path / "flow-a.err"
+    with open(tmp_path / "flow-a.out", "w") as out, open(err_a, "w") as err:
+        proc = subprocess.Popen(
+            a.argv(STEERFLOW, "play", "demo", "--model", f"script:{script}", "--json"),
+            stdout=out, stderr=err, text=True, env={**a.env(), **lease}, cwd=a.home,
+        )  # fmt: skip
+    try:
+        sid, run_id, owner_pid, owner_host = _wait(
+            lambda: obs.running_session(set()), "host-a's session", proc
+        )
+        assert (owner_pid, owner_host) == (proc.pid, host_a.name)
+        _wait(lambda: {ln["node"] for ln in _lines(shared, run_id)} >= {"scope", *angles},
+              "the three angles in flight on host-a", proc)  # fmt: skip
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            stopped_at = time.time()
+            _wait(lambda: _lease(obs, sid)["expired"], "host-a's lease expired by the server")
+            resumed = subprocess.run(
+                b.argv(STEERFLOW, "resume", run_id, "--json"), capture_output=True, text=True,
+                timeout=120, env={**b.env(), **lease}, cwd=b.home, check=False,
+            )  # fmt: skip
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        assert resumed.returncode == 0, resumed.stderr
+        assert proc.wait(timeout=60) == 3, err_a.read_text()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(timeout=30)
+    new_run = json.loads(resumed.stdout)["run_id"]
+    new_sid = json.loads(resumed.stdout)["session_id"]
+    fenced = _lease(obs, sid)
+    assert (fenced["lease_taken_by"], fenced["status"]) == (new_sid, "interrupted"), fenced
+    line = [ln for ln in err_a.read_text().splitlines() if "taken over" in ln]
+    assert len(line) == 1 and all(x in line[0] for x in (run_id, new_sid, host_b.name)), line
+    owner = _lines(shared, run_id)
+    assert sorted(ln["node"] for ln in owner) == sorted(["scope", *angles]), owner
+    assert all(ln["ts"] < stopped_at for ln in owner), owner
+    again = [ln["node"] for ln in _lines(shared, new_run)]
+    assert sorted(again) == sorted([*angles, "draft", "review", "summary", "synthesis"]), again

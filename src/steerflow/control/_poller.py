@@ -74,6 +74,11 @@ DEFAULT_POLL_S = 0.05
 _MIN_POLL_S = 0.001
 # Re-list pending rows at least this often even when data_version says nothing changed.
 _FORCED_LIST_S = 2.0
+# The same safety net where the backend notifies (PostgreSQL LISTEN): an insert wakes the
+# poller and a reconnected listener wakes every poller, so the listing only covers a
+# notification lost some other way. At 2 s it was most of a 1,000-flow fleet's DB round
+# trips and a quarter of its CPU (decision 124, benchmarks/fleet_pg.py).
+_FORCED_LIST_NOTIFIED_S = 20.0
 # How long the end of a run waits for the watcher thread (stuck in a read at worst; a daemon).
 _WATCH_JOIN_S = 5.0
 _STAMP_ATTEMPTS = 3  # the first try and two retries (D2)
@@ -185,6 +190,8 @@ class ControlPoller:
         forced_list: Seconds after which pending rows are listed (and an idle loop
             woken) even though ``data_version`` did not change. Tests raise it so
             that only a watcher wake-up or a due retry can explain a prompt tick.
+            Default: 2 s while polling, 20 s once the backend's notifications are in
+            effect.
 
     Attributes:
         state: ``pending`` until the first tick, ``active`` while ticking,
@@ -203,14 +210,15 @@ class ControlPoller:
         *,
         interval: float | None = None,
         db: StateDB | None = None,
-        forced_list: float = _FORCED_LIST_S,
+        forced_list: float | None = None,
     ) -> None:
         self.home = home
         self.session_id = session_id
         self.target = target
         self.interval = poll_interval() if interval is None else max(interval, _MIN_POLL_S)
         self.claimant = f"{this_host()}:{os.getpid()}:flow-executor:{session_id[:12]}"
-        self.forced_list = forced_list
+        self.forced_list = _FORCED_LIST_S if forced_list is None else forced_list
+        self._forced_default = forced_list is None
         self.state: PollerState = "pending"
         self._executing = False
         self._paused_by_controls = False
@@ -327,7 +335,8 @@ class ControlPoller:
 
         While idle the event loop is not woken at all: a watcher thread reads
         ``data_version`` every interval and wakes the loop only on a change (or
-        every :data:`_FORCED_LIST_S`, or every interval while a retry is due).
+        every :data:`_FORCED_LIST_S` (:data:`_FORCED_LIST_NOTIFIED_S` where the backend
+        notifies), or every interval while a retry is due).
         """
         loop = asyncio.get_running_loop()
         watcher: _Watcher | None = None
@@ -371,6 +380,8 @@ class ControlPoller:
             _log.warning("control poller cannot listen for controls (polling): %s", exc)
             unwatch = None
         if unwatch is not None:
+            if self._forced_default:
+                self.forced_list = _FORCED_LIST_NOTIFIED_S
             return unwatch, None
         watcher = _Watcher(db, self.interval, wake)
         watcher.start()

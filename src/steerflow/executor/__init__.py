@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
     TERMINAL,
     Edge,
@@ -34,6 +35,7 @@ __all__ = [
     "STEER_CLOSE",
     "STEER_OPEN",
     "TERMINAL",
+    "AdmissionFence",
     "CallScope",
     "Edge",
     "EventBus",

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
@@ -120,6 +121,8 @@ class FlowExecutor:
         self.max_running = 0
         self.spawned_count = 0
         self.spawn_rejections: list[SpawnRejection] = []
+        #: The run's lease, checked right before every provider call (decision 121).
+        self.fence: AdmissionFence | None = None
 
     # -- control surface -------------------------------------------------------------------
 
@@ -384,8 +387,9 @@ class FlowExecutor:
             finally:
                 self._inflight.pop(op.node_id, None)
             if response is None:
-                # Cancelled by close_admission: the node stays pending (it reruns on
-                # resume); keep a note of what the cancelled worker had already produced.
+                # Cancelled by close_admission, or never started (the fence): the node
+                # stays pending (it reruns on resume); keep a note of what a cancelled
+                # worker had already produced.
                 op.status = "pending"
                 # walked in a thread: a worker's tree can be large, and the loop is shared
                 op.artifacts = await asyncio.to_thread(_files_under, request.artifact_dir)
@@ -418,8 +422,16 @@ class FlowExecutor:
 
     async def _call(
         self, op: Operation, provider: Provider, request: ProviderRequest
-    ) -> ProviderResponse:
-        """The provider call; its operation's messages count as delivered once it runs."""
+    ) -> ProviderResponse | None:
+        """The provider call; its operation's messages count as delivered once it runs.
+
+        ``None`` when the fence could not confirm the run's lease: the call never started.
+        """
+        fence = self.fence
+        # The last check before the call, after every await on the way here: once the
+        # lease's local deadline has passed (a stall included) it asks the state DB.
+        if fence is not None and not fence.fresh() and not await fence.hold():
+            return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
         return await provider.invoke(request)
 

@@ -23,7 +23,6 @@ turns run in one leg directory, ``<artifact_root>/agent``.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import signal
 import time
@@ -36,7 +35,7 @@ from typing import Any
 from steerflow import _faults
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
-from steerflow.errors import PersistenceError, SteerflowError
+from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
 from steerflow.executor import CallScope, render_steer
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
 from steerflow.orchestrate._agent_options import (
@@ -47,11 +46,11 @@ from steerflow.orchestrate._agent_options import (
 )
 from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, turn_members
 from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage
+from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
-from steerflow.orchestrate._publish import heartbeat_loop
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
-from steerflow.state import NodeStatus, NodeUpdate, StateDB, this_host
+from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
 
@@ -120,6 +119,7 @@ class _Live:
     run_dir: RunDir
     poller: ControlPoller
     writer: CheckpointWriter
+    lease: LeaseKeeper
 
 
 class AgentRun:
@@ -159,6 +159,8 @@ class AgentRun:
         self.rejected: list[dict[str, str]] = []
         self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
         self.checkpoint_error: str | None = None
+        #: Set once the session's lease was taken over or its state DB lost (decision 121).
+        self.lease_loss: LeaseLoss | None = None
         self._scope: CallScope | None = None
         #: The model; built from the spec by :meth:`run` unless given (library use, tests).
         self._provider: Provider | None = provider
@@ -183,6 +185,13 @@ class AgentRun:
         if now and self._scope is not None:
             self._scope.cancel("stop")
 
+    def _lease_lost(self, loss: LeaseLoss) -> None:
+        """No turn starts any more; a takeover also cancels the turn in flight."""
+        self.lease_loss = loss
+        self.target.finished = True
+        if loss.taken_over and self._scope is not None:
+            self._scope.cancel(loss.reason)
+
     def _deadline(self) -> None:
         self.deadline_hit = True
         self.target.finished = True
@@ -192,7 +201,8 @@ class AgentRun:
             self._scope.cancel("deadline")
 
     def _ending(self) -> bool:
-        return self.stop_signal is not None or self.stopped_by is not None or self.deadline_hit
+        stopping = self.stop_signal is not None or self.stopped_by is not None
+        return stopping or self.deadline_hit or self.lease_loss is not None
 
     # -- the run ---------------------------------------------------------------------------
 
@@ -213,7 +223,10 @@ class AgentRun:
         seed = self.options.resume
         root = seed.artifact_root if seed is not None else self.options.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
-        session_id, invocation_id = await self._open_session(db, run_dir)
+        session, invocation_id = await self._open_session(db, run_dir)
+        session_id = session.id
+        lease = LeaseKeeper(db, session_id, session.lease_epoch)
+        lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.target)
         # ``applying:<claimant>`` names the executor that holds a message.
         poller.claimant = f"{this_host()}:{os.getpid()}:agent-executor:{session_id[:12]}"
@@ -222,14 +235,14 @@ class AgentRun:
         error: Exception | None = None
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(poller.run(), name="control-poller")
-            tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
+            tasks.create_task(lease.run(stop_heartbeat), name="heartbeat")
             try:
                 writer = await self._open_writer(session_id, run_dir)
                 if seed is not None:  # once this run is the one a later resume continues
                     await redeliver_stranded(
                         db, seed.stranded, session_id, claimed=seed.redeliver_claimed
                     )
-                live = _Live(db, session_id, invocation_id, run_dir, poller, writer)
+                live = _Live(db, session_id, invocation_id, run_dir, poller, writer, lease)
                 result = await self._under_deadline(live, provider)
             except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
                 error = exc
@@ -240,9 +253,19 @@ class AgentRun:
         if error is not None:
             raise error
         assert result is not None
+        if self.lease_loss is not None:
+            raise loss_error(
+                self.lease_loss,
+                run_id=run_dir.run_id,
+                session_id=session_id,
+                cancelled=int(self.cut_short and self.lease_loss.taken_over),
+                withheld=lease.withheld,
+                completed=sum(1 for t in self.turns if t.status == "completed"),
+                checkpoint=str(run_dir.checkpoint_path),
+            )
         return result
 
-    async def _open_session(self, db: StateDB, run_dir: RunDir) -> tuple[str, str]:
+    async def _open_session(self, db: StateDB, run_dir: RunDir) -> tuple[SessionRow, str]:
         seed = self.options.resume
         metadata: dict[str, Any] = {
             "run_id": run_dir.run_id,
@@ -257,7 +280,7 @@ class AgentRun:
             lambda: db.create_invocation(session_id=session.id, kind=AGENT_KIND)
         )
         self.progress(f"agent session {session.id} (run {run_dir.run_id}, model {self.model})")
-        return session.id, invocation.id
+        return session, invocation.id
 
     def _meta(self, *, turn: int | None) -> dict[str, Any]:
         """``node_metadata["agent"]``: what ``ctl status`` shows."""
@@ -383,6 +406,8 @@ class AgentRun:
         self.in_flight = {"turn": self._next_number(), "instruction": prompt,
                           "controls": list(controls)}  # fmt: skip
         last = self.turns[-1]
+        if not await self._may_record(s):
+            return
         await s.writer.record(
             turn_key(last.number),
             status=last.status,
@@ -432,6 +457,12 @@ class AgentRun:
         await self._publish(s, key, "running", detail)
         await self._set_meta(s, turn=number)
         self.progress(f"turn {number} started")
+        # The turn's admission, after every await above: past the lease's local deadline
+        # it asks the state DB (decision 121).
+        if not (s.lease.fresh() or await s.lease.hold()):
+            reason = s.lease.lost.reason if s.lease.lost is not None else "lease"
+            await self._cut_short(s, key, number, detail, reason)
+            return None
         scope = CallScope()
         self._scope = scope
         error: str | None = None
@@ -449,10 +480,7 @@ class AgentRun:
             self._scope = None
         detail["ended_at"] = time.time()
         if scope.cancelled_by is not None:
-            self.cut_short = True
-            detail["cancelled"] = scope.cancelled_by
-            await self._publish(s, key, "pending", detail)
-            self.progress(f"turn {number} cancelled ({scope.cancelled_by}); it reruns on resume")
+            await self._cut_short(s, key, number, detail, scope.cancelled_by)
             return None
         outcome = TurnOutcome(
             number=number,
@@ -465,6 +493,8 @@ class AgentRun:
         )
         self.turns.append(outcome)
         self.in_flight = None
+        if not await self._may_record(s):
+            return None  # the run is another session's now: not recorded as its turn
         await s.writer.record(
             key, status=outcome.status, response=_stored_response(outcome), **_members(outcome)
         )
@@ -475,6 +505,15 @@ class AgentRun:
         self.progress(f"turn {number} {outcome.status}" + (f": {error}" if error else ""))
         return outcome
 
+    async def _cut_short(
+        self, s: _Live, key: str, number: int, detail: dict[str, Any], reason: str
+    ) -> None:
+        """A turn cancelled, or never started: not recorded; it reruns on resume."""
+        self.cut_short = True
+        detail["cancelled"] = reason
+        await self._publish(s, key, "pending", detail)
+        self.progress(f"turn {number} cancelled ({reason}); it reruns on resume")
+
     def _add_usage(self, usage: Any) -> None:
         if usage is None:
             return
@@ -483,6 +522,9 @@ class AgentRun:
         if usage.cost_usd is not None:
             self.usage["cost_usd"] = (self.usage["cost_usd"] or 0.0) + usage.cost_usd
 
+    async def _may_record(self, s: _Live) -> bool:
+        return s.lease.fresh() or await s.lease.may_record()
+
     # -- publication -----------------------------------------------------------------------
 
     async def _publish(
@@ -490,8 +532,16 @@ class AgentRun:
     ) -> None:
         update = NodeUpdate(node_key=key, kind="planned", status=status, assignee="agent",
                             detail=dict(detail))  # fmt: skip
-        with contextlib.suppress(SteerflowError):  # a live view; the checkpoint is the record
-            await asyncio.to_thread(s.db.upsert_nodes, s.session_id, [update])
+        if s.lease.lost is not None:
+            return
+        try:
+            await asyncio.to_thread(
+                lambda: s.db.upsert_nodes(s.session_id, [update], epoch=s.lease.epoch)
+            )
+        except (LeaseLostError, StateDBLostError) as exc:
+            s.lease.fenced(exc)
+        except SteerflowError:
+            pass  # a live view; the checkpoint is the record
 
     async def _publish_replayed(self, s: _Live) -> None:
         for turn in self.turns:
@@ -501,10 +551,17 @@ class AgentRun:
             )  # fmt: skip
 
     async def _set_meta(self, s: _Live, *, turn: int | None) -> None:
-        with contextlib.suppress(SteerflowError):  # ``ctl status`` shows a stale count at worst
+        if s.lease.lost is not None:
+            return
+        patch = {"agent": self._meta(turn=turn)}
+        try:
             await asyncio.to_thread(
-                s.db.update_node_metadata, s.session_id, {"agent": self._meta(turn=turn)}
+                lambda: s.db.update_node_metadata(s.session_id, patch, epoch=s.lease.epoch)
             )
+        except (LeaseLostError, StateDBLostError) as exc:
+            s.lease.fenced(exc)
+        except SteerflowError:
+            pass  # ``ctl status`` shows a stale count at worst
 
     # -- the end ---------------------------------------------------------------------------
 
@@ -541,12 +598,19 @@ class AgentRun:
         if self.stopped_by is not None:
             extra["stopped_by"] = dict(self.stopped_by)
 
+        epoch = s.lease.epoch
+
         def finish() -> None:
-            s.db.update_node_metadata(s.session_id, extra)
-            s.db.set_session_status(s.session_id, status)
+            s.db.check_file()  # a database deleted under the run: say so, not exit 0 unlisted
+            s.db.update_node_metadata(s.session_id, extra, epoch=epoch)
+            s.db.set_session_status(s.session_id, status, epoch=epoch)
             s.db.set_invocation_status(s.invocation_id, status)
 
-        await asyncio.to_thread(finish)
+        if self.lease_loss is None:
+            try:
+                await asyncio.to_thread(finish)
+            except (LeaseLostError, StateDBLostError) as exc:
+                s.lease.fenced(exc)
         seed = self.options.resume
         return AgentResult(
             session_id=s.session_id,

@@ -1,17 +1,18 @@
-"""Publish live node status and a heartbeat to the state DB for other processes."""
+"""Publish live node status to the state DB for other processes.
+
+The heartbeat is the lease's renewal now: ``orchestrate._lease``.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+from collections.abc import Callable
 
-from steerflow.errors import SteerflowError
+from steerflow.errors import LeaseLostError, StateDBLostError, SteerflowError
 from steerflow.executor import FlowEvent, Graph, Operation
 from steerflow.state import NodeStatus, NodeUpdate, StateDB
 
-__all__ = ["HEARTBEAT_INTERVAL_S", "NodePublisher", "heartbeat_loop"]
-
-HEARTBEAT_INTERVAL_S = 2.0
+__all__ = ["NodePublisher"]
 
 _EVENT_STATUS: dict[str, NodeStatus] = {
     "node_started": "running",
@@ -29,13 +30,26 @@ class NodePublisher:
     """Coalesces node status changes and writes them in one transaction per batch.
 
     Events arrive synchronously on the loop; the write happens in a worker thread
-    so the event loop never waits on SQLite.
+    so the event loop never waits on SQLite. With ``epoch`` every batch is fenced by the
+    session's lease in its own transaction; once a batch is refused (the lease was
+    taken over, the database lost) nothing more is written and ``on_fenced`` is told.
     """
 
-    def __init__(self, db: StateDB, session_id: str, graph: Graph) -> None:
+    def __init__(
+        self,
+        db: StateDB,
+        session_id: str,
+        graph: Graph,
+        *,
+        epoch: int | None = None,
+        on_fenced: Callable[[LeaseLostError | StateDBLostError], None] | None = None,
+    ) -> None:
         self._db = db
         self._session_id = session_id
         self._graph = graph
+        self._epoch = epoch
+        self._on_fenced = on_fenced
+        self.fenced = False
         self._dirty: dict[str, NodeUpdate] = {}
         self._wake = asyncio.Event()
         self._closing = False
@@ -100,11 +114,20 @@ class NodePublisher:
     async def flush(self) -> None:
         """Write every queued update now."""
         async with self._flush_lock:
+            if self.fenced:
+                self._dirty.clear()
+                return
             if not self._dirty:
                 return
             batch, self._dirty = list(self._dirty.values()), {}
             try:
-                await asyncio.to_thread(self._db.upsert_nodes, self._session_id, batch)
+                await asyncio.to_thread(
+                    lambda: self._db.upsert_nodes(self._session_id, batch, epoch=self._epoch)
+                )
+            except (LeaseLostError, StateDBLostError) as exc:
+                self.fenced = True  # the rows are no longer this process's to write
+                if self._on_fenced is not None:
+                    self._on_fenced(exc)
             except SteerflowError:
                 for row in batch:
                     self._dirty.setdefault(row.node_key, row)
@@ -139,13 +162,3 @@ def _call_detail(op: Operation, graph: Graph) -> dict[str, object]:
     if parent is not None:
         out["parent"] = parent.key
     return out
-
-
-async def heartbeat_loop(db: StateDB, session_id: str, stop: asyncio.Event) -> None:
-    """Refresh the session heartbeat until ``stop`` is set."""
-    while not stop.is_set():
-        with contextlib.suppress(SteerflowError):
-            await asyncio.to_thread(db.heartbeat, session_id)
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(HEARTBEAT_INTERVAL_S):
-                await stop.wait()

@@ -8,7 +8,7 @@ import os
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from steerflow.artifacts import DECLARED_MEMBER
 from steerflow.checkpoint import CheckpointWriter, save_branch
@@ -22,6 +22,18 @@ __all__ = ["CheckpointOutcome", "CheckpointRecorder", "replay_entries", "write_p
 #: Reconciliations a run may attempt: enough for transient errors (a full disk that was
 #: cleared, an EIO on a network filesystem), few enough that a dead disk fails fast.
 MAX_RECONCILES = 3
+
+
+class RecordFence(Protocol):
+    """Whether an outcome may still be recorded as the run's (``LeaseKeeper`` is one)."""
+
+    def fresh(self) -> bool:
+        """True while the lease is known held without asking the database."""
+        ...
+
+    async def may_record(self) -> bool:
+        """Whether to record, confirmed by the database once the local deadline passed."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -82,6 +94,10 @@ class CheckpointRecorder:
         # persisted, so ``on_lost`` closes admission rather than pay for more work (decision 35).
         self.lost = False
         self.on_lost: Callable[[], None] | None = None
+        # The run's lease (decision 121): a process whose run was taken over records
+        # nothing more as the run's. ``withheld`` counts what it did not record.
+        self.fence: RecordFence | None = None
+        self.withheld = 0
         self._recovery = asyncio.Lock()
         # Branch files are written only for nodes a resume can restore a conversation
         # from (decision 64): node ids some node starts from, outcomes already decided
@@ -196,7 +212,14 @@ class CheckpointRecorder:
         return True
 
     async def _durably(self, op: Operation | None, write: Callable[[], Awaitable[None]]) -> None:
-        """``write``; after a write error, reconcile once and ``write`` again."""
+        """``write``; after a write error, reconcile once and ``write`` again.
+
+        Nothing is written once the fence says the run is no longer this process's.
+        """
+        fence = self.fence
+        if fence is not None and not fence.fresh() and not await fence.may_record():
+            self.withheld += 1
+            return
         try:
             await write()
             return

@@ -17,8 +17,10 @@ from steerflow.control import ControlPoller
 from steerflow.errors import (
     ExitCode,
     FlowResumeError,
+    LeaseLostError,
     PlanValidationError,
     ProviderError,
+    StateDBLostError,
     SteerflowError,
     UsageError,
 )
@@ -38,6 +40,7 @@ from steerflow.orchestrate._claim import create_session, lineage
 from steerflow.orchestrate._consent import check_agent_worker_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
+from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import (
     EndStatus,
     FlowOptions,
@@ -48,7 +51,7 @@ from steerflow.orchestrate._options import (
     usage_total,
 )
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
-from steerflow.orchestrate._publish import NodePublisher, heartbeat_loop
+from steerflow.orchestrate._publish import NodePublisher
 from steerflow.orchestrate._recorder import (
     CheckpointOutcome,
     CheckpointRecorder,
@@ -66,7 +69,7 @@ from steerflow.plan import (
     parse_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache, Usage
-from steerflow.state import StateDB
+from steerflow.state import SessionRow, StateDB
 
 __all__ = ["FlowRun", "run_flow"]
 
@@ -87,6 +90,7 @@ class _Session:
     run_dir: RunDir
     tasks: asyncio.TaskGroup  # the run's services: poller, heartbeat, publisher
     poller: ControlPoller
+    lease: LeaseKeeper  # the heartbeat: the session's lease, renewed and checked
 
 
 class FlowRun:
@@ -120,6 +124,9 @@ class FlowRun:
         self.planner_usage: list[Usage] = []
         #: Why the run has no plan, once planning ended without one (decision 101).
         self._no_plan: str | None = None
+        #: Set once the run's lease was taken over or its state DB lost (decision 121).
+        self.lease_loss: LeaseLoss | None = None
+        self._lease: LeaseKeeper | None = None
 
     # -- signals and deadlines ---------------------------------------------------------
 
@@ -152,6 +159,19 @@ class FlowRun:
             self.executor.close_admission(STOP_REASON, cancel_inflight=now)
         if self._planning is not None and now:
             self._planning.cancel(STOP_REASON)
+
+    def _lease_lost(self, loss: LeaseLoss) -> None:
+        """Admit nothing more; after a takeover also cancel what is in flight (decision 121)."""
+        self.lease_loss = loss
+        if self.executor is not None:
+            self.executor.close_admission(loss.reason, cancel_inflight=loss.taken_over)
+        if self._planning is not None:
+            self._planning.cancel(loss.reason)
+
+    async def _lease_held(self) -> bool:
+        """The planner call's admission check (the executor has its own: ``fence``)."""
+        lease = self._lease
+        return lease is None or lease.fresh() or await lease.hold()
 
     def _deadline(self) -> None:
         # A planner call already made is paid for: it finishes, and its plan is kept.
@@ -261,8 +281,9 @@ class FlowRun:
         )
 
     def _admission_closed(self) -> bool:
-        """True once a signal, a deadline or a ``ctl stop`` ended admission (never reopened)."""
-        return self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None
+        """True once a signal, a deadline, a ``ctl stop`` or a lost lease ended admission."""
+        closed = self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None
+        return closed or self.lease_loss is not None
 
     async def _plan_with_model(self, prompt: str, model: str) -> PlanFile | None:
         """The planner's plan; None if admission closed before a retry could be made."""
@@ -277,6 +298,8 @@ class FlowRun:
                     f"the planner's reply was not a valid plan ({feedback}), and no retry "
                     "is asked for once the run is stopping"
                 )
+                return None
+            if not await self._lease_held():
                 return None
             try:
                 reply = await provider.plan_with_usage(
@@ -321,7 +344,10 @@ class FlowRun:
         seed = self.options.resume
         root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
-        session_id = await self._open_session(db, run_dir, prompt, source, settings)
+        row = await self._open_session(db, run_dir, prompt, source, settings)
+        session_id = row.id
+        lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
+        lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.steering)
         self.context.on_delivered.append(
             lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
@@ -332,9 +358,9 @@ class FlowRun:
         error: Exception | None = None
         async with asyncio.TaskGroup() as tasks:
             tasks.create_task(poller.run(), name="control-poller")
-            tasks.create_task(heartbeat_loop(db, session_id, stop_heartbeat), name="heartbeat")
+            tasks.create_task(lease.run(stop_heartbeat), name="heartbeat")
             try:
-                session = _Session(db, session_id, run_dir, tasks, poller)
+                session = _Session(db, session_id, run_dir, tasks, poller, lease)
                 result = await self._under_deadline(session, plan, prompt, settings)
             except Exception as exc:  # re-raised below as itself, not inside an ExceptionGroup
                 error = exc
@@ -345,6 +371,17 @@ class FlowRun:
         if error is not None:
             raise error
         assert result is not None
+        if self.lease_loss is not None:
+            graph = self.executor.graph if self.executor is not None else Graph()
+            raise loss_error(
+                self.lease_loss,
+                run_id=run_dir.run_id,
+                session_id=session_id,
+                cancelled=sum(1 for op in graph if op.cancelled == self.lease_loss.reason),
+                withheld=lease.withheld,
+                completed=sum(1 for op in graph if op.status == "completed"),
+                checkpoint=str(run_dir.checkpoint_path),
+            )
         return result
 
     def _announce_steers(self, messages: list[dict[str, Any]]) -> None:
@@ -364,8 +401,8 @@ class FlowRun:
 
     async def _open_session(
         self, db: StateDB, run_dir: RunDir, prompt: str, source: str, settings: RunSettings
-    ) -> str:
-        """Insert the session row (and its invocation and play); its id."""
+    ) -> SessionRow:
+        """Insert the session row (and its invocation and play); the row."""
         seed = self.options.resume
         metadata: dict[str, Any] = {"run_id": run_dir.run_id, "poller": "pending", "source": source}
         if seed is not None and seed.degraded:
@@ -385,7 +422,7 @@ class FlowRun:
                     session_id=session.id, invocation_id=invocation.id, playbook=playbook
                 )
             )
-        return session.id
+        return session
 
     async def _under_deadline(
         self, s: _Session, plan: PlanFile | None, prompt: str, settings: RunSettings
@@ -579,7 +616,9 @@ class FlowRun:
             ) from None
 
     def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:
-        publisher = NodePublisher(s.db, s.session_id, graph)
+        publisher = NodePublisher(
+            s.db, s.session_id, graph, epoch=s.lease.epoch, on_fenced=s.lease.fenced
+        )
         self.gate.on_change.append(publisher.on_gate)
         self.events.subscribe(publisher.on_event)
         publisher.snapshot_all()
@@ -631,6 +670,10 @@ class FlowRun:
             executor.close_admission(STOP_REASON, cancel_inflight=bool(self.stopped_by["now"]))
         elif self.deadline_hit:
             executor.close_admission("deadline", cancel_long_running=True)
+        # Every call and every record checks the lease first (decision 121).
+        executor.fence = recorder.fence = s.lease
+        if self.lease_loss is not None:
+            executor.close_admission(self.lease_loss.reason)
         # Nothing more can be saved: admit nothing, let the calls already paid for finish.
         recorder.on_lost = lambda: executor.close_admission(CHECKPOINT_LOST)
         if recorder.lost:
@@ -679,11 +722,20 @@ class FlowRun:
         return {"stopped_by": dict(self.stopped_by)} if self.stopped_by is not None else {}
 
     async def _finish_session(self, s: _Session, status: EndStatus, extra: dict[str, Any]) -> None:
-        def finish() -> None:
-            s.db.update_node_metadata(s.session_id, {**extra, "finished_at": time.time()})
-            s.db.set_session_status(s.session_id, status)
+        if self.lease_loss is not None:
+            return  # the session row is its new owner's (or gone with its database)
+        epoch = s.lease.epoch
 
-        await asyncio.to_thread(finish)
+        def finish() -> None:
+            s.db.check_file()  # a database deleted under the run: say so, not exit 0 unlisted
+            meta = {**extra, "finished_at": time.time()}
+            s.db.update_node_metadata(s.session_id, meta, epoch=epoch)
+            s.db.set_session_status(s.session_id, status, epoch=epoch)
+
+        try:
+            await asyncio.to_thread(finish)
+        except (LeaseLostError, StateDBLostError) as exc:
+            s.lease.fenced(exc)
 
     def _result(
         self, s: _Session, graph: Graph, status: EndStatus, checkpoint: CheckpointOutcome

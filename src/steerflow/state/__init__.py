@@ -16,6 +16,7 @@ from steerflow.state._db import (
     db_exists,
     normalize_state_db_url,
 )
+from steerflow.state._lease import DEFAULT_LEASE_S, LEASE_ENV, holds_lease, lease_seconds
 from steerflow.state._owner import (
     HEARTBEAT_STALE_S,
     HOST_ID_ENV,
@@ -44,8 +45,10 @@ from steerflow.state._schema import (
 )
 
 __all__ = [
+    "DEFAULT_LEASE_S",
     "HEARTBEAT_STALE_S",
     "HOST_ID_ENV",
+    "LEASE_ENV",
     "SCHEMA_VERSION",
     "STATE_DB_URL_ENV",
     "ControlRow",
@@ -71,6 +74,8 @@ __all__ = [
     "copy_state",
     "db_exists",
     "effective_status",
+    "holds_lease",
+    "lease_seconds",
     "normalize_state_db_url",
     "open_copy_target",
     "owner_alive",

@@ -24,6 +24,13 @@ session that owns the source run directory is ``running`` with a live owner, it
 still invokes the source's pending nodes, so any resume of it (``--fork``
 included) would pay for them a second time. A source whose owner died
 (``interrupted``) or that finished is resumable.
+
+"Live" is judged with the lease (decision 120, :func:`steerflow.state._lease.holds_lease`):
+by the process table on the owner's own host, else by ``lease_expires`` against the
+database's clock, read in the claiming transaction. A ``running`` session judged dead
+that way (the source's owner, or a resume whose claim is dropped) is *taken over*: the
+claiming transaction raises its ``lease_epoch`` and names itself in ``lease_taken_by``,
+so that session, should it wake up, finds every fenced write refused.
 """
 
 from __future__ import annotations
@@ -33,10 +40,20 @@ from dataclasses import dataclass
 from typing import Any
 
 from steerflow.errors import ResumeClaimedError
-from steerflow.state._owner import effective_status
+from steerflow.state._lease import dead_on_this_host, holds_lease
+from steerflow.state._owner import HEARTBEAT_STALE_S, effective_status
 from steerflow.state._schema import SessionRow, SessionStatus, StateTransaction
 
-__all__ = ["ResumeClaim", "ResumedBy", "check_claim", "record_claim", "resumed_by"]
+__all__ = [
+    "ClaimCheck",
+    "ResumeClaim",
+    "ResumedBy",
+    "check_claim",
+    "db_clock",
+    "record_claim",
+    "resumed_by",
+    "take_over",
+]
 
 _HOLDERS_SQL = (
     "SELECT c.source_run_id AS claim_source, c.fork AS claim_fork,"
@@ -90,17 +107,27 @@ class ResumedBy:
 
 
 @dataclass(frozen=True)
+class ClaimCheck:
+    """What :func:`check_claim` found besides a refusal.
+
+    Attributes:
+        stale: Session ids of dead claims without a checkpoint, to drop when claiming.
+        takeover: ``running`` sessions judged dead by their lease (or on this host by
+            the process table): the claim takes them over (:func:`take_over`).
+    """
+
+    stale: list[str]
+    takeover: list[SessionRow]
+
+
+@dataclass(frozen=True)
 class _Holder:
     fork: bool
     row: SessionRow
-    status: SessionStatus
-
-    @property
-    def live(self) -> bool:
-        return self.status == "running"
+    live: bool
 
 
-def _holders(tx: StateTransaction, source_run_id: str) -> list[_Holder]:
+def _holders(tx: StateTransaction, source_run_id: str, db_now: float) -> list[_Holder]:
     rows = tx.query(
         _HOLDERS_SQL + " WHERE c.source_run_id = ? ORDER BY c.created_at, c.session_id",
         (source_run_id,),
@@ -108,7 +135,7 @@ def _holders(tx: StateTransaction, source_run_id: str) -> list[_Holder]:
     out = []
     for raw in rows:
         row = SessionRow.from_mapping(raw)
-        out.append(_Holder(bool(raw["claim_fork"]), row, effective_status(row)))
+        out.append(_Holder(bool(raw["claim_fork"]), row, holds_lease(row, db_now)))
     return out
 
 
@@ -117,20 +144,22 @@ def _counts(holder: _Holder, has_checkpoint: Callable[[str], bool]) -> bool:
 
 
 def _successor(
-    tx: StateTransaction, run_id: str, has_checkpoint: Callable[[str], bool]
+    tx: StateTransaction, run_id: str, has_checkpoint: Callable[[str], bool], db_now: float
 ) -> _Holder | None:
     """The run that continued ``run_id``: its plain resume, else its newest fork."""
-    counted = [h for h in _holders(tx, run_id) if _counts(h, has_checkpoint)]
+    counted = [h for h in _holders(tx, run_id, db_now) if _counts(h, has_checkpoint)]
     plain = [h for h in counted if not h.fork]
     if plain:
         return plain[0]
     return counted[-1] if counted else None
 
 
-def _newest(tx: StateTransaction, first: _Holder, has_checkpoint: Callable[[str], bool]) -> _Holder:
+def _newest(
+    tx: StateTransaction, first: _Holder, has_checkpoint: Callable[[str], bool], db_now: float
+) -> _Holder:
     newest, seen = first, {first.row.id}
     while newest.row.run_id is not None:
-        nxt = _successor(tx, newest.row.run_id, has_checkpoint)
+        nxt = _successor(tx, newest.row.run_id, has_checkpoint, db_now)
         if nxt is None or nxt.row.id in seen:
             break
         newest = nxt
@@ -142,25 +171,30 @@ def _owner_text(row: SessionRow) -> str:
     return f", pid {row.owner_pid} on {row.owner_host}" if row.owner_pid is not None else ""
 
 
-def _live_owner_of(tx: StateTransaction, run_id: str) -> SessionRow | None:
-    """The session that owns run ``run_id`` and is still running, if any."""
+def _running_owners(tx: StateTransaction, run_id: str) -> list[SessionRow]:
+    """The sessions that own run ``run_id`` and are stored ``running``, oldest first."""
     rows = tx.query(
         "SELECT * FROM sessions WHERE run_id = ? AND status = 'running' ORDER BY created_at, id",
         (run_id,),
     )
-    for raw in rows:
-        row = SessionRow.from_mapping(raw)
-        if effective_status(row) == "running":
-            return row
-    return None
+    return [SessionRow.from_mapping(raw) for raw in rows]
 
 
-def _refuse_live_source(tx: StateTransaction, source: str) -> None:
-    owner = _live_owner_of(tx, source)
+def _lease_text(row: SessionRow, db_now: float) -> str:
+    if row.lease_expires is None or row.lease_expires < db_now:
+        return ""
+    return f"; its lease runs {row.lease_expires - db_now:.0f} s more by the state DB's clock"
+
+
+def _refuse_live_source(tx: StateTransaction, source: str, db_now: float) -> list[SessionRow]:
+    """Refuse while the source's owner holds its lease; else the owners to take over."""
+    owners = _running_owners(tx, source)
+    owner = next((row for row in owners if holds_lease(row, db_now)), None)
     if owner is None:
-        return
+        return owners
     raise ResumeClaimedError(
-        f"run {source} is still running (session {owner.id}{_owner_text(owner)}); "
+        f"run {source} is still running (session {owner.id}{_owner_text(owner)}"
+        f"{_lease_text(owner, db_now)}); "
         f"resuming it now would run its pending nodes a second time, and so would --fork. "
         f"Stop it first (Ctrl-C / SIGINT to its process: completed work is saved; "
         f"`steerflow ctl pause {owner.id}` only holds new operations, the run stays live), "
@@ -170,23 +204,37 @@ def _refuse_live_source(tx: StateTransaction, source: str) -> None:
     )
 
 
-def check_claim(tx: StateTransaction, claim: ResumeClaim) -> list[str]:
+def db_clock(tx: StateTransaction, clock_sql: str) -> float:
+    """The database's clock, read inside ``tx`` (see ``StateBackend.clock_sql``)."""
+    return float(tx.query(f"SELECT {clock_sql} AS now")[0]["now"])
+
+
+def check_claim(tx: StateTransaction, claim: ResumeClaim, db_now: float) -> ClaimCheck:
     """Refuse ``claim`` if its source still runs, or another resume holds or continued it.
 
+    Args:
+        tx: The claiming (or preflight) transaction.
+        claim: What the resume asks for.
+        db_now: The database's clock in ``tx`` (:func:`db_clock`): leases expire by it.
+
     Returns:
-        Session ids of dead claims without a checkpoint, to drop when claiming.
+        The dead claims to drop and the ``running`` sessions to take over.
 
     Raises:
-        ResumeClaimedError: The source run's own session is still running with a
-            live owner (fork or not); or, not a fork, a live resume holds the
-            source, or a resume of it has published a checkpoint.
+        ResumeClaimedError: The source run's own session still holds its lease (fork
+            or not); or, not a fork, a live resume holds the source, or a resume of it
+            has published a checkpoint.
     """
     source = claim.source_run_id
-    _refuse_live_source(tx, source)
-    holders = _holders(tx, source)
-    stale = [h.row.id for h in holders if not _counts(h, claim.has_checkpoint)]
+    takeover = _refuse_live_source(tx, source, db_now)
+    holders = _holders(tx, source, db_now)
+    dropped = [h for h in holders if not _counts(h, claim.has_checkpoint)]
+    # A dropped claim whose session is still stored running (stalled past its lease)
+    # must be fenced too, or it would wake up and run the source's pending nodes.
+    takeover += [h.row for h in dropped if h.row.status == "running"]
+    check = ClaimCheck([h.row.id for h in dropped], takeover)
     if claim.fork:
-        return stale
+        return check
     live = [h for h in holders if h.live]
     if live:
         holder = live[0].row
@@ -198,10 +246,10 @@ def check_claim(tx: StateTransaction, claim: ResumeClaim) -> list[str]:
             holder_session_id=holder.id,
             newest_run_id=holder.run_id,
         )
-    first = _successor(tx, source, claim.has_checkpoint)
+    first = _successor(tx, source, claim.has_checkpoint, db_now)
     if first is None:
-        return stale
-    newest = _newest(tx, first, claim.has_checkpoint)
+        return check
+    newest = _newest(tx, first, claim.has_checkpoint, db_now)
     running = " (still running)" if newest.live else ""
     raise ResumeClaimedError(
         f"run {source} was already resumed by run {first.row.run_id} (session "
@@ -229,6 +277,46 @@ def record_claim(
         " VALUES (?, ?, ?, ?)",
         (session_id, claim.source_run_id, int(claim.fork), now),
     )
+
+
+# The condition re-checked by the takeover's UPDATE itself: on PostgreSQL an owner's renewal
+# may commit between the check and the update, and the update then matches no row.
+_TAKE_OVER_SQL = (
+    "UPDATE sessions SET status = 'interrupted', lease_epoch = ?, lease_taken_by = ?,"
+    " updated_at = ? WHERE id = ? AND status = 'running' AND lease_epoch = ?"
+    " AND (? = 1 OR COALESCE(lease_expires, heartbeat_at + ?, 0) < {clock})"
+)
+
+
+def take_over(
+    tx: StateTransaction,
+    rows: Sequence[SessionRow],
+    by_session: str,
+    epoch: int,
+    now: float,
+    clock_sql: str,
+) -> None:
+    """Fence every session of ``rows``: status ``interrupted``, ``lease_epoch`` = ``epoch``.
+
+    ``epoch`` is the new owner's token, above every taken-over one. A row judged dead by
+    the process table of this host is taken over whatever its lease says (a dead process
+    writes nothing); any other only while its lease is still expired at this statement.
+
+    Raises:
+        ResumeClaimedError: An owner renewed its lease meanwhile; the caller's
+            transaction rolls back, nothing is written.
+    """
+    sql = _TAKE_OVER_SQL.format(clock=clock_sql)
+    for row in rows:
+        params = (epoch, by_session, now, row.id, row.lease_epoch, int(dead_on_this_host(row)),
+                  HEARTBEAT_STALE_S)  # fmt: skip
+        if tx.execute(sql, params) != 1:
+            raise ResumeClaimedError(
+                f"session {row.id} (run {row.run_id}{_owner_text(row)}) renewed its lease "
+                f"while this resume checked it: it is still running; try again once it stops",
+                holder_session_id=row.id,
+                newest_run_id=row.run_id,
+            )
 
 
 def resumed_by(tx: StateTransaction, run_ids: Sequence[str]) -> dict[str, list[ResumedBy]]:

@@ -18,6 +18,7 @@ import contextlib
 import math
 import os
 import re
+import stat
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -29,15 +30,25 @@ from steerflow import _faults
 from steerflow.errors import (
     AmbiguousIdError,
     ControlNotApplyingError,
+    LeaseLostError,
     NotRunningError,
     RefusedError,
+    StateDBLostError,
     SteerflowError,
     UnknownIdError,
     UsageError,
     quote_input,
 )
-from steerflow.state._claims import ResumeClaim, ResumedBy, check_claim, record_claim
+from steerflow.state._claims import (
+    ResumeClaim,
+    ResumedBy,
+    check_claim,
+    db_clock,
+    record_claim,
+    take_over,
+)
 from steerflow.state._claims import resumed_by as _resumed_by
+from steerflow.state._lease import lease_seconds
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
 from steerflow.state._postgres import PostgresBackend, check_postgres_url, is_postgres_url
@@ -242,6 +253,14 @@ def _new_id() -> str:
     return uuid.uuid4().hex
 
 
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    try:
+        found = os.stat(path)
+    except OSError:
+        return None
+    return found.st_dev, found.st_ino
+
+
 def _check_choice(value: object, alias: object, what: str) -> None:
     allowed = get_args(alias)
     if value not in allowed:
@@ -264,6 +283,10 @@ class StateDB:
         """Wrap an open backend whose schema is current (see :meth:`open`)."""
         self.backend = backend
         self.path = path
+        # The file this connection has open, as its path named it once opened: SQLite
+        # keeps writing to an unlinked or renamed-over inode, so only a comparison with
+        # what the path names now tells that the database went away (decision 122).
+        self._identity = _file_identity(path) if path is not None else None
 
     @classmethod
     def open(
@@ -398,6 +421,7 @@ class StateDB:
         owner: Owner | None = None,
         phase: Phase = "planning",
         resume: ResumeClaim | None = None,
+        lease_s: float | None = None,
     ) -> SessionRow:
         """Insert a ``running`` session owned by ``owner`` (default: this process).
 
@@ -405,7 +429,12 @@ class StateDB:
         ``resume``, the claim on the source run is checked and taken in the same
         write transaction as the insert (docs/decisions.md, one resume per source),
         so of two resumes of one source at the same moment exactly one gets a session,
-        and none while the source run's own session still runs.
+        and none while the source run's own session still holds its lease. A
+        ``running`` session the claim judges dead is taken over in that transaction:
+        its ``lease_epoch`` is raised to the new session's, so it can fence no more.
+
+        The new session's lease runs ``lease_s`` (default :func:`lease_seconds`) past
+        the database's clock; its owner renews it (:meth:`renew_lease`).
 
         Raises:
             ResumeClaimedError: ``resume`` is refused; nothing was written.
@@ -417,22 +446,32 @@ class StateDB:
         if run_id is not None:
             meta["run_id"] = run_id
         sid = _new_id()
+        duration = lease_seconds() if lease_s is None else lease_s
+        clock = self.backend.clock_sql
         with self.backend.transaction(write=True) as tx:
+            check = None
             if resume is not None:  # two resumes of one source: one checks after the other
                 self.backend.lock(tx, "resume", resume.source_run_id)
-            stale = check_claim(tx, resume) if resume is not None else []
+                check = check_claim(tx, resume, db_clock(tx, clock))
             now = time.time()
+            takeover = check.takeover if check is not None else []
+            # Above every token it fences: the chain's owners hold ever larger epochs.
+            epoch = 1 + max((row.lease_epoch for row in takeover), default=0)
             tx.execute(
                 "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
                 " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
-                " heartbeat_at) VALUES (?, ?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                f" heartbeat_at, lease_epoch, lease_expires) VALUES (?, ?, 'running', ?, ?, ?,"
+                f" ?, ?, ?, ?, ?, ?, ?, ?, {clock} + ?)",
                 (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
-                 who.host, who.pid, who.started_at, now),
+                 who.host, who.pid, who.started_at, now, epoch, duration),
             )  # fmt: skip
-            if resume is not None:
-                record_claim(tx, resume, sid, now, stale)
+            if resume is not None and check is not None:
+                take_over(tx, takeover, sid, epoch, now, clock)
+                record_claim(tx, resume, sid, now, check.stale)
+            expires = tx.query("SELECT lease_expires FROM sessions WHERE id = ?", (sid,))
         return SessionRow(sid, kind, "running", phase, now, now, meta, None, prompt, run_id,
-                          who.host, who.pid, who.started_at, now)  # fmt: skip
+                          who.host, who.pid, who.started_at, now, epoch,
+                          float(expires[0]["lease_expires"]))  # fmt: skip
 
     def get_session(self, session_id: str) -> SessionRow | None:
         """The session with exactly this id, or ``None``."""
@@ -449,7 +488,7 @@ class StateDB:
                 or continued it.
         """
         with self.backend.transaction(write=False) as tx:
-            check_claim(tx, claim)
+            check_claim(tx, claim, db_clock(tx, self.backend.clock_sql))
 
     def resumed_by(self, run_ids: Sequence[str]) -> dict[str, list[ResumedBy]]:
         """Who resumed each of ``run_ids``, oldest first; runs never resumed are absent."""
@@ -483,17 +522,33 @@ class StateDB:
             raise UnknownIdError(f"unknown session id {session_id!r}")
 
     def set_session_status(
-        self, session_id: str, status: SessionStatus, *, expected: str | None = None
+        self,
+        session_id: str,
+        status: SessionStatus,
+        *,
+        expected: str | None = None,
+        epoch: int | None = None,
     ) -> bool:
-        """Set the status (with ``expected``: only while stored); return whether it changed."""
+        """Set the status (with ``expected``: only while stored); return whether it changed.
+
+        With ``epoch``, only while the session still holds its lease at that epoch.
+
+        Raises:
+            LeaseLostError: ``epoch`` was given and the lease was taken over.
+        """
         _check_choice(status, SessionStatus, "session status")
         sql = "UPDATE sessions SET status = ?, updated_at = ? WHERE id = ?"
+        params: list[object] = [status, time.time(), session_id]
         if expected is not None:
-            sql += " AND status = ?"
+            sql, params = sql + " AND status = ?", [*params, expected]
+        if epoch is not None:  # in the statement: PostgreSQL re-checks it after a lock wait
+            sql, params = sql + " AND lease_epoch = ?", [*params, epoch]
         with self.backend.transaction(write=True) as tx:
             self.backend.lock(tx, "session", session_id)  # after any control insert in flight
-            params = (status, time.time(), session_id, *([] if expected is None else [expected]))
-            return tx.execute(sql, params) == 1
+            if tx.execute(sql, params) == 1:
+                return True
+            self._fence(tx, session_id, epoch)  # no row changed: lost the lease, or not expected
+            return False
 
     def set_session_phase(self, session_id: str, phase: Phase) -> None:
         """Record the flow's phase (``planning``, ``executing`` or ``paused``)."""
@@ -503,6 +558,99 @@ class StateDB:
     def heartbeat(self, session_id: str) -> None:
         """Stamp ``heartbeat_at`` with the current time."""
         self._update_session(session_id, "heartbeat_at = ?", (time.time(),))
+
+    def renew_lease(self, session_id: str, epoch: int, lease_s: float) -> None:
+        """Extend the lease of ``session_id`` held at ``epoch`` to ``lease_s`` past the DB's clock.
+
+        One fenced statement, which is also the heartbeat. On SQLite the file this
+        connection writes to is first compared with the one its path names now.
+
+        Raises:
+            LeaseLostError: Another session took the lease over.
+            StateDBLostError: The database file was deleted, replaced or made
+                unwritable, or the session's row is gone (a replaced database).
+            DatabaseBusyError: The write lock could not be taken within the bound.
+        """
+        self.check_file()
+        now = time.time()
+        with self.backend.transaction(write=True) as tx:
+            changed = tx.execute(
+                "UPDATE sessions SET heartbeat_at = ?, updated_at = ?,"
+                f" lease_expires = {self.backend.clock_sql} + ? WHERE id = ? AND lease_epoch = ?",
+                (now, now, lease_s, session_id, epoch),
+            )
+            if changed != 1:
+                self._lease_lost(tx, session_id)
+
+    def check_file(self) -> None:
+        """Refuse when the SQLite file this connection has open is no longer the path's.
+
+        Nothing to check on PostgreSQL (a replaced database there has no lease row).
+
+        Raises:
+            StateDBLostError: The file was deleted, another file now has its path, or
+                it lost its write permission (or its file system went read-only).
+        """
+        if self.path is None or self._identity is None:
+            return
+        where = str(self.path)
+        try:
+            found = os.stat(self.path)
+        except FileNotFoundError:
+            raise StateDBLostError(f"the state database {where} was deleted") from None
+        except OSError as exc:
+            raise StateDBLostError(
+                f"the state database {where} cannot be checked: {exc.strerror or exc}"
+            ) from None
+        if (found.st_dev, found.st_ino) != self._identity:
+            raise StateDBLostError(
+                f"the state database {where} was replaced: another file has its path now"
+            )
+        # Root writes past the mode bits; the operator who cleared them still meant it.
+        if not found.st_mode & stat.S_IWUSR or not os.access(self.path, os.W_OK):
+            raise StateDBLostError(f"the state database {where} was made unwritable")
+
+    def _fence(self, tx: StateTransaction, session_id: str, epoch: int | None) -> None:
+        """Refuse ``tx`` unless ``session_id`` still holds its lease at ``epoch``.
+
+        A read, not a row lock: on PostgreSQL a lock on the session row would queue the
+        poller's phase and stamp writes behind every node-status batch (control latency
+        p99 went from ~130 ms to ~650 ms at 100 flows, benchmarks/fleet_pg.py). So a batch
+        whose check ran just before a takeover committed may still land just after it;
+        it writes only the old session's own rows, which the new owner never reads or
+        writes (decision 120). Status and metadata writes carry the epoch in their
+        ``UPDATE`` instead, which PostgreSQL re-checks after any lock wait.
+        """
+        if epoch is None:
+            return
+        held = tx.query(
+            "SELECT 1 AS held FROM sessions WHERE id = ? AND lease_epoch = ?", (session_id, epoch)
+        )
+        if not held:
+            self._lease_lost(tx, session_id)
+
+    def _lease_lost(self, tx: StateTransaction, session_id: str) -> None:
+        rows = tx.query(
+            "SELECT s.run_id, s.lease_taken_by, t.owner_host AS taker_host,"
+            " t.run_id AS taker_run FROM sessions s LEFT JOIN sessions t"
+            " ON t.id = s.lease_taken_by WHERE s.id = ?",
+            (session_id,),
+        )
+        if not rows:
+            raise StateDBLostError(
+                f"the state database {self.location} no longer has session {session_id}:"
+                " it was replaced, or the row deleted"
+            )
+        row = rows[0]
+        taker = row["lease_taken_by"]
+        host = row["taker_host"] or "an unknown host"
+        raise LeaseLostError(
+            f"run {row['run_id']} (session {session_id}) was taken over by session"
+            f" {taker or 'unknown'} on host {host} (its run {row['taker_run'] or 'unknown'})",
+            session_id=session_id,
+            new_session_id=taker,
+            new_host=row["taker_host"],
+        )
 
     def set_run_id(self, session_id: str, run_id: str) -> None:
         """Set the ``run_id`` column and mirror it into ``node_metadata["run_id"]``."""
@@ -523,14 +671,19 @@ class StateDB:
         meta = load_json(rows[0]["node_metadata"])
         return dict(meta) if isinstance(meta, dict) else {}
 
-    def update_node_metadata(self, session_id: str, patch: Mapping[str, object]) -> dict[str, Any]:
+    def update_node_metadata(
+        self, session_id: str, patch: Mapping[str, object], *, epoch: int | None = None
+    ) -> dict[str, Any]:
         """Merge ``patch`` into ``node_metadata`` in one write transaction.
 
         Top-level keys of ``patch`` replace stored ones; a value of ``None``
-        deletes the key.
+        deletes the key. With ``epoch``, only while the session holds its lease at it.
 
         Returns:
             The new ``node_metadata``.
+
+        Raises:
+            LeaseLostError: ``epoch`` was given and the lease was taken over.
         """
         with self.backend.transaction(write=True) as tx:
             meta = self._read_metadata(tx, session_id)
@@ -539,10 +692,12 @@ class StateDB:
                     meta.pop(key, None)
                 else:
                     meta[key] = value
-            tx.execute(
-                "UPDATE sessions SET node_metadata = ?, updated_at = ? WHERE id = ?",
-                (dump_json(meta), time.time(), session_id),
-            )
+            sql = "UPDATE sessions SET node_metadata = ?, updated_at = ? WHERE id = ?"
+            params: list[object] = [dump_json(meta), time.time(), session_id]
+            if epoch is not None:
+                sql, params = sql + " AND lease_epoch = ?", [*params, epoch]
+            if tx.execute(sql, params) != 1:
+                self._fence(tx, session_id, epoch)
         return meta
 
     def set_artifact_contract(self, session_id: str, contract: object | None) -> None:
@@ -785,14 +940,23 @@ class StateDB:
         return ControlRow(current.id, current.session_id, current.verb, current.payload,
                           current.created_at, now, result)  # fmt: skip
 
-    def upsert_nodes(self, session_id: str, rows: Sequence[NodeUpdate]) -> None:
+    def upsert_nodes(
+        self, session_id: str, rows: Sequence[NodeUpdate], *, epoch: int | None = None
+    ) -> None:
         """Publish node statuses in one transaction.
 
         A ``None`` ``node_id`` or ``assignee`` keeps the stored value; ``detail``
-        always replaces it.
+        always replaces it. With ``epoch`` the transaction first checks that the
+        session still holds its lease at that epoch (decision 120).
+
+        Raises:
+            LeaseLostError: ``epoch`` was given and the lease was taken over; nothing
+                was written.
+            StateDBLostError: ``epoch`` was given and the session's row is gone.
         """
         now = time.time()
         with self.backend.transaction(write=True) as tx:
+            self._fence(tx, session_id, epoch)
             for node in rows:
                 tx.execute(
                     "INSERT INTO session_nodes (session_id, node_key, kind, node_id, assignee,"

@@ -34,6 +34,7 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 from steerflow.errors import (
     DatabaseBusyError,
     RefusedError,
+    StateDBLostError,
     SteerflowError,
     UsageError,
     quote_input,
@@ -220,6 +221,11 @@ class PostgresBackend:
         return redact(self.url)
 
     @property
+    def clock_sql(self) -> str:
+        """The server's clock at the statement (not ``now()``: that is the transaction's start)."""
+        return "CAST(EXTRACT(EPOCH FROM clock_timestamp()) AS DOUBLE PRECISION)"
+
+    @property
     def migrations(self) -> tuple[Migration, ...]:
         """The schema steps in PostgreSQL's dialect."""
         return PG_MIGRATIONS
@@ -295,6 +301,12 @@ class PostgresBackend:
                 ) from exc
             if state == _READ_ONLY_STATE:
                 raise RefusedError(f"state database is read-only: {self.location}") from exc
+            if state == _UNDEFINED_TABLE:
+                # Opening checks the schema; a table missing afterwards was dropped under
+                # us: the database was replaced, which a live run must stop for.
+                raise StateDBLostError(
+                    f"the state database {self.location} lost its tables: {_first_line(exc)}"
+                ) from exc
             raise SteerflowError(
                 f"state database error at {self.location}: {_first_line(exc)}"
             ) from exc

@@ -18,7 +18,7 @@ import json
 import time
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, fields
+from dataclasses import MISSING, dataclass, fields
 from typing import Any, Protocol, TypeVar
 
 from steerflow.errors import RefusedError
@@ -34,6 +34,7 @@ from steerflow.state._vocab import (
 )
 
 __all__ = [
+    "LEASE_COLUMNS_DDL",
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SCHEMA_VERSION_DDL",
@@ -207,6 +208,16 @@ def _allow_stopped_status(tx: StateTransaction) -> None:
         tx.execute("PRAGMA writable_schema = OFF")
 
 
+# The session's lease (docs/decisions.md, decision 120): the fencing token its owner holds,
+# when the lease runs out by the database's own clock, and who took it over. A resume bumps
+# the epoch of the session it takes over in the transaction that creates its own session,
+# so every write the old owner fences on ``lease_epoch = <its epoch>`` matches no row after.
+LEASE_COLUMNS_DDL = (
+    "ALTER TABLE sessions ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 1",
+    "ALTER TABLE sessions ADD COLUMN lease_expires REAL",
+    "ALTER TABLE sessions ADD COLUMN lease_taken_by TEXT",
+)
+
 MIGRATIONS: tuple[Migration, ...] = (
     Migration(
         version=1,
@@ -238,6 +249,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=(),
         apply=_allow_stopped_status,
     ),
+    Migration(
+        version=4,
+        description="sessions.lease_epoch, lease_expires, lease_taken_by: leases with fencing",
+        statements=LEASE_COLUMNS_DDL,
+    ),
 )
 """Every migration, oldest first."""
 
@@ -267,8 +283,16 @@ _RowT = TypeVar("_RowT")
 
 
 def _build(cls: type[_RowT], row: Mapping[str, Any], **decoded: Any) -> _RowT:
-    """Build dataclass ``cls`` from a ``column -> value`` mapping, with decoded overrides."""
-    values = {f.name: row[f.name] for f in fields(cls) if f.name not in decoded}  # type: ignore[arg-type]
+    """Build dataclass ``cls`` from a ``column -> value`` mapping, with decoded overrides.
+
+    A field with a default may be missing from the mapping (a row selected with an
+    explicit column list that predates the column).
+    """
+    values = {
+        f.name: row[f.name]
+        for f in fields(cls)  # type: ignore[arg-type]
+        if f.name not in decoded and (f.name in row or f.default is MISSING)
+    }
     return cls(**values, **decoded)
 
 
@@ -297,6 +321,9 @@ class SessionRow:
         owner_pid: Process id of the owning process.
         owner_started: Start time (epoch seconds) of the owning process.
         heartbeat_at: Epoch seconds of the owner's last heartbeat.
+        lease_epoch: The fencing token of the session's lease; a takeover raises it.
+        lease_expires: When the lease runs out, in the database's clock (epoch seconds).
+        lease_taken_by: The session that took the lease over, if one did.
     """
 
     id: str
@@ -313,6 +340,9 @@ class SessionRow:
     owner_pid: int | None
     owner_started: float | None
     heartbeat_at: float | None
+    lease_epoch: int = 1
+    lease_expires: float | None = None
+    lease_taken_by: str | None = None
 
     @property
     def artifact_contract(self) -> Any:
@@ -490,6 +520,15 @@ class StateBackend(Protocol):
     @property
     def read_only(self) -> bool:
         """Whether writes are refused."""
+        ...
+
+    @property
+    def clock_sql(self) -> str:
+        """An SQL expression for the database's own clock, in epoch seconds (a float).
+
+        Leases expire by this clock, never by a caller's (decision 120): on SQLite the
+        clock of the host the database file is on, on PostgreSQL the server's.
+        """
         ...
 
     def query(self, sql: str, params: Sequence[object] = ()) -> list[dict[str, Any]]:

@@ -266,6 +266,11 @@ class SqliteBackend:
         return ("sqlite", found.st_dev, found.st_ino)
 
     @property
+    def clock_sql(self) -> str:
+        """This host's clock, read by SQLite itself (millisecond resolution)."""
+        return "((julianday('now') - 2440587.5) * 86400.0)"
+
+    @property
     def migrations(self) -> tuple[Migration, ...]:
         """The schema steps (written for SQLite)."""
         return MIGRATIONS

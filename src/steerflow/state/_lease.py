@@ -1,0 +1,92 @@
+"""How long a session's lease lasts, and whether a session still holds it.
+
+A running session's ownership is a lease in its ``sessions`` row (docs/decisions.md,
+decision 120): ``lease_epoch`` is the fencing token its owner writes under,
+``lease_expires`` the moment the lease runs out by the database's own clock
+(``StateBackend.clock_sql``), renewed by the owner's heartbeat. A resume takes over
+only a lease that this clock says has run out, or whose owner is provably dead on the
+resuming host, so clock skew between hosts cannot cause a takeover.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+from steerflow.errors import UsageError
+from steerflow.state._owner import HEARTBEAT_STALE_S, owner_alive, this_host
+from steerflow.state._schema import SessionRow
+
+__all__ = [
+    "DEFAULT_LEASE_S",
+    "LEASE_ENV",
+    "MIN_LEASE_S",
+    "dead_on_this_host",
+    "holds_lease",
+    "lease_seconds",
+]
+
+LEASE_ENV = "STEERFLOW_LEASE_S"
+"""Overrides the lease duration, in seconds (tests shorten it; a fleet may lengthen it)."""
+
+DEFAULT_LEASE_S = HEARTBEAT_STALE_S
+"""The lease an owner takes and renews: the window another host waited before, too."""
+
+MIN_LEASE_S = 0.5
+"""Shortest lease accepted: below it the renewal round trips would be most of the lease."""
+
+
+def lease_seconds() -> float:
+    """The lease duration: ``STEERFLOW_LEASE_S`` when set, else :data:`DEFAULT_LEASE_S`.
+
+    Raises:
+        UsageError: The variable is not a number of seconds of at least :data:`MIN_LEASE_S`.
+    """
+    raw = os.environ.get(LEASE_ENV, "").strip()
+    if not raw:
+        return DEFAULT_LEASE_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < MIN_LEASE_S:
+        raise UsageError(
+            f"{LEASE_ENV}={raw!r}: expected a number of seconds, at least {MIN_LEASE_S:g}"
+        )
+    return value
+
+
+def _on_this_host(row: SessionRow) -> bool:
+    return (
+        row.owner_host is not None and row.owner_pid is not None and (row.owner_host == this_host())
+    )
+
+
+def dead_on_this_host(row: SessionRow) -> bool:
+    """Whether ``row``'s owner ran on this host and its process is gone (or was reused)."""
+    return _on_this_host(row) and not owner_alive(
+        row.owner_host, row.owner_pid, row.owner_started, None
+    )
+
+
+def holds_lease(row: SessionRow, db_now: float) -> bool:
+    """Whether ``row``'s owner must still be taken as holding the session, at ``db_now``.
+
+    Only a ``running`` row can. On the owner's own host the process table decides, as
+    before: a stopped (``SIGSTOP``) process still exists and keeps its session. From
+    another host the lease decides, by the database's clock: held until
+    ``lease_expires`` (a row written before leases existed: ``heartbeat_at`` plus the
+    heartbeat window).
+
+    Args:
+        row: The session row, read in the caller's transaction.
+        db_now: The database's clock (``StateBackend.clock_sql``) in that transaction.
+    """
+    if row.status != "running":
+        return False
+    if _on_this_host(row):
+        return not dead_on_this_host(row)
+    expires = row.lease_expires
+    if expires is None and row.heartbeat_at is not None:
+        expires = row.heartbeat_at + HEARTBEAT_STALE_S
+    return expires is not None and db_now <= expires
