@@ -7,6 +7,7 @@ and says so. ``initdb`` refuses to run as root, so under root the server runs as
 ``postgres`` user, in a directory that user owns. It listens on loopback and on a unix
 socket in its own directory, on a free port, with ``fsync`` off (a test server).
 
+Under pytest-xdist every worker starts its own server (a session fixture is per process).
 Each test gets its own empty namespace: a schema of one shared database, first on the
 ``search_path`` its URL sets (``?options=-csearch_path=...``).
 """
@@ -30,6 +31,7 @@ from typing import Any
 __all__ = ["PgRaw", "PgServer", "find_pg_bin", "pg_server"]
 
 _START_TIMEOUT_S = 60
+_PORT_ATTEMPTS = 5
 _SHARED_DB = "steerflow_tests"
 
 
@@ -110,6 +112,38 @@ class PgRaw:
         self._conn.close()
 
 
+def _start(
+    bin_dir: Path, data: Path, base: Path, log: Path, listen: Sequence[str], run_as: str | None
+) -> int:
+    """``pg_ctl start`` on a free port; the port it listens on.
+
+    The port is free when picked but only bound when the server starts: another process
+    (a parallel pytest-xdist worker starting its own server, any loopback client) may take
+    it in between. That start fails with "Address already in use" in the log, and a new
+    port is picked; any other failure is raised.
+    """
+    for attempt in range(_PORT_ATTEMPTS):
+        port = _free_port()
+        options = (
+            f"-p {port} -k {base} -c listen_addresses={','.join(listen)} -c fsync=off"
+            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+        )
+        log.unlink(missing_ok=True)
+        try:
+            subprocess.run(
+                _as_owner([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o",
+                           options, "-w", "-t", str(_START_TIMEOUT_S), "start"], run_as),
+                check=True, capture_output=True, text=True, timeout=_START_TIMEOUT_S + 10,
+            )  # fmt: skip
+        except subprocess.CalledProcessError:
+            taken = log.exists() and "Address already in use" in log.read_text()
+            if not taken or attempt == _PORT_ATTEMPTS - 1:
+                raise
+            continue
+        return port
+    raise AssertionError("unreachable")
+
+
 def _as_owner(argv: Sequence[str], user: str | None) -> list[str]:
     return ["runuser", "-u", user, "--", *argv] if user else list(argv)
 
@@ -128,14 +162,15 @@ def pg_server(
     bin_dir = find_pg_bin()
     root = os.geteuid() == 0
     run_as = "postgres" if root else None
-    base = Path(tempfile.mkdtemp(prefix="steerflow-pg-"))
+    # Named by the pytest-xdist worker (gw0, gw1, ...): each worker starts its own server.
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+    base = Path(tempfile.mkdtemp(prefix=f"steerflow-pg-{worker}-"))
     data = base / "data"
     if root:
         entry = pwd.getpwnam("postgres")
         os.chown(base, entry.pw_uid, entry.pw_gid)
     base.chmod(0o755)
     user = "postgres" if root else pwd.getpwuid(os.geteuid()).pw_name
-    port = _free_port()
     log = base / "server.log"
     try:
         subprocess.run(
@@ -146,15 +181,7 @@ def pg_server(
         if trust_networks:
             with open(data / "pg_hba.conf", "a", encoding="utf-8") as hba:
                 hba.writelines(f"host all all {net} trust\n" for net in trust_networks)
-        options = (
-            f"-p {port} -k {base} -c listen_addresses={','.join(listen)} -c fsync=off"
-            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
-        )
-        subprocess.run(
-            _as_owner([str(bin_dir / "pg_ctl"), "-D", str(data), "-l", str(log), "-o", options,
-                       "-w", "-t", str(_START_TIMEOUT_S), "start"], run_as),
-            check=True, capture_output=True, text=True, timeout=_START_TIMEOUT_S + 10,
-        )  # fmt: skip
+        port = _start(bin_dir, data, base, log, listen, run_as)
     except subprocess.CalledProcessError as exc:
         detail = log.read_text() if log.exists() else ""
         shutil.rmtree(base, ignore_errors=True)

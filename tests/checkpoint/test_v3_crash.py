@@ -1,24 +1,24 @@
 """Process death at every durability seam: a fresh process recovers every acknowledged record.
 
 A child process runs a small version 3 workload (initialization, appends, count and
-byte compactions, one oversize record) with ``STEERFLOW_FAULT=exit:<when>:<step>:<n>``,
-and reports each acknowledgement on stdout with a raw ``os.write`` only after
-``record()`` returned.  The parent (a different process) then loads the checkpoint.
+byte compactions, one oversize record) armed with ``exit:<when>:<step>:<n>`` (the
+``STEERFLOW_FAULT`` grammar), and reports each acknowledgement on stdout with a raw
+``os.write`` only after ``record()`` returned.  The parent (a different process) then
+loads the checkpoint.  Children are forked from a server that imported
+``steerflow.checkpoint`` once (``tests/forked.py``); each case is its own test.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import textwrap
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
 from ckpt_support import _disarm_faults  # noqa: F401
 
+from forked import run_forked
 from steerflow import _faults
 from steerflow.checkpoint import CheckpointRecoveryError, load_checkpoint
 
@@ -51,21 +51,13 @@ CHILD = textwrap.dedent(
 
 
 def run_child(run: Path, fault: str | None, version: int = 3) -> tuple[int, int | None, str]:
-    env = {k: v for k, v in os.environ.items() if k != _faults.ENV_VAR}
-    if fault:
-        env[_faults.ENV_VAR] = fault
-    proc = subprocess.run(
-        [sys.executable, "-c", CHILD, str(run), str(version)],
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=False,
-    )
+    """CHILD in a process forked from the preloaded server (``tests/forked.py``)."""
+    child = run_forked(CHILD, [str(run), str(version)], fault=fault, timeout=60, scratch=run.parent)
     acked = None
-    for row in proc.stdout.decode().splitlines():
+    for row in child.stdout.decode().splitlines():
         if row.startswith("ack "):
             acked = int(row.split()[1])
-    return proc.returncode, acked, proc.stderr.decode()[-2000:]
+    return child.returncode, acked, child.stderr.decode()[-2000:]
 
 
 def check_recovered(run: Path, acked: int | None) -> str | None:
@@ -127,28 +119,31 @@ def test_seam_inventory_covers_the_protocol() -> None:
         assert f"before:{step}" in points and f"after:{step}" in points, step
 
 
-def test_death_at_every_seam_loses_no_acknowledged_record(tmp_path: Path) -> None:
+def kill_cases() -> list[str]:
+    """Death at the first, middle and last hit of every seam, and inside two short writes."""
     cases: list[str] = []
     for point, count in seam_points():
         for nth in sorted({1, (count + 1) // 2, count}):
             cases.append(f"exit:{point}:{nth}")
     cases.append("short-write:7,exit:after:journal-write-part:3")
     cases.append("short-write:7,exit:after:base-write-part:40")
+    return cases
 
-    def one(index_case: tuple[int, str]) -> str | None:
-        index, case = index_case
-        run = tmp_path / f"run{index}"
-        run.mkdir()
-        code, acked, err = run_child(run, case)
-        if code not in (137, 0):
-            return f"{case}: exit {code}: {err}"
-        problem = check_recovered(run, acked)
-        return None if problem is None else f"{case}: {problem}"
 
-    with ThreadPoolExecutor(max_workers=os.cpu_count() or 2) as pool:
-        failures = [f for f in pool.map(one, enumerate(cases)) if f]
-    assert failures == [], "\n".join(failures)
-    assert len(cases) > 40
+# In-process and quick: each case is its own test, so pytest-xdist spreads the campaign.
+KILL_CASES = kill_cases()
+
+
+def test_the_kill_campaign_reaches_every_seam_several_times() -> None:
+    assert len(KILL_CASES) > 40
+
+
+@pytest.mark.parametrize("case", KILL_CASES)
+def test_death_at_every_seam_loses_no_acknowledged_record(tmp_path: Path, case: str) -> None:
+    code, acked, err = run_child(tmp_path, case)
+    assert code in (137, 0), f"{case}: exit {code}: {err}"
+    problem = check_recovered(tmp_path, acked)
+    assert problem is None, f"{case}: {problem}"
 
 
 @pytest.mark.parametrize("version", [2, 3])

@@ -19,7 +19,7 @@ import pytest
 from pg_support import PgServer
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.state import STATE_DB_URL_ENV, StateDB
-from waiting import holds_for_async, wait_until_async
+from waiting import holds_for_async, wait_until, wait_until_async
 
 SLOW_S = 30.0  # the interval and forced listing: far beyond every wait below
 
@@ -86,8 +86,14 @@ async def test_a_notification_wakes_an_idle_poller_that_never_polls(
         )
         await wait_until_async(lambda: target.calls == ["pause", "message:hi"], timeout=10,
                                what="both rows applied, long before any poll")  # fmt: skip
-        rows = await asyncio.to_thread(writer.list_controls, sid)
-        assert [r.result for r in rows] == ["applied", "applied"]
+        # The target is called between the claim ("applying:...") and the stamp: wait for
+        # the stamps, which the poller writes right after, not for the next poll.
+        await asyncio.to_thread(
+            wait_until,
+            lambda: [r.result for r in writer.list_controls(sid)] == ["applied", "applied"],
+            timeout=10,
+            what="both rows stamped applied, long before any poll",
+        )
     finally:
         await poller.stop()
         await asyncio.wait_for(task, 10)

@@ -19,6 +19,9 @@ after the initial base, ``ack <n>`` after the record of transition ``n`` (1-base
 ``--dry`` a fault hook records every seam hit as ``(phase, when, step)`` and the list is
 printed as ``hits <json>`` at the end.
 ``STEERFLOW_FAULT`` in the environment arms a kill point (read at import).
+:func:`run_child` forks the child from a server that imported ``steerflow.checkpoint``
+once (``tests/forked.py``: most of an exec'd child's CPU is that import); the campaigns
+start hundreds of them.
 """
 
 from __future__ import annotations
@@ -208,16 +211,14 @@ def parse_report(out: bytes) -> tuple[bool, list[int], bool, list[tuple[str, str
 def run_child(
     run: Path, fault: str | None = None, *, timeout: float = 60, **opts: Any
 ) -> ChildResult:
-    """Run one child writer to its end (normal exit or an armed ``os._exit``)."""
-    proc = subprocess.run(
-        child_command(run, **opts),
-        env=child_env(fault),
-        capture_output=True,
-        timeout=timeout,
-        check=False,
-    )
-    flushed, acks, done, hits = parse_report(proc.stdout)
-    return ChildResult(proc.returncode, flushed, acks, done, hits, proc.stderr.decode()[-3000:])
+    """Run one child writer to its end (normal exit or an armed ``os._exit``), forked."""
+    from forked import run_forked  # tests/ is on the path of pytest, not of this script
+
+    args = child_command(run, **opts)[2:]  # this script's own arguments
+    code = "import sys, crash_support; crash_support.main(sys.argv[1:])"
+    child = run_forked(code, args, fault=fault, timeout=timeout, scratch=Path(run).parent)
+    flushed, acks, done, hits = parse_report(child.stdout)
+    return ChildResult(child.returncode, flushed, acks, done, hits, child.stderr.decode()[-3000:])
 
 
 def load_fresh(run: Path) -> tuple[dict[str, Any] | None, dict[str, Any]]:
@@ -412,7 +413,7 @@ async def _child(args: argparse.Namespace) -> None:
     _say("done")
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Entry point of the child writer."""
     parser = argparse.ArgumentParser()
     parser.add_argument("run")
@@ -424,7 +425,7 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--recover", action="store_true", help="reconcile after a write error")
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     import steerflow.checkpoint  # noqa: F401  (imported before "ready": kills land in the run)
 
     _say("ready")

@@ -11,18 +11,19 @@ the ones inside ``reconcile()`` labelled.  Each distinct reconcile seam, before 
 becomes a case: the child runs with the first fault and an ``os._exit`` at that seam's
 hit, and a load by the test process (which never wrote it) must find every acknowledged
 transition (the failed one may or may not be there: it was never acknowledged) with a
-``clean`` or ``recovered_prefix`` report.
+``clean`` or ``recovered_prefix`` report.  Each case is its own test (pytest-xdist spreads
+them); the seven dry runs go through ``discovery.once``, like ``test_seams``'s.
 """
 
 from __future__ import annotations
 
 import tempfile
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from crash_support import PARALLEL, killed_child_problem, run_child
+from crash_support import killed_child_problem, run_child
+from discovery import once
 
 OPTS = {"count": 14, "max_records": 3, "max_bytes": 1_400, "big": 1_600, "recover": True}
 
@@ -80,15 +81,24 @@ def _middle_hit(hits: list[tuple[str, str, str]], phase: str, point: str) -> int
     return in_phase[len(in_phase) // 2]
 
 
-def discover() -> list[Case]:
-    """One case per (first fault, distinct reconcile seam), at its first hit."""
+def dry_hits() -> dict[str, list[tuple[str, str, str]]]:
+    """The plain dry run's hits, and each first fault's ("" is the plain run)."""
     plain = _dry(None)
-    cases: list[Case] = []
+    hits = {"": plain}
     for phase, point, action in FIRST_FAULTS:
         first = f"{action}:{point}:{_middle_hit(plain, phase, point)}"
+        hits[first] = _dry(first)
+    return hits
+
+
+def discover(hits: dict[str, list[tuple[str, str, str]]]) -> list[Case]:
+    """One case per (first fault, distinct reconcile seam), at its first hit."""
+    cases: list[Case] = []
+    for phase, point, action in FIRST_FAULTS:
+        first = f"{action}:{point}:{_middle_hit(hits[''], phase, point)}"
         counts: dict[str, int] = {}
         seen: set[str] = set()
-        for hit_phase, when, step in _dry(first):
+        for hit_phase, when, step in hits[first]:
             kill = f"{when}:{step}"
             counts[kill] = counts.get(kill, 0) + 1
             if hit_phase == "reconcile" and kill not in seen:
@@ -98,33 +108,36 @@ def discover() -> list[Case]:
     return cases
 
 
-CASES = discover()
+_CASES: list[list[Case]] = []
 
 
-def run_case(case: Case, root: Path) -> str | None:
-    run = root / case.id
-    run.mkdir()
-    return killed_child_problem(run, case.fault, "in reconcile", **OPTS)
+def cases(config: pytest.Config) -> list[Case]:
+    """The campaign, discovered once per session (``discovery.once``)."""
+    if not _CASES:
+        stored = once(config, "reconcile-hits", [Path(__file__)], dry_hits)
+        _CASES.append(discover({k: [(p, w, s) for p, w, s in v] for k, v in stored.items()}))
+    return _CASES[0]
 
 
-@pytest.fixture(scope="module")
-def campaign(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str | None]:
-    root = tmp_path_factory.mktemp("double")
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        problems = list(pool.map(lambda c: run_case(c, root), CASES))
-    return {case.id: problem for case, problem in zip(CASES, problems, strict=True)}
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "case" in metafunc.fixturenames:
+        found = cases(metafunc.config)
+        metafunc.parametrize("case", found, ids=[c.id for c in found])
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c.id for c in CASES])
 def test_death_inside_reconcile_loses_no_acknowledged_transition(
-    case: Case, campaign: dict[str, str | None]
+    case: Case, tmp_path: Path
 ) -> None:
-    assert campaign[case.id] is None, f"{case.fault}: {campaign[case.id]}"
+    run = tmp_path / "run"
+    run.mkdir()
+    problem = killed_child_problem(run, case.fault, "in reconcile", **OPTS)
+    assert problem is None, f"{case.fault}: {problem}"
 
 
-def test_campaign_covers_reconcile_republication() -> None:
-    for first in {c.first for c in CASES}:
-        points = {c.kill for c in CASES if c.first == first}
+def test_campaign_covers_reconcile_republication(pytestconfig: pytest.Config) -> None:
+    campaign = cases(pytestconfig)
+    for first in {c.first for c in campaign}:
+        points = {c.kill for c in campaign if c.first == first}
         missing = [
             f"{when}:{step}"
             for step in RECONCILE_STEPS

@@ -5,7 +5,10 @@ stable ids (upserts), mutating one shared nested context between admissions (typ
 changes 1 / 1.0 / True, deletions, ``{}``, JSON null, "no update"), some cancelled
 before they start and some cancelled after admission while waiting for persistence,
 with compactions every few records and a loader thread reading the checkpoint
-throughout.  Asserted:
+throughout.  The interleaving is driven, not left to the scheduler: after each wave of
+callers the test waits until the loader has finished a load showing everything admitted
+before the previous wave, so loads land between persistence batches on any machine.
+Asserted:
 
 * every state the loader sees is exactly the fold of the first ``k`` *admitted*
   transitions (context included), ``k`` never decreases, and ``k`` is at least the
@@ -21,13 +24,17 @@ import asyncio
 import copy
 import json
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 from crash_support import CTX_MARK, RESP_MARK, canonical, load_here, project, writer_for
 
+from waiting import wait_until_async
+
 CALLERS = 150
+WAVE = 10  # callers admitted between two of the test's yields to the loop
 
 
 class Script:
@@ -105,6 +112,12 @@ def loader(
         seen.append(last)
 
 
+def loaded_past(seen: list[int], errors: list[str], floor: int) -> Callable[[], bool]:
+    """A probe: the loader failed, or finished a new load showing at least ``floor``."""
+    loads = len(seen)
+    return lambda: bool(errors) or (len(seen) > loads and seen[-1] >= floor)
+
+
 @pytest.mark.parametrize("compact", [True, False], ids=["compacting", "one-generation"])
 async def test_concurrent_callers_cancellation_and_loader(tmp_path: Path, compact: bool) -> None:
     limits = {"max_records": 5, "max_bytes": 4_000} if compact else {"max_records": 10_000}
@@ -132,16 +145,26 @@ async def test_concurrent_callers_cancellation_and_loader(tmp_path: Path, compac
     tasks: list[asyncio.Future[None]] = []
     cancelled_early = cancelled_late = 0
     try:
+        previous_wave = 0  # callers admitted when the previous wave ended
         for i in range(CALLERS):
             tasks.append(asyncio.ensure_future(caller(i)))
             if i % 17 == 16:
                 tasks[-1].cancel()  # before it runs: never admitted
                 cancelled_early += 1
-            if i % 10 == 9:
+            if i % WAVE == WAVE - 1:
                 await asyncio.sleep(0)  # let this wave admit and start persisting
                 for t in tasks[-10:-7]:
                     if not t.done() and t.cancel():
                         cancelled_late += 1  # admitted, now waiting on persistence
+                # A load finished after this wave was admitted that shows the previous
+                # wave persisted (cancelled-late items included): this wave is still in
+                # flight, and the loads of waves j and j + 2 see different prefixes.
+                await wait_until_async(
+                    loaded_past(seen, errors, previous_wave),
+                    timeout=60,
+                    what=f"a load showing the first {previous_wave} admitted transitions",
+                )
+                previous_wave = len(script.order)
         results = await asyncio.gather(*tasks, return_exceptions=True)
         await w.close()
     finally:
@@ -152,7 +175,8 @@ async def test_concurrent_callers_cancellation_and_loader(tmp_path: Path, compac
     assert all(r is None or isinstance(r, asyncio.CancelledError) for r in results), results
     admitted = len(script.order)
     assert admitted == CALLERS - cancelled_early
-    assert cancelled_late > 0 and len(seen) > 5
+    assert cancelled_late > 0
+    assert len(set(seen)) >= (CALLERS // WAVE + 1) // 2, seen  # loads between the writes
     state, report = load_here(tmp_path)
     assert state is not None and report["status"] == "clean"
     assert project(state) == script.expected[admitted]

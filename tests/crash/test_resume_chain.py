@@ -187,6 +187,9 @@ def _start_chain(tmp_path: Path, version: str) -> Chain:
     return chain
 
 
+# Some twenty `steerflow` processes in a row (one per seam of a resume's initialization):
+# 40-80 s alone on a loaded two-core machine, more beside three other test workers.
+@pytest.mark.timeout(300)
 @pytest.mark.parametrize("version", ["3", "2"])
 def test_resume_chain_never_reinvokes_acknowledged_work(tmp_path: Path, version: str) -> None:
     chain = _start_chain(tmp_path, version)

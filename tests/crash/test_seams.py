@@ -13,29 +13,26 @@ directory; the child reports each acknowledgement through its stdout pipe only a
 ``record()`` returned and dies with ``os._exit(137)`` at the seam.  Another process
 (this test process, which never opened that checkpoint for writing) then loads it,
 and its state must be the replay of ``n`` transitions with
-``max_acked <= n <= max_acked + 1``.  Cases run with bounded parallelism in one
-module-scoped campaign; each parametrized test asserts its own case.
+``max_acked <= n <= max_acked + 1``.  Each parametrized test runs and asserts its own
+case, so pytest-xdist spreads the campaign over its workers.
 
 The discovery's two dry runs are child processes, and parametrization needs the cases
 at collection, so they cannot wait for a fixture.  Instead ``pytest_generate_tests``
-asks :func:`discovered`, which runs them at most once per session and keeps the hits in
-the pytest cache keyed by a hash of ``src/steerflow``, ``crash_support.py``, this file
-and the Python version: a collection with unchanged sources starts no child.
+asks :func:`discovered`, which runs them through ``discovery.once``: at most once per
+test run (shared by the xdist workers) and once per source tree (the pytest cache keyed
+by a hash of ``src/steerflow``, ``crash_support.py``, this file and the Python version):
+a collection with unchanged sources starts no child.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 import subprocess
-import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from crash_support import (
-    PARALLEL,
     check_recovered,
     child_command,
     child_env,
@@ -44,6 +41,7 @@ from crash_support import (
     parse_report,
     run_child,
 )
+from discovery import once
 
 # Byte-limit compactions before transitions 3, 5 and 13, a count-limit one before 11,
 # and oversize transitions 7 and 14 committed through a new base.
@@ -101,39 +99,24 @@ def dry_run(short: bool) -> list[tuple[str, str, str]]:
 
 
 Hits = dict[bool, list[tuple[str, str, str]]]
-HERE = Path(__file__).resolve()
-SOURCES = HERE.parents[2] / "src" / "steerflow"
-_DISCOVERED: dict[str, tuple[list[Case], Hits]] = {}
-
-
-def sources_key() -> str:
-    """A digest of everything the dry runs' hits depend on."""
-    digest = hashlib.sha256(sys.version.encode())
-    files = [*sorted(SOURCES.rglob("*.py")), HERE.parent / "crash_support.py", HERE]
-    for path in files:
-        digest.update(str(path.relative_to(HERE.parents[2])).encode() + b"\0")
-        digest.update(path.read_bytes() + b"\0")
-    return digest.hexdigest()[:32]
+_DISCOVERED: list[tuple[list[Case], Hits]] = []
 
 
 def discovered(config: pytest.Config) -> tuple[list[Case], Hits]:
-    """The cases and hits, from this session's, then the pytest cache's, then dry runs."""
-    key = sources_key()
-    if key not in _DISCOVERED:
-        cache = getattr(config, "cache", None)  # None under -p no:cacheprovider
-        name = f"steerflow/seam-hits/{key}"
-        stored = cache.get(name, None) if cache is not None else None
-        if stored is None:
-            hits = {False: dry_run(False), True: dry_run(True)}
-            if cache is not None:
-                cache.set(name, {"normal": hits[False], "short": hits[True]})
-        else:
-            hits = {
-                False: [(p, w, s) for p, w, s in stored["normal"]],
-                True: [(p, w, s) for p, w, s in stored["short"]],
-            }
-        _DISCOVERED[key] = (cases_of(hits), hits)
-    return _DISCOVERED[key]
+    """The cases and hits, from this session's, the cache's or this run's dry runs."""
+    if not _DISCOVERED:
+        stored = once(
+            config,
+            "seam-hits",
+            [Path(__file__)],
+            lambda: {"normal": dry_run(False), "short": dry_run(True)},
+        )
+        hits = {
+            False: [(p, w, s) for p, w, s in stored["normal"]],
+            True: [(p, w, s) for p, w, s in stored["short"]],
+        }
+        _DISCOVERED.append((cases_of(hits), hits))
+    return _DISCOVERED[0]
 
 
 def cases_of(hits: Hits) -> list[Case]:
@@ -176,34 +159,11 @@ def covered(cases: list[Case]) -> dict[str, list[str]]:
     return {phase: sorted(points) for phase, points in sorted(out.items())}
 
 
-def run_case(case: Case, root: Path) -> str | None:
-    run = root / case.id.replace(":", "_")
+def test_death_at_seam_loses_no_acknowledged_transition(case: Case, tmp_path: Path) -> None:
+    run = tmp_path / "run"
     run.mkdir()
-    return killed_child_problem(run, case.fault, "at the seam", **OPTS)
-
-
-@pytest.fixture(scope="module")
-def campaign(
-    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
-) -> dict[str, str | None]:
-    """Run every selected case of this module, two at a time, before the first assert."""
-    selected = [
-        item.callspec.params["case"]
-        for item in request.session.items
-        if item.module is request.module
-        and hasattr(item, "callspec")
-        and "case" in item.callspec.params
-    ]
-    root = tmp_path_factory.mktemp("seams")
-    with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        results = dict(zip(selected, pool.map(lambda c: run_case(c, root), selected), strict=True))
-    return {case.id: problem for case, problem in results.items()}
-
-
-def test_death_at_seam_loses_no_acknowledged_transition(
-    case: Case, campaign: dict[str, str | None]
-) -> None:
-    assert campaign[case.id] is None, f"{case.fault}: {campaign[case.id]}"
+    problem = killed_child_problem(run, case.fault, "at the seam", **OPTS)
+    assert problem is None, f"{case.fault}: {problem}"
 
 
 def test_campaign_covers_every_step_the_record_lists(

@@ -91,7 +91,7 @@ def test_v3_recovers_what_v2_made_recoverable(v2_states: list[str], tmp_path: Pa
         run.mkdir()
         result = run_child(run, point, **OPTS)
         if result.returncode != 137:
-            return f"{point}: child did not die there (rc={result.returncode})"
+            return f"{point}: child did not die there (rc={result.returncode}): {result.stderr}"
         state, report = load_here(run)
         acked = max(result.acks, default=0)
         if state is None:

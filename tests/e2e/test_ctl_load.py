@@ -1,4 +1,5 @@
-"""Ten concurrent ``ctl`` senders, twenty messages each, against one live flow.
+"""Concurrent ``ctl`` senders against one live flow: ten senders of twenty messages each
+(``pytest -m slow``: 200 ``ctl`` processes per backend), four of five in the default run.
 
 Every row must end terminal (or visibly ``applying``), rows must be stamped in
 their stored ``(created_at, id)`` order, and no message may be rendered twice;
@@ -23,8 +24,6 @@ from ctl_support import (
     write_yaml,
 )
 
-SENDERS = 10
-PER_SENDER = 20
 # The plan maximum: 200 s of node time is far more than the senders need even when a
 # loaded machine makes each `ctl` process several times slower; the flow is stopped
 # once they are checked, so an idle run only pays for the last two operations.
@@ -36,8 +35,17 @@ def _completed(home: Path, session_id: str) -> int:
     return sum(s == "completed" for s in node_statuses(home, session_id).values())
 
 
-@pytest.mark.timeout(300)  # two hundred `ctl` processes: minutes on a loaded machine
-def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
+@pytest.mark.parametrize(
+    ("senders", "per_sender"),
+    [
+        # Two hundred `ctl` processes: minutes on a loaded machine.
+        pytest.param(10, 20, marks=[pytest.mark.slow, pytest.mark.timeout(300)], id="10x20"),
+        pytest.param(4, 5, id="4x5"),
+    ],
+)
+def test_concurrent_senders(
+    tmp_path: Path, state_backend: str, senders: int, per_sender: int
+) -> None:
     home = tmp_path / "home"
     independent_plan(tmp_path / "plan.yaml", NODES)
     write_yaml(tmp_path / "script.yaml", {"*": {"delay": NODE_S}})
@@ -53,7 +61,7 @@ def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
         failures: list[str] = []
 
         def sender(n: int) -> None:
-            for j in range(PER_SENDER):
+            for j in range(per_sender):
                 text = f"load-s{n:02d}-m{j:02d}"
                 proc = ctl(home, "msg", sid, text)
                 control_id = proc.stdout.splitlines()[0] if proc.returncode == 0 else ""
@@ -61,13 +69,13 @@ def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
                 if proc.returncode != 0:
                     failures.append(f"{text}: exit {proc.returncode}: {proc.stderr.strip()}")
 
-        threads = [threading.Thread(target=sender, args=(n,)) for n in range(SENDERS)]
+        threads = [threading.Thread(target=sender, args=(n,)) for n in range(senders)]
         for thread in threads:
             thread.start()
         for thread in threads:
             thread.join(timeout=300)
         assert not failures, failures[:5]
-        assert len(sent) == SENDERS * PER_SENDER
+        assert len(sent) == senders * per_sender
 
         wait_for(
             lambda: not any(c.is_pending for c in controls(home, sid)),
@@ -81,7 +89,7 @@ def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
         assert flow.terminate() == 143, flow.stderr()
 
     rows = controls(home, sid)
-    assert len(rows) == SENDERS * PER_SENDER
+    assert len(rows) == senders * per_sender
     assert {c.id for c in rows} == {entries[0][0] for entries in sent.values()}
     # Terminal or visibly mid-apply; nothing is left pending.
     for row in rows:
@@ -94,7 +102,7 @@ def test_concurrent_senders(tmp_path: Path, state_backend: str) -> None:
     stamped = [row.applied_at for row in rows if row.applied_at is not None]
     assert stamped == sorted(stamped)
     # Each sender's messages are stored in the order it sent them.
-    for n in range(SENDERS):
+    for n in range(senders):
         mine = [row.payload["text"] for row in rows if row.payload and
                 row.payload["text"].startswith(f"load-s{n:02d}-")]  # fmt: skip
         assert mine == sorted(mine)

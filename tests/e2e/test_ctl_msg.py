@@ -35,7 +35,8 @@ from resume_support import Crafted, fabricate_run, write_script
 from steerflow.checkpoint import load_checkpoint
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 
-TRIALS = 50
+TRIALS = 50  # `pytest -m slow`
+SAMPLE_TRIALS = 10
 # The plan maximum: 200 s of node time is far more than the trials need even when a
 # loaded machine makes each `ctl` process several times slower; the flow is stopped
 # once they are checked, so an idle run only pays for the last two operations.
@@ -67,14 +68,24 @@ def _logged_results(home: Path, session_id: str) -> list[str]:
     return [e["result"] for e in node_metadata(home, session_id).get("control_log", [])]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)  # fifty `ctl` processes in a row: minutes on a loaded machine
 def test_message_reaches_exactly_the_next_operation_in_50_trials(tmp_path: Path) -> None:
+    _message_trials(tmp_path, TRIALS)
+
+
+def test_message_reaches_exactly_the_next_operation_in_10_trials(tmp_path: Path) -> None:
+    """The default run's share of the 50 trials (``pytest -m slow``)."""
+    _message_trials(tmp_path, SAMPLE_TRIALS)
+
+
+def _message_trials(tmp_path: Path, trials: int) -> None:
     home = tmp_path / "home"
     with live_flow(home, _args(tmp_path, NODES, NODE_S)) as flow:
         sid = flow.session_id
         flow.wait_nodes(lambda s: "running" in s.values(), what="the first node running")
         sent: list[tuple[str, str]] = []
-        for i in range(TRIALS):
+        for i in range(trials):
             text = f"steer-{i:02d}-{uuid.uuid4().hex[:8]}"
             control_id = ctl_ok(home, "msg", sid, text)
             row = wait_stamped(home, control_id, alive=flow.proc)

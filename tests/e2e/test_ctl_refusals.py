@@ -6,6 +6,7 @@ real state DB; each refusal must exit 3 and leave ``session_controls`` as it was
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import subprocess
 import sys
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 from ctl_support import count_controls, ctl, ctl_ok, state_db
 
+from steerflow.cli import main as cli_main
 from steerflow.control import enqueue_control
 from steerflow.errors import DatabaseBusyError
 from steerflow.state import Owner, StateDB
@@ -160,6 +162,30 @@ def test_busy_database_is_refused_quickly_at_library_level(home: Path) -> None:
     finally:
         holder.execute("ROLLBACK")
         holder.close()
+    assert count_controls(home) == 0
+
+
+def test_busy_database_exits_3_database_busy_with_a_short_bound(
+    home: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The CLI's answer to a lock wait past its bound: exit 3, "database busy", nothing
+    queued. The real ``enqueue_control`` on a real lock, with the bound cut to 0.2 s; the
+    same through a subprocess and the full 10 s bound is the ``slow`` test below."""
+    import steerflow.control
+
+    short = functools.partial(enqueue_control, busy_timeout_s=0.2)
+    monkeypatch.setattr(steerflow.control, "enqueue_control", short)
+    with state_db(home) as db:
+        assert db.path is not None
+    holder = sqlite3.connect(db.path, isolation_level=None)
+    try:
+        holder.execute("BEGIN IMMEDIATE")
+        code = cli_main(["--home", str(home), "ctl", "pause", SESSION_A])
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert code == 3
+    assert "database busy" in capsys.readouterr().err
     assert count_controls(home) == 0
 
 

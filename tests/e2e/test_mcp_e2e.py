@@ -35,9 +35,8 @@ from waiting import holds_for
 
 READ_TOOLS = {"list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight"}
 CONTROL_TOOLS = {"pause", "resume", "message", "stop"}
-# How long `a` and `b` run: a control sent while one is in flight lands well before it ends,
-# even on a loaded two-core machine (as in test_ctl_pause.py).
-IN_FLIGHT_S = 4.0
+# Holds a node's `script:` call until the test releases it (see its docstring).
+GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 
 
 @asynccontextmanager
@@ -130,8 +129,14 @@ async def test_allow_control_pauses_messages_resumes_and_stops_a_live_flow(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
-    script = {"a": {"delay": IN_FLIGHT_S}, "b": {"delay": IN_FLIGHT_S}}
-    with live_flow(home, _plan(tmp_path, script)) as flow:
+    # a and b are held (gated_cli.py) until the test released them: each control below
+    # lands while its node is in flight however slow the machine, no duration guessed.
+    home.mkdir(mode=0o700)
+    for key in "ab":
+        (home / f"gate-{key}").touch()
+    args = _plan(tmp_path, {})
+    argv = [sys.executable, str(GATED_CLI), "--home", str(home), "flow", *args, "--json"]
+    with live_flow(home, args, argv=argv) as flow:
         sid = flow.session_id
         await asyncio.to_thread(
             flow.wait_nodes, lambda s: s.get("a") == "running", what="a running"
@@ -150,6 +155,7 @@ async def test_allow_control_pauses_messages_resumes_and_stops_a_live_flow(
                 (paused["control_id"], "applied")
             ]
             # `a` finishes; `b`, the next node, is held at the gate.
+            (home / "release-a").touch()
             await asyncio.to_thread(
                 flow.wait_nodes,
                 lambda s: s["a"] == "completed" and s["b"] == "paused",
@@ -172,6 +178,10 @@ async def test_allow_control_pauses_messages_resumes_and_stops_a_live_flow(
 
             stopped = await _call(session, "stop", target=sid, reason="enough")
             assert stopped["verb"] == "stop"
+            stop_id = stopped["control_id"]
+            row = await asyncio.to_thread(wait_stamped, home, stop_id, alive=flow.proc)
+            assert row.result == "applied"
+            (home / "release-b").touch()  # graceful: the in-flight b finishes, c never starts
             assert await asyncio.to_thread(flow.finish) == 75
         statuses = node_statuses(home, sid)
         assert statuses["b"] == "completed" and statuses["c"] == "pending", statuses

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import subprocess
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -24,9 +25,11 @@ from pathlib import Path
 import pytest
 from ctl_support import (
     clean_env,
+    controls,
     ctl_status,
     live_flow,
     run_cli,
+    state_db,
     steerflow_argv,
     wait_for,
     write_yaml,
@@ -34,7 +37,10 @@ from ctl_support import (
 from playwright import sync_api
 from playwright.sync_api import Browser, BrowserContext, Page, expect
 
+from steerflow.state import SessionRow
+
 CHROMIUM = os.environ.get("STEERFLOW_CHROMIUM", "/usr/bin/chromium")
+GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 # Without the background-networking flags Chromium keeps dialling Google's hosts, which
 # the closed network here refuses; --no-sandbox because CI runs as root.
 CHROMIUM_ARGS = [
@@ -159,6 +165,17 @@ def _plan(tmp_path: Path, script: dict[str, object], *, chain: str = "abc") -> l
     return ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{path}"]
 
 
+def _session(home: Path, sid: str) -> SessionRow:
+    with state_db(home) as db:
+        row = db.get_session(sid)
+    assert row is not None, sid
+    return row
+
+
+def _release(home: Path, key: str) -> None:
+    (home / f"release-{key}").touch()
+
+
 def _shot(page: Page, path: Path) -> None:
     page.screenshot(path=str(path), full_page=True)
     assert path.stat().st_size > 0 and path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
@@ -190,10 +207,15 @@ def _inert(page: Page) -> None:
 
 def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> None:
     home = tmp_path / "home"
-    script = {"a": {"delay": 3.0}, "b": {"delay": 5.0}, "c": {"delay": 3.0}}
-    args = _plan(tmp_path, script, chain="abcd")  # a graceful stop in c leaves d pending
+    args = _plan(tmp_path, {}, chain="abcd")  # a graceful stop in c leaves d pending
+    # a, b and c are each held (gated_cli.py) until the test has seen what it needs while
+    # they run, however slow the machine: no node duration is guessed.
+    home.mkdir(mode=0o700)
+    for key in "abc":
+        (home / f"gate-{key}").touch()
+    argv = [sys.executable, str(GATED_CLI), "--home", str(home), "flow", *args, "--json"]
     message = "look at <img src=x onerror=alert(9)> first"
-    with live_flow(home, args) as flow, studio_process(home) as s:
+    with live_flow(home, args, argv=argv) as flow, studio_process(home) as s:
         sid, run = flow.session_id, flow.run_id
         page = watched.page()
         page.goto(s.url)
@@ -213,6 +235,7 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         expect(_node(page, "a")).to_have_text("running")
         _mark_live(page)
         # a finishes and b starts while the page stays loaded: the script's update.
+        _release(home, "a")
         expect(_node(page, "a")).to_have_text("completed")
         expect(page.locator('g[data-node="a"]')).to_have_class(re.compile(r"status-completed"))
         expect(_node(page, "b")).to_have_text("running")
@@ -221,6 +244,8 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         # Pause while b runs: it finishes, c is held at the gate.
         page.get_by_role("button", name="Pause").click()
         expect(page.locator("p.notice")).to_contain_text("queued control")
+        wait_for(lambda: _session(home, sid).phase == "paused", what="the pause applied")
+        _release(home, "b")
         expect(_node(page, "b")).to_have_text("completed")
         expect(_node(page, "c")).to_have_text("paused")
         expect(page.locator("#run-phase")).to_have_text("paused")
@@ -250,6 +275,8 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         node.close()
 
         page.get_by_role("button", name="Stop").click()
+        wait_for(lambda: controls(home, sid)[-1].result == "applied", what="the stop applied in c")
+        _release(home, "c")  # graceful: the in-flight c finishes, d never starts
         expect(page.locator("#run-status")).to_have_text("stopped")
         assert flow.finish() == 75
         # The end re-renders the page: controls gone, the recovery section there.

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -34,7 +35,7 @@ from steerflow import views
 from steerflow.studio import csrf_token, is_loopback, listen
 
 EVIL = "<img src=x onerror=alert(1)>"
-IN_FLIGHT_S = 4.0
+GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 
 
 @dataclass
@@ -264,9 +265,14 @@ def test_run_and_node_pages_agree_with_show_and_stay_inert(tmp_path: Path) -> No
 
 def test_controls_need_csrf_steer_a_live_flow_and_resume_it_after_stop(tmp_path: Path) -> None:
     home = tmp_path / "home"
-    script = {"a": {"delay": IN_FLIGHT_S}, "b": {"delay": IN_FLIGHT_S}}
-    args = _plan(tmp_path, tmp_path / "s", script, chain="abc")
-    with live_flow(home, args) as flow, studio(home) as s, s.client() as client:
+    args = _plan(tmp_path, tmp_path / "s", {}, chain="abc")
+    # a and b are held (gated_cli.py) until the test released them: each control lands
+    # while its node is in flight however slow the machine, with no duration guessed.
+    home.mkdir(mode=0o700)
+    for key in "ab":
+        (home / f"gate-{key}").touch()
+    argv = [sys.executable, str(GATED_CLI), "--home", str(home), "flow", *args, "--json"]
+    with live_flow(home, args, argv=argv) as flow, studio(home) as s, s.client() as client:
         sid, run = flow.session_id, flow.run_id
         flow.wait_nodes(lambda st: st.get("a") == "running", what="a running")
         page = client.get("/runs").text
@@ -293,6 +299,7 @@ def test_controls_need_csrf_steer_a_live_flow_and_resume_it_after_stop(tmp_path:
         assert control_id, paused.headers["location"]
         assert wait_stamped(home, control_id.group(1), alive=flow.proc).result == "applied"
         assert session_phase(home, sid) == "paused"
+        (home / "release-a").touch()
         flow.wait_nodes(
             lambda st: st["a"] == "completed" and st["b"] == "paused", what="b held at the gate"
         )
@@ -322,6 +329,10 @@ def test_controls_need_csrf_steer_a_live_flow_and_resume_it_after_stop(tmp_path:
 
         stopped = client.post(action, data={"verb": "stop", "csrf": csrf})
         assert stopped.status_code == 303
+        stop_id = re.search(r"queued=([0-9a-f]{32})", stopped.headers["location"])
+        assert stop_id, stopped.headers["location"]
+        assert wait_stamped(home, stop_id.group(1), alive=flow.proc).result == "applied"
+        (home / "release-b").touch()  # graceful: the in-flight b finishes, c never starts
         assert flow.finish() == 75
         verbs = [c["verb"] for c in ctl_status(home, sid)["controls"]]
         assert verbs == ["pause", "pause", "message", "resume", "stop"]

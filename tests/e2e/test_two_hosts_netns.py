@@ -20,6 +20,7 @@ so (nothing is skipped).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -28,9 +29,11 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -42,6 +45,10 @@ from pg_support import PgRaw, PgServer, pg_server
 from steerflow.errors import RefusedError
 from steerflow.state import HEARTBEAT_STALE_S, STATE_DB_URL_ENV, ControlRow, StateDB
 from waiting import wait_until
+
+# One pytest-xdist worker runs the module (`--dist loadgroup`): its namespaces and server
+# are module fixtures, built once instead of once per worker that drew one of its tests.
+pytestmark = pytest.mark.xdist_group("two-hosts-netns")
 
 GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 PYTHON = sys.executable
@@ -100,6 +107,39 @@ def _free_octets(count: int) -> list[int]:
     return free[:count]
 
 
+@contextmanager
+def _addresses_locked() -> Iterator[None]:
+    """Held from reading the machine's addresses to adding ours, across processes.
+
+    Two test processes (pytest-xdist workers, or the suites of two checkouts) picking
+    networks at once would both see the same ``10.231.K.0/30`` free. The lock file is only
+    ever locked, never read, so one left behind is harmless.
+    """
+    path = Path(tempfile.gettempdir()) / "steerflow-test-netns.lock"
+    with open(path, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        yield
+
+
+def _make_host(
+    letter: str, octet: int, tag: str, namespaces: list[str], root_links: list[str]
+) -> Host:
+    """One namespace and its veth pair; what it made is appended for the teardown."""
+    netns, root_if, ns_if = f"steerflow-{tag}-{letter}", f"sf{tag}{letter}r", f"sf{tag}{letter}n"
+    server_addr, addr = f"{_NET_PREFIX}.{octet}.1", f"{_NET_PREFIX}.{octet}.2"
+    _run(["ip", "netns", "add", netns], "creating a network namespace")
+    namespaces.append(netns)
+    _run(["ip", "link", "add", root_if, "type", "veth", "peer", "name", ns_if,
+          "netns", netns], "creating a veth pair")  # fmt: skip
+    root_links.append(root_if)
+    _run(["ip", "addr", "add", f"{server_addr}/30", "dev", root_if], "addressing a veth")
+    _run(["ip", "link", "set", root_if, "up"], "raising a veth")
+    _run(["ip", "-n", netns, "addr", "add", f"{addr}/30", "dev", ns_if], "addressing")
+    _run(["ip", "-n", netns, "link", "set", ns_if, "up"], "raising the namespace veth")
+    _run(["ip", "-n", netns, "link", "set", "lo", "up"], "raising the namespace loopback")
+    return Host(f"host-{letter}", netns, addr, server_addr, f"{_NET_PREFIX}.{octet}.0/30")
+
+
 @pytest.fixture(scope="module")
 def hosts() -> Iterator[tuple[Host, Host]]:
     """``host-a`` and ``host-b``: two namespaces, each with its own veth link to the root."""
@@ -109,26 +149,9 @@ def hosts() -> Iterator[tuple[Host, Host]]:
     root_links: list[str] = []
     made: list[Host] = []
     try:
-        for letter, octet in zip("ab", _free_octets(2), strict=True):
-            netns, root_if, ns_if = (
-                f"steerflow-{tag}-{letter}",
-                f"sf{tag}{letter}r",
-                f"sf{tag}{letter}n",
-            )
-            server_addr, addr = f"{_NET_PREFIX}.{octet}.1", f"{_NET_PREFIX}.{octet}.2"
-            _run(["ip", "netns", "add", netns], "creating a network namespace")
-            namespaces.append(netns)
-            _run(["ip", "link", "add", root_if, "type", "veth", "peer", "name", ns_if,
-                  "netns", netns], "creating a veth pair")  # fmt: skip
-            root_links.append(root_if)
-            _run(["ip", "addr", "add", f"{server_addr}/30", "dev", root_if], "addressing a veth")
-            _run(["ip", "link", "set", root_if, "up"], "raising a veth")
-            _run(["ip", "-n", netns, "addr", "add", f"{addr}/30", "dev", ns_if], "addressing")
-            _run(["ip", "-n", netns, "link", "set", ns_if, "up"], "raising the namespace veth")
-            _run(["ip", "-n", netns, "link", "set", "lo", "up"], "raising the namespace loopback")
-            made.append(
-                Host(f"host-{letter}", netns, addr, server_addr, f"{_NET_PREFIX}.{octet}.0/30")
-            )
+        with _addresses_locked():
+            for letter, octet in zip("ab", _free_octets(2), strict=True):
+                made.append(_make_host(letter, octet, tag, namespaces, root_links))
         yield made[0], made[1]
     finally:
         # Deleting a namespace destroys its veth end and with it the pair; a root end

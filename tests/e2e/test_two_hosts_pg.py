@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import signal
+import sys
 from pathlib import Path
 
 import pytest
@@ -31,6 +32,14 @@ from ctl_support import (
 
 from pg_support import PgRaw, PgServer
 from steerflow.state import HEARTBEAT_STALE_S, HOST_ID_ENV, STATE_DB_URL_ENV
+
+GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
+PYTHON = sys.executable
+
+
+def _gate(home: Path, *nodes: str) -> None:
+    for node in nodes:
+        (home / f"gate-{node}").touch()
 
 
 def _on(host: str, home: Path, url: str, *args: str) -> dict[str, object]:
@@ -61,15 +70,20 @@ def test_pause_message_stop_and_liveness_across_hosts(
     url = pg.new_database()
     monkeypatch.setenv(STATE_DB_URL_ENV, url)  # this test process reads the same database
     home_a, home_b = tmp_path / "host-a", tmp_path / "host-b"  # no shared files
+    home_a.mkdir(mode=0o700)
     home_b.mkdir(mode=0o700)
     independent_plan(tmp_path / "plan.yaml", 6)
-    write_yaml(tmp_path / "script.yaml", {"*": {"delay": 2.0}})
+    write_yaml(tmp_path / "script.yaml", {"*": {}})
     args = [
         "--plan", str(tmp_path / "plan.yaml"),
         "--model", f"script:{tmp_path / 'script.yaml'}",
         "--concurrency", "1",
     ]  # fmt: skip
-    with live_flow(home_a, args, env={HOST_ID_ENV: "host-a"}) as flow:
+    # n000 and n001 are held (gated_cli.py) until the test releases them: the flow is live
+    # for every control below however slow the machine, with no node duration to guess.
+    _gate(home_a, "n000", "n001")
+    flow_argv = [PYTHON, str(GATED_CLI), "--home", str(home_a), "flow", *args, "--json"]
+    with live_flow(home_a, args, env={HOST_ID_ENV: "host-a"}, argv=flow_argv) as flow:
         sid = flow.session_id
         with state_db(home_b) as db:
             row = db.get_session(sid)
@@ -85,9 +99,11 @@ def test_pause_message_stop_and_liveness_across_hosts(
         resumed = _queued("host-b", home_b, url, "resume", sid)
         assert wait_stamped(home_b, resumed, alive=flow.proc).result == "applied"
         message = _queued("host-b", home_b, url, "msg", sid, "from host-b")
+        (home_a / "release-n000").touch()  # the message is rendered into n001, held next
         assert wait_stamped(home_b, message, alive=flow.proc).result == "applied"
         stop = _queued("host-b", home_b, url, "stop", sid, "--reason", "from host-b")
         assert wait_stamped(home_b, stop, alive=flow.proc).result == "applied"
+        (home_a / "release-n001").touch()  # graceful: the in-flight n001 finishes first
         assert flow.finish(timeout=60) == 75
         run_id = flow.run_id
     assert _status("host-b", home_b, url, sid) == "stopped"
@@ -138,7 +154,9 @@ def test_pause_message_stop_and_liveness_across_hosts(
     assert not (home_b / "runs").exists()
 
     # A second flow, killed: its own host sees the dead pid, the other host the heartbeat.
-    with live_flow(home_a, args, env={HOST_ID_ENV: "host-a"}) as flow:
+    for name in ("release-n000", "release-n001", "started-n000", "started-n001"):
+        (home_a / name).unlink()
+    with live_flow(home_a, args, env={HOST_ID_ENV: "host-a"}, argv=flow_argv) as flow:
         sid = flow.session_id
         flow.proc.send_signal(signal.SIGKILL)
         flow.proc.wait(timeout=30)
