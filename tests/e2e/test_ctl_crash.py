@@ -53,7 +53,8 @@ def _poll_once_as_new_consumer(home: Path, session_id: str) -> list[str]:
 
     async def go() -> list[str]:
         target = _Recorder()
-        poller = ControlPoller(home, session_id, target, interval=0.01)
+        # forced_list: under LISTEN the safety-net listing is 20 s by default (decision 124)
+        poller = ControlPoller(home, session_id, target, interval=0.01, forced_list=0.05)
         task = asyncio.ensure_future(poller.run())
         # Three listings of the session's rows: the claimed one is never among them.
         await wait_until_async(lambda: poller.listings >= 3, timeout=10, what="three listings")
