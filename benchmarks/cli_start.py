@@ -107,7 +107,7 @@ def main() -> int:
             walls: dict[str, list[float]] = {name: [] for name, _ in rows}
             cpus: dict[str, list[float]] = {name: [] for name, _ in rows}
             codes: dict[str, set[int]] = {name: set() for name, _ in rows}
-            for name, argv in rows:  # one warm-up each: bytecode and page cache
+            for _name, argv in rows:  # one warm-up each: the page cache
                 timed(argv)
             for _ in range(args.runs):
                 for name, argv in rows:
