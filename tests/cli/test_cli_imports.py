@@ -3,9 +3,10 @@
 ``ctl`` is the live steering path: an operator's ``ctl msg`` starts a process whose start-up
 is the latency they see, so it must not load the plan models (pydantic), the servers
 (Starlette, the MCP SDK), the flow machinery or asyncio. ``runs`` and ``show`` read the
-state DB and the checkpoint, and need none of that either. Each case runs ``steerflow.cli.main``
-in a fresh interpreter against a home holding one finished run, then lists ``sys.modules``:
-a deterministic check, not a timing (``benchmarks/cli_start.py`` has the timings).
+state DB and the checkpoint (so do ``show RUN NODE`` and ``result``), and need none of that
+either. Each case runs ``steerflow.cli.main`` in a fresh interpreter against a home holding
+one finished run, then lists ``sys.modules``: a deterministic check, not a timing
+(``benchmarks/cli_start.py`` has the timings).
 """
 
 from __future__ import annotations
@@ -104,6 +105,8 @@ READ_CASES = [
     (["runs", "--json"], 0),
     (["show", "RUN"], 0),
     (["show", "RUN", "--json"], 0),
+    (["show", "RUN", "scope"], 0),  # one node in full: the same readers
+    (["result", "RUN"], 0),
 ]
 
 
@@ -127,13 +130,13 @@ def test_ctl_imports_no_plan_models_servers_or_loop(
 
 
 @pytest.mark.parametrize(("template", "code"), READ_CASES, ids=[_id(t) for t, _ in READ_CASES])
-def test_runs_and_show_import_no_plan_models_servers_or_loop(
+def test_runs_show_result_import_no_plan_models_servers_or_loop(
     finished_run: tuple[Path, str, str], tmp_path: Path, template: list[str], code: int
 ) -> None:
     home, run_id, session = finished_run
     loaded = _loaded(home, tmp_path, _argv(template, run_id, session))
     assert loaded["exit_code"] == code
-    assert "steerflow.views._runs" in loaded["modules"]
+    assert "steerflow.orchestrate._detail" in loaded["modules"]  # the run readers ran
     assert _offending(loaded["modules"], NEVER) == []
 
 
