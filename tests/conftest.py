@@ -21,7 +21,7 @@ from steerflow.state import STATE_DB_URL_ENV
 # thread, and tests call them directly.
 LOOP_MODULES = [
     "steerflow.checkpoint._writer",
-    "steerflow.cli._app",
+    "steerflow.cli._cmd_flow",
     "steerflow.control",
     "steerflow.executor",
     "steerflow.orchestrate",

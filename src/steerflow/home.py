@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 import stat
 import time
 from dataclasses import dataclass
@@ -128,7 +127,7 @@ def _check_writable_dir(path: Path) -> None:
     Raises:
         RefusedError: the folder cannot be written.
     """
-    probe = path / f".steerflow-write-check-{secrets.token_hex(6)}"
+    probe = path / f".steerflow-write-check-{os.urandom(6).hex()}"
     try:
         probe.mkdir(mode=0o700)
     except OSError as exc:
@@ -142,7 +141,9 @@ def _check_writable_dir(path: Path) -> None:
 def new_run_id(now: float | None = None) -> str:
     """A run id ``YYYYMMDDTHHMMSS-<6 hex>`` from the UTC start time."""
     stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{secrets.token_hex(3)}"
+    # os.urandom is what secrets.token_hex reads; importing secrets (hmac, hashlib, random)
+    # would cost every CLI start, `ctl` included, a few milliseconds.
+    return f"{stamp}-{os.urandom(3).hex()}"
 
 
 def is_run_id(value: str) -> bool:

@@ -11,20 +11,24 @@ the conversations a resume restores) are saved and loaded here too.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
+from steerflow._lazy import lazy_exports
 from steerflow.errors import CheckpointRecoveryError
 
-from ._branches import BRANCHES_DIR, load_branch, save_branch
-from ._capture import context_problem
-from ._digest import entry_digest, result_digest
-from ._entries import CheckpointState, PlannedEntry, SpawnedEntry
-from ._load import (
-    CHECKPOINT_FILENAME,
-    JOURNAL_FILENAME,
-    LoadedCheckpoint,
-    load_checkpoint,
-    load_state,
-)
-from ._writer import CheckpointWriter, SavedHook
+if TYPE_CHECKING:
+    from steerflow.checkpoint._branches import BRANCHES_DIR, load_branch, save_branch
+    from steerflow.checkpoint._capture import context_problem
+    from steerflow.checkpoint._digest import entry_digest, result_digest
+    from steerflow.checkpoint._entries import CheckpointState, PlannedEntry, SpawnedEntry
+    from steerflow.checkpoint._load import (
+        CHECKPOINT_FILENAME,
+        JOURNAL_FILENAME,
+        LoadedCheckpoint,
+        load_checkpoint,
+        load_state,
+    )
+    from steerflow.checkpoint._writer import CheckpointWriter, SavedHook
 
 __all__ = [
     "BRANCHES_DIR",
@@ -45,3 +49,27 @@ __all__ = [
     "result_digest",
     "save_branch",
 ]
+
+
+# Where each name lives (a submodule of this package), imported on first access.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "BRANCHES_DIR": "_branches",
+        "CHECKPOINT_FILENAME": "_load",
+        "CheckpointState": "_entries",
+        "CheckpointWriter": "_writer",
+        "JOURNAL_FILENAME": "_load",
+        "LoadedCheckpoint": "_load",
+        "PlannedEntry": "_entries",
+        "SavedHook": "_writer",
+        "SpawnedEntry": "_entries",
+        "context_problem": "_capture",
+        "entry_digest": "_digest",
+        "load_branch": "_branches",
+        "load_checkpoint": "_load",
+        "load_state": "_load",
+        "result_digest": "_digest",
+        "save_branch": "_branches",
+    },
+)

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import re
-import signal
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
@@ -76,6 +74,9 @@ def run_with_signals(run: Callable[[], Awaitable[_T]], on_signal: Callable[[int]
     On the loop, not as Python's default handler: a KeyboardInterrupt raised anywhere
     would skip the graceful end (persist, stamp, exit 130/143).
     """
+    # Here, not at module load: the commands that only read or queue never run a loop.
+    import asyncio
+    import signal
 
     async def main() -> _T:
         loop = asyncio.get_running_loop()

@@ -10,24 +10,31 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.cli._output import printable
-from steerflow.state import this_host
-from steerflow.views import control_status, list_runs, show_run
+
+# Each reader is imported by the function that uses it: ``ctl status`` needs the control
+# view only, not the run readers (checkpoint loader, node detail) behind ``runs``/``show``.
 
 __all__ = ["ctl_status_view", "resume_links", "runs_view", "show_view", "unreachable_line"]
 
 
 def runs_view(home: Path, *, limit: int | None) -> dict[str, Any]:
     """``{"runs": [...]}``, newest first."""
+    from steerflow.views import list_runs
+
     return {"runs": [r.to_json() for r in list_runs(home, limit=limit)]}
 
 
 def show_view(home: Path, target: str) -> dict[str, Any]:
     """Status, phase, live node statuses and checkpoint report of one run."""
+    from steerflow.views import show_run
+
     return show_run(home, target).to_json()
 
 
 def unreachable_line(view: dict[str, Any]) -> str:
     """``show``'s one line for a run whose directory is not in this home."""
+    from steerflow.state import this_host
+
     host = view.get("owner_host")
     where = (
         f"run directory on {printable(host)}"
@@ -58,4 +65,6 @@ def resume_links(view: dict[str, Any]) -> str:
 
 def ctl_status_view(home: Path, target: str) -> dict[str, Any]:
     """``{"session_id", "status", "phase", "poller", "controls": [...]}``."""
+    from steerflow.views import control_status
+
     return control_status(home, target).to_json()

@@ -2,23 +2,28 @@
 
 from __future__ import annotations
 
-from steerflow.control._poller import (
-    CONTROL_LOG_MAX,
-    DEFAULT_POLL_S,
-    POLL_ENV,
-    ControlPoller,
-    PollerState,
-    SteeringTarget,
-    poll_interval,
-)
-from steerflow.control._queue import (
-    DB_BUSY_TIMEOUT_S,
-    MAX_MESSAGE_BYTES,
-    Queued,
-    enqueue_control,
-    open_existing_db,
-    resolve_control,
-)
+from typing import TYPE_CHECKING
+
+from steerflow._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from steerflow.control._poller import (
+        CONTROL_LOG_MAX,
+        DEFAULT_POLL_S,
+        POLL_ENV,
+        ControlPoller,
+        PollerState,
+        SteeringTarget,
+        poll_interval,
+    )
+    from steerflow.control._queue import (
+        DB_BUSY_TIMEOUT_S,
+        MAX_MESSAGE_BYTES,
+        Queued,
+        enqueue_control,
+        open_existing_db,
+        resolve_control,
+    )
 
 __all__ = [
     "CONTROL_LOG_MAX",
@@ -35,3 +40,24 @@ __all__ = [
     "poll_interval",
     "resolve_control",
 ]
+
+
+# Where each name lives (a submodule of this package), imported on first access.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CONTROL_LOG_MAX": "_poller",
+        "ControlPoller": "_poller",
+        "DB_BUSY_TIMEOUT_S": "_queue",
+        "DEFAULT_POLL_S": "_poller",
+        "MAX_MESSAGE_BYTES": "_queue",
+        "POLL_ENV": "_poller",
+        "PollerState": "_poller",
+        "Queued": "_queue",
+        "SteeringTarget": "_poller",
+        "enqueue_control": "_queue",
+        "open_existing_db": "_queue",
+        "poll_interval": "_poller",
+        "resolve_control": "_queue",
+    },
+)

@@ -12,6 +12,8 @@ from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steerflow.plan._keys import SYNTHESIS_KEY
+
 __all__ = [
     "AGENT_ID_PATTERN",
     "COMPACT_BYTES",
@@ -54,9 +56,6 @@ COMPACT_RECORDS = CompactBound(1, 1_000_000, 128)
 COMPACT_BYTES = CompactBound(1_024, 1_073_741_824, 8_388_608)
 #: Longest declared artifact path (characters); a component is at most 255 bytes (NAME_MAX).
 MAX_ARTIFACT_PATH = 1024
-#: The node key of a run's synthesis (top-level ``synthesis``, ``--synthesize``). Reserved in
-#: every plan, so adding a synthesis to a plan at run time can never collide with an entry.
-SYNTHESIS_KEY = "synthesis"
 
 EdgeWhen = Literal["completed", "failed", "always"]
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN)]

@@ -8,7 +8,25 @@ Amendment 1 settle check to a loaded checkpoint and returns a pure :class:`Repla
 
 from __future__ import annotations
 
-from steerflow.resume._plan import ReplayPlan, ReplaySpawn, plan_replay
-from steerflow.resume._target import RunTarget, resolve_run_target
+from typing import TYPE_CHECKING
+
+from steerflow._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from steerflow.resume._plan import ReplayPlan, ReplaySpawn, plan_replay
+    from steerflow.resume._target import RunTarget, resolve_run_target
 
 __all__ = ["ReplayPlan", "ReplaySpawn", "RunTarget", "plan_replay", "resolve_run_target"]
+
+
+# Where each name lives (a submodule of this package), imported on first access.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "ReplayPlan": "_plan",
+        "ReplaySpawn": "_plan",
+        "RunTarget": "_target",
+        "plan_replay": "_plan",
+        "resolve_run_target": "_target",
+    },
+)

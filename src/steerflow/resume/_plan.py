@@ -156,35 +156,9 @@ def plan_replay(
     """
     plan = _rebuild_plan(state, run_dir)
     _check_digests(state)
-    plan_ids = {
-        item["node_id"]: item["agent_id"]
-        for item in state.plan
-        if isinstance(item, dict) and isinstance(item.get("node_id"), str)
-    }
-    planned_keys = frozenset(e.agent_id for e in plan.plan)
-    kept, notes = _drop_unanchored_intent(state.spawned, plan_ids, state.ops)
-    chains = _check_chains(kept, plan_ids, state)
-    replaced = frozenset(e.parent_id for e in kept if e.node_id in chains and e.parent_id)
-    planned_ids = {key: node_id for node_id, key in plan_ids.items()}
-    superseded = {
-        key: entry.response
-        for key, entry in state.ops.items()
-        if entry.status == "failed" and planned_ids.get(key) in replaced
-    }
-    completed, rerun = _check_planned(
-        state, planned_keys, retry_failed=retry_failed, superseded=frozenset(superseded)
-    )
-    _refuse_rejected_spawns(state)
-    ids = _Ids(
-        plan_ids,
-        planned_keys,
-        frozenset(e.node_id for e in kept),
-        frozenset(e.spawn_id for e in kept),
-    )
-    spawned = _check_spawned(
-        kept, ids, state, retry_failed=retry_failed, chains=chains, replaced=replaced
-    )
-    _check_witnesses(state.ops, kept)
+    checked = _check_recorded(state, plan, retry_failed=retry_failed)
+    completed, rerun, spawned = checked.completed, checked.rerun, checked.spawned
+    notes, superseded, planned_keys = checked.notes, checked.superseded, checked.planned_keys
     replayed = [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
     settled = settle_replay(
         state,
@@ -227,6 +201,56 @@ def plan_replay(
         rerun_unsettled=settled.rerun,
         superseded=superseded,
     )
+
+
+@dataclass(frozen=True)
+class _Checked:
+    """What the D5 rules accepted from a checkpoint, before the settle check."""
+
+    completed: dict[str, object]
+    rerun: list[str]
+    spawned: list[ReplaySpawn]
+    notes: list[str]
+    superseded: dict[str, object]
+    planned_keys: frozenset[str]
+
+
+def _check_recorded(state: CheckpointState, plan: PlanFile, *, retry_failed: bool) -> _Checked:
+    """The planned and spawned rules of :func:`plan_replay`, in its order (D5).
+
+    Raises:
+        FlowResumeError: a rule refuses the resume; the message names the node.
+    """
+    plan_ids = {
+        item["node_id"]: item["agent_id"]
+        for item in state.plan
+        if isinstance(item, dict) and isinstance(item.get("node_id"), str)
+    }
+    planned_keys = frozenset(e.agent_id for e in plan.plan)
+    kept, notes = _drop_unanchored_intent(state.spawned, plan_ids, state.ops)
+    chains = _check_chains(kept, plan_ids, state)
+    replaced = frozenset(e.parent_id for e in kept if e.node_id in chains and e.parent_id)
+    planned_ids = {key: node_id for node_id, key in plan_ids.items()}
+    superseded = {
+        key: entry.response
+        for key, entry in state.ops.items()
+        if entry.status == "failed" and planned_ids.get(key) in replaced
+    }
+    completed, rerun = _check_planned(
+        state, planned_keys, retry_failed=retry_failed, superseded=frozenset(superseded)
+    )
+    _refuse_rejected_spawns(state)
+    ids = _Ids(
+        plan_ids,
+        planned_keys,
+        frozenset(e.node_id for e in kept),
+        frozenset(e.spawn_id for e in kept),
+    )
+    spawned = _check_spawned(
+        kept, ids, state, retry_failed=retry_failed, chains=chains, replaced=replaced
+    )
+    _check_witnesses(state.ops, kept)
+    return _Checked(completed, rerun, spawned, notes, superseded, planned_keys)
 
 
 def _is_synthesis(state: CheckpointState, key: str) -> bool:

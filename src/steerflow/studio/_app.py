@@ -127,23 +127,19 @@ def _cookie(header: str, wanted: str) -> str | None:
     return None
 
 
-def build_app(
-    home: Path, *, token: str, hosts: frozenset[str] | None, cookie: str = COOKIE
-) -> ASGIApp:
-    """The Studio for ``home``: every request needs ``token`` (see :class:`Gate`).
+class _Pages:
+    """The Studio's request handlers for one home (each route's function is a method)."""
 
-    ``cookie`` is the cookie's name: cookies are shared by every port of a host, so each
-    studio names its own (``serve`` appends the port) and two studios do not log each
-    other out.
-    """
-    csrf = csrf_token(token)
-    answers = LiveRuns(home)
+    def __init__(self, home: Path, token: str) -> None:
+        self.home = home
+        self.csrf = csrf_token(token)
+        self.answers = LiveRuns(home)
 
-    def runs(request: Request) -> Response:
+    def runs(self, request: Request) -> Response:
         wanted = request.query_params.get("status")
         status = wanted if wanted in STATUSES else None
-        listed = views.list_runs(home, limit=RUNS_SHOWN, status=status)
-        progress = views.run_progress(home, [r.session_id for r in listed])
+        listed = views.list_runs(self.home, limit=RUNS_SHOWN, status=status)
+        progress = views.run_progress(self.home, [r.session_id for r in listed])
         notice = None
         if _SESSION_ID.fullmatch(request.query_params.get("queued", "")):
             verb = request.query_params.get("verb", "")
@@ -151,21 +147,21 @@ def build_app(
                 f"queued {verb if verb in _VERBS else 'control'} "
                 f"{request.query_params['queued']}: not yet applied (the flow applies it)"
             )
-        page = runs_page(listed, progress, status=status, csrf=csrf, notice=notice)
+        page = runs_page(listed, progress, status=status, csrf=self.csrf, notice=notice)
         return HTMLResponse(page)
 
-    async def control(request: Request) -> Response:
+    async def control(self, request: Request) -> Response:
         session_id = request.path_params["session_id"]
         body = await _read_form(request)
         if body is None:
             return HTMLResponse(error_page("refused", "the form is too large"), 413)
-        if not same_secret(_field(body, "csrf"), csrf):
+        if not same_secret(_field(body, "csrf"), self.csrf):
             return HTMLResponse(error_page("refused", "missing or wrong CSRF token"), 403)
         verb = _field(body, "verb")
         if not _SESSION_ID.fullmatch(session_id) or verb not in _VERBS:
             return HTMLResponse(error_page("usage error", "unknown session or control"), 400)
         try:
-            queued = await run_in_threadpool(_send, home, session_id, verb, body)
+            queued = await run_in_threadpool(_send, self.home, session_id, verb, body)
         except UsageError as exc:
             return HTMLResponse(error_page("usage error", str(exc)), 400)
         except RefusedError as exc:
@@ -176,19 +172,19 @@ def build_app(
         back = _field(body, "back") or "/runs"
         return RedirectResponse(f"{back if _BACK.fullmatch(back) else '/runs'}?{query}", 303)
 
-    def run(request: Request) -> Response:
+    def run(self, request: Request) -> Response:
         target = request.path_params["target"]
         if not _is_target(target):
             return HTMLResponse(error_page("not found", "no such run"), 404)
         try:
-            view = views.show_run(home, target)
-            graph = views.run_graph(home, target)
-            control = views.control_status(home, view.session_id) if view.session_id else None
+            view = views.show_run(self.home, target)
+            graph = views.run_graph(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
             recovery = None
             if view.status in RECOVERABLE:
                 recovery = (
-                    views.checkpoint_report(home, target),
-                    views.resume_preflight(home, target),
+                    views.checkpoint_report(self.home, target),
+                    views.resume_preflight(self.home, target),
                 )
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
@@ -203,25 +199,25 @@ def build_app(
         if _SESSION_ID.fullmatch(queued):
             # The page reloads itself once the flow stamps the row: say where to look.
             notice = f"queued control {queued}: the flow applies it (result in the control log)"
-        return HTMLResponse(run_page(view, graph, control, recovery, csrf=csrf, notice=notice))
+        return HTMLResponse(run_page(view, graph, control, recovery, csrf=self.csrf, notice=notice))
 
-    def node(request: Request) -> Response:
+    def node(self, request: Request) -> Response:
         target, key = request.path_params["target"], request.path_params["node"]
         if not _is_target(target) or not is_agent_id(key):
             return HTMLResponse(error_page("not found", "no such node"), 404)
         try:
-            detail = views.node_detail(home, target, key)
+            detail = views.node_detail(self.home, target, key)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         return HTMLResponse(node_page(detail))
 
-    def artifact(request: Request) -> Response:
+    def artifact(self, request: Request) -> Response:
         target, key = request.path_params["target"], request.path_params["node"]
         path = request.path_params["path"]
         if not _is_target(target) or not is_agent_id(key):
             return HTMLResponse(error_page("not found", "no such node"), 404)
         try:
-            opened = views.open_artifact(home, target, key, path)
+            opened = views.open_artifact(self.home, target, key, path)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         except RefusedError as exc:
@@ -238,71 +234,84 @@ def build_app(
             },
         )
 
-    def runs_live(request: Request) -> Response:
+    def runs_live(self, request: Request) -> Response:
         wanted = request.query_params.get("status")
         status = wanted if wanted in STATUSES else None
         seen = request.headers.get("if-none-match")
-        if seen is not None and seen == answers.runs_tag(status):
+        if seen is not None and seen == self.answers.runs_tag(status):
             return Response(status_code=304, headers={"etag": seen})
-        tag, body = answers.runs_answer(status, RUNS_SHOWN)
+        tag, body = self.answers.runs_answer(status, RUNS_SHOWN)
         return Response(body, media_type="application/json", headers={"etag": tag} if tag else {})
 
-    def live(request: Request) -> Response:
+    def live(self, request: Request) -> Response:
         target = request.path_params["target"]
         if not _is_target(target):
             return JSONResponse({"error": "no such run"}, 404)
         seen = request.headers.get("if-none-match")
-        if seen is not None and seen == answers.tag(target):
+        if seen is not None and seen == self.answers.tag(target):
             return Response(status_code=304, headers={"etag": seen})
         try:
-            tag, body = answers.answer(target)
+            tag, body = self.answers.answer(target)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return JSONResponse({"error": str(exc)}, 404)
         return Response(body, media_type="application/json", headers={"etag": tag} if tag else {})
 
-    async def start_resume(request: Request) -> Response:
+    async def start_resume(self, request: Request) -> Response:
         target = request.path_params["target"]
         body = await _read_form(request)
-        if body is None or not same_secret(_field(body, "csrf"), csrf):
+        if body is None or not same_secret(_field(body, "csrf"), self.csrf):
             return HTMLResponse(error_page("refused", "missing or wrong CSRF token"), 403)
         if not _is_target(target):
             return HTMLResponse(error_page("not found", "no such run"), 404)
         try:
-            preflight = await run_in_threadpool(views.resume_preflight, home, target)
+            preflight = await run_in_threadpool(views.resume_preflight, self.home, target)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         if preflight.refusal is not None:
             return HTMLResponse(error_page("refused", preflight.refusal.message), 409)
-        pid = await run_in_threadpool(_start_resume, home, preflight.run_id)
+        pid = await run_in_threadpool(_start_resume, self.home, preflight.run_id)
         return RedirectResponse(f"{run_href(preflight.run_id)}?resumed={pid}", 303)
 
-    def stylesheet(request: Request) -> Response:
+    def stylesheet(self, request: Request) -> Response:
         return Response(CSS, media_type="text/css")
 
-    def script(request: Request) -> Response:
+    def script(self, request: Request) -> Response:
         return Response(SCRIPT, media_type="text/javascript")
 
-    def index(request: Request) -> Response:
+    def index(self, request: Request) -> Response:
         return RedirectResponse("/runs", 303)
 
-    def favicon(request: Request) -> Response:
+    def favicon(self, request: Request) -> Response:
         # Browsers ask on every page; an empty answer keeps a 404 out of their consoles.
         return Response(status_code=204)
 
+
+def build_app(
+    home: Path, *, token: str, hosts: frozenset[str] | None, cookie: str = COOKIE
+) -> ASGIApp:
+    """The Studio for ``home``: every request needs ``token`` (see :class:`Gate`).
+
+    ``cookie`` is the cookie's name: cookies are shared by every port of a host, so each
+    studio names its own (``serve`` appends the port) and two studios do not log each
+    other out.
+    """
+    pages = _Pages(home, token)
     app = Starlette(
         routes=[
-            Route("/", index, methods=["GET"]),
-            Route("/runs", runs, methods=["GET"]),
-            Route("/runs/{target}", run, methods=["GET"]),
-            Route("/runs/{target}/nodes/{node}", node, methods=["GET"]),
-            Route("/runs/{target}/resume", start_resume, methods=["POST"]),
-            Route("/runs/{target}/nodes/{node}/artifacts/{path:path}", artifact, methods=["GET"]),
-            Route("/api/runs", runs_live, methods=["GET"]),
-            Route("/api/runs/{target}", live, methods=["GET"]),
-            Route("/sessions/{session_id}/control", control, methods=["POST"]),
-            Route("/static/studio.css", stylesheet, methods=["GET"]),
-            Route("/static/studio.js", script, methods=["GET"]),
-            Route("/favicon.ico", favicon, methods=["GET"]),
+            Route("/", pages.index, methods=["GET"]),
+            Route("/runs", pages.runs, methods=["GET"]),
+            Route("/runs/{target}", pages.run, methods=["GET"]),
+            Route("/runs/{target}/nodes/{node}", pages.node, methods=["GET"]),
+            Route("/runs/{target}/resume", pages.start_resume, methods=["POST"]),
+            Route(
+                "/runs/{target}/nodes/{node}/artifacts/{path:path}", pages.artifact, methods=["GET"]
+            ),
+            Route("/api/runs", pages.runs_live, methods=["GET"]),
+            Route("/api/runs/{target}", pages.live, methods=["GET"]),
+            Route("/sessions/{session_id}/control", pages.control, methods=["POST"]),
+            Route("/static/studio.css", pages.stylesheet, methods=["GET"]),
+            Route("/static/studio.js", pages.script, methods=["GET"]),
+            Route("/favicon.ico", pages.favicon, methods=["GET"]),
         ]
     )
     return Gate(app, token=token, hosts=hosts, cookie=cookie)

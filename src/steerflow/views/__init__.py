@@ -8,28 +8,33 @@ control writers queue the same rows as ``steerflow ctl``. Nothing here prints.
 
 from __future__ import annotations
 
-from steerflow.control import Queued
-from steerflow.views._artifacts import OpenedArtifact, open_artifact
-from steerflow.views._control import (
-    ControlEntry,
-    ControlStatus,
-    control_status,
-    message,
-    pause,
-    resume,
-    stop,
-)
-from steerflow.views._graph import GraphNode, RunGraph, run_graph
-from steerflow.views._node import NodeDetail, RunResult, node_detail, run_result
-from steerflow.views._progress import RunProgress, run_progress
-from steerflow.views._recovery import (
-    CheckpointReport,
-    PreflightRefusal,
-    ResumePreflight,
-    checkpoint_report,
-    resume_preflight,
-)
-from steerflow.views._runs import NodeState, RunListing, RunView, list_runs, show_run
+from typing import TYPE_CHECKING
+
+from steerflow._lazy import lazy_exports
+
+if TYPE_CHECKING:
+    from steerflow.control import Queued
+    from steerflow.views._artifacts import OpenedArtifact, open_artifact
+    from steerflow.views._control import (
+        ControlEntry,
+        ControlStatus,
+        control_status,
+        message,
+        pause,
+        resume,
+        stop,
+    )
+    from steerflow.views._graph import GraphNode, RunGraph, run_graph
+    from steerflow.views._node import NodeDetail, RunResult, node_detail, run_result
+    from steerflow.views._progress import RunProgress, run_progress
+    from steerflow.views._recovery import (
+        CheckpointReport,
+        PreflightRefusal,
+        ResumePreflight,
+        checkpoint_report,
+        resume_preflight,
+    )
+    from steerflow.views._runs import NodeState, RunListing, RunView, list_runs, show_run
 
 __all__ = [
     "CheckpointReport",
@@ -62,3 +67,40 @@ __all__ = [
     "show_run",
     "stop",
 ]
+
+
+# Where each name lives (a submodule of this package), imported on first access.
+__getattr__, __dir__ = lazy_exports(
+    __name__,
+    {
+        "CheckpointReport": "_recovery",
+        "ControlEntry": "_control",
+        "ControlStatus": "_control",
+        "GraphNode": "_graph",
+        "NodeDetail": "_node",
+        "NodeState": "_runs",
+        "OpenedArtifact": "_artifacts",
+        "PreflightRefusal": "_recovery",
+        "Queued": "_control",
+        "ResumePreflight": "_recovery",
+        "RunGraph": "_graph",
+        "RunListing": "_runs",
+        "RunProgress": "_progress",
+        "RunResult": "_node",
+        "RunView": "_runs",
+        "checkpoint_report": "_recovery",
+        "control_status": "_control",
+        "list_runs": "_runs",
+        "message": "_control",
+        "node_detail": "_node",
+        "open_artifact": "_artifacts",
+        "pause": "_control",
+        "resume": "_control",
+        "resume_preflight": "_recovery",
+        "run_graph": "_graph",
+        "run_progress": "_progress",
+        "run_result": "_node",
+        "show_run": "_runs",
+        "stop": "_control",
+    },
+)

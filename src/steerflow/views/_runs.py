@@ -18,7 +18,7 @@ from steerflow.orchestrate._agent_state import ordered_keys
 from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.resume import resolve_run_target
-from steerflow.state import SessionRow, StateDB, db_exists
+from steerflow.state import NodeRow, SessionRow, StateDB, db_exists
 
 __all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
 
@@ -231,25 +231,7 @@ def show_run(home: Path, target: str) -> RunView:
                 status, phase, kind = db.effective_status(session), session.phase, session.kind
                 owner_host = session.owner_host
                 meta = dict(session.node_metadata)
-                nodes = [
-                    NodeState(
-                        id=n.node_key,
-                        kind=n.kind,
-                        status=n.status,
-                        assignee=n.assignee,
-                        model=(n.detail or {}).get("model"),
-                        duration_s=elapsed(
-                            (n.detail or {}).get("started_at"),
-                            (n.detail or {}).get("ended_at"),
-                            running=n.status == "running",
-                        ),
-                        # The rendered instruction can be large: node_detail has it.
-                        detail={k: v for k, v in n.detail.items() if k != "instruction"}
-                        if n.detail
-                        else None,
-                    )
-                    for n in db.list_nodes(run.session_id)
-                ]
+                nodes = [_live_node(n) for n in db.list_nodes(run.session_id)]
     if state is not None:
         from_checkpoint = checkpoint_nodes(state)
         if not nodes:
@@ -280,6 +262,24 @@ def show_run(home: Path, target: str) -> RunView:
         has_session=has_session,
         reachable=run.reachable,
         owner_host=owner_host or run.owner_host,
+    )
+
+
+def _live_node(n: NodeRow) -> NodeState:
+    """One ``session_nodes`` row as ``show`` lists it."""
+    return NodeState(
+        id=n.node_key,
+        kind=n.kind,
+        status=n.status,
+        assignee=n.assignee,
+        model=(n.detail or {}).get("model"),
+        duration_s=elapsed(
+            (n.detail or {}).get("started_at"),
+            (n.detail or {}).get("ended_at"),
+            running=n.status == "running",
+        ),
+        # The rendered instruction can be large: node_detail has it.
+        detail={k: v for k, v in n.detail.items() if k != "instruction"} if n.detail else None,
     )
 
 

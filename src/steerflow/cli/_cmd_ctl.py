@@ -1,0 +1,126 @@
+"""``steerflow ctl``: queue a control for a running flow, or read its controls.
+
+The hot path of live steering (an operator's ``ctl msg`` from another terminal, a script's
+loop of ``ctl status``): it loads the state DB layer and ``control._queue``, nothing of the
+flow machinery, the plan models or the servers (``tests/cli/test_cli_imports.py``).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from steerflow.cli._common import CTL_EPILOG, READ_EPILOG, RESOLVE_EPILOG, home_of
+from steerflow.cli._output import emit_json, emit_text, printable
+
+__all__ = ["ctl"]
+
+
+@click.group()
+def ctl() -> None:
+    """Steer a running flow from another terminal (queued; applied by the flow's poller)."""
+
+
+def _queued(
+    home: Path, target: str, verb: str, text: str | None = None, *, now: bool = False
+) -> int:
+    from steerflow.control import enqueue_control
+
+    queued = enqueue_control(home, target, verb, text, now=now)  # type: ignore[arg-type]
+    emit_text(
+        f"{queued.control_id}\nqueued {verb} for session {queued.session_id} "
+        "(queued, not yet applied: see `steerflow ctl status`)"
+    )
+    return 0
+
+
+@ctl.command("pause", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.pass_context
+def ctl_pause(ctx: click.Context, target: str) -> int:
+    """Hold every operation that has not started yet."""
+    return _queued(home_of(ctx), target, "pause")
+
+
+@ctl.command("resume", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.pass_context
+def ctl_resume(ctx: click.Context, target: str) -> int:
+    """Release a paused flow."""
+    return _queued(home_of(ctx), target, "resume")
+
+
+@ctl.command("msg", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.argument("text")
+@click.pass_context
+def ctl_msg(ctx: click.Context, target: str, text: str) -> int:
+    """Send a correction into the next operation, or an agent's next turn (at most once)."""
+    return _queued(home_of(ctx), target, "message", text)
+
+
+@ctl.command("stop", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.option(
+    "--now",
+    is_flag=True,
+    help="Also cancel the operations already running, as SIGINT does (their nodes stay "
+    "pending and rerun on resume); a planner call is cancelled too (nothing to resume).",
+)
+@click.option(
+    "--reason",
+    metavar="TEXT",
+    help="Why (at most 64 KiB); recorded and shown in the run's output.",
+)
+@click.pass_context
+def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> int:
+    """Stop a flow, or an agent after its current turn; exit 75 (resumable).
+
+    A flow admits nothing new and lets running operations finish; a flow still planning
+    lets its planner finish and saves the plan for `resume`.
+    """
+    return _queued(home_of(ctx), target, "stop", reason, now=now)
+
+
+@ctl.command("resolve", epilog=RESOLVE_EPILOG)
+@click.argument("control_id")
+@click.option(
+    "--as",
+    "outcome",
+    type=click.Choice(["applied", "abandoned"]),
+    required=True,
+    help="The outcome you observed.",
+)
+@click.option("--by", metavar="WHO", help="Who resolved it (stored as abandoned:WHO).")
+@click.pass_context
+def ctl_resolve(ctx: click.Context, control_id: str, outcome: str, by: str | None) -> int:
+    """Close a control left in 'applying' by a flow that died mid-apply."""
+    from steerflow.control import resolve_control
+
+    row = resolve_control(home_of(ctx), control_id, outcome, by)  # type: ignore[arg-type]
+    emit_text(f"{row.id} {row.result}")
+    return 0
+
+
+@ctl.command("status", epilog=READ_EPILOG)
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Show a session's phase, poller state and controls."""
+    from steerflow.cli._views import ctl_status_view
+
+    view = ctl_status_view(home_of(ctx), target)
+    if as_json:
+        emit_json(view)
+        return 0
+    lines = [
+        f"session: {view['session_id']}  status: {view['status']}  phase: {view['phase']}  "
+        f"poller: {view['poller']}"
+        + (f"  turns: {view['turns']}" if view.get("turns") is not None else "")
+    ]
+    for c in view["controls"]:
+        lines.append(f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}")
+    emit_text("\n".join(lines))
+    return 0

@@ -1,0 +1,466 @@
+"""``flow``, ``play``, ``agent`` and ``resume``: the commands that run something.
+
+The flow machinery (executor, providers, checkpoint, rich) is imported inside the
+commands, when one of them runs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import click
+
+from steerflow.cli._common import (
+    ACCEPT_CONTRACT_HELP,
+    MAX_OPS_HELP,
+    REACTIVE_HELP,
+    RUN_EPILOG,
+    SECONDS,
+    F,
+    compact_options,
+    home_of,
+)
+from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
+from steerflow.errors import UsageError
+
+if TYPE_CHECKING:
+    from steerflow.orchestrate import FlowOptions, FlowResult
+
+__all__ = ["agent", "execute", "flow", "play", "print_result", "resume", "run_options"]
+
+
+# The options of ``flow`` and ``play``, in --help order (defined once).
+_RUN_OPTIONS: list[Callable[[Any], Any]] = [
+    click.option(
+        "--model",
+        "model",
+        metavar="SPEC",
+        help="Model: echo, echo:delay=S, script:PATH, openai/M, anthropic/M, claude-code/M, codex/M. Default: the plan's, else echo.",
+    ),
+    click.option("--reactive", metavar="off|all|ROLE,...", help=REACTIVE_HELP),
+    click.option("--max-ops", type=click.IntRange(min=0), metavar="N", help=MAX_OPS_HELP),
+    click.option(
+        "--concurrency",
+        type=click.IntRange(1, 256),
+        metavar="N",
+        help="Operations running at once (default: the plan's, else 4).",
+    ),
+    click.option(
+        "--save",
+        type=click.Path(file_okay=False, path_type=Path),
+        metavar="DIR",
+        help="Artifact root for this run (default: <run dir>/artifacts); an existing DIR "
+        "keeps its mode, directories steerflow creates are 0700.",
+    ),
+    click.option(
+        "--timeout",
+        "timeout",
+        type=SECONDS,
+        metavar="SECONDS",
+        help=(
+            "Deadline: admit nothing new after it, let running model calls finish, stop "
+            "agent workers (their nodes rerun on resume), persist, exit 124."
+        ),
+    ),
+    click.option(
+        "--checkpoint-version",
+        type=click.Choice(["2", "3"]),
+        default="3",
+        show_default=True,
+        help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
+    ),
+    compact_options,
+    click.option(
+        "--max-plan-entries",
+        type=click.IntRange(min=1),
+        default=1000,
+        show_default=True,
+        metavar="N",
+        help="Most entries a plan may have: a larger plan file or playbook exits 2, a larger "
+        "planner reply is an invalid reply (one retry); plans are never cut.",
+    ),
+    click.option(
+        "--allow-agent-workers",
+        is_flag=True,
+        help="Let a plan file or playbook run the claude-code/codex workers it names "
+        "(they execute code here); not needed for a worker given with --model.",
+    ),
+    click.option(
+        "--synthesize",
+        metavar="TEXT",
+        help="Finish with a synthesis node that receives every worker's final result "
+        "(replaces the instruction of the plan's synthesis, keeps its model). Required "
+        "work: a run whose deadline or stop withholds it is timed_out/stopped, and a "
+        "resume computes it from the recorded results.",
+    ),
+    click.option("--dry-run", is_flag=True, help="Plan and show the graph; run nothing."),
+    click.option(
+        "--show-graph",
+        is_flag=True,
+        help="Print the DAG and write graph.mmd (Mermaid) into the run directory.",
+    ),
+    click.option(
+        "--json",
+        "as_json",
+        is_flag=True,
+        help="Print one JSON object on stdout (progress stays on stderr).",
+    ),
+]
+
+
+def run_options(func: F) -> F:
+    """Options shared by ``flow`` and ``play`` (defined once)."""
+    for decorator in reversed(_RUN_OPTIONS):
+        func = decorator(func)
+    return func
+
+
+def _flow_options(**kw: Any) -> FlowOptions:
+    from steerflow.orchestrate import FlowOptions
+
+    return FlowOptions(
+        prompt=kw.get("prompt"),
+        plan_path=kw.get("plan"),
+        playbook=kw.get("playbook"),
+        model=kw.get("model"),
+        reactive=kw.get("reactive"),
+        max_ops=kw.get("max_ops"),
+        concurrency=kw.get("concurrency"),
+        save=kw.get("save"),
+        timeout_s=kw.get("timeout"),
+        checkpoint_version=int(kw.get("checkpoint_version") or 3),
+        dry_run=bool(kw.get("dry_run")),
+        show_graph=bool(kw.get("show_graph")),
+        kind=kw.get("kind", "flow"),
+        max_plan_entries=int(kw.get("max_plan_entries") or 1000),
+        compact_records=kw.get("compact_records"),
+        compact_bytes=kw.get("compact_bytes"),
+        allow_agent_workers=bool(kw.get("allow_agent_workers")),
+        synthesize=kw.get("synthesize"),
+    )
+
+
+def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
+    """Run a flow with signal handling and print its result; returns the exit code."""
+    from steerflow.cli._progress import Progress
+    from steerflow.executor import EventBus
+    from steerflow.orchestrate import FlowRun
+
+    events = EventBus()
+    progress = Progress(quiet=False)
+    events.subscribe(progress)
+    run = FlowRun(options, home=home, events=events)
+
+    try:
+        result = run_with_signals(run.run, run.request_stop)
+    finally:
+        progress.close()  # the last summary of a run whose progress was summarised
+    from steerflow.cli._reading import flow_result_text
+
+    print_result(result, as_json=as_json, result_text=flow_result_text(home, result.run_dir))
+    return int(result.exit_code)
+
+
+def print_result(result: FlowResult, *, as_json: bool, result_text: str | None = None) -> None:
+    """Print a flow result as JSON or as a short human summary ending with the run's result."""
+    if result.graph_text:
+        warn("graph:\n" + result.graph_text)
+    for warning in result.warnings:
+        warn(f"warning: {printable(warning)}")
+    report = result.checkpoint_recovery or {}
+    if report and report.get("status") != "clean":
+        warn(
+            f"checkpoint recovery: {report.get('status')}: {report.get('records_applied')} "
+            f"journal records applied up to seq {report.get('last_seq')}, "
+            f"{report.get('discarded_tail_bytes')} torn tail bytes discarded, "
+            f"{report.get('stale_generation_records')} stale records ignored"
+        )
+    for rejection in result.spawn_rejections:
+        warn(
+            f"spawn rejected: {printable(rejection['agent_id'] or '<none>')} from "
+            f"{printable(rejection['emitter'])}: {rejection['reason']} "
+            f"({printable(rejection['detail'])})"
+        )
+    if as_json:
+        emit_json({**result.to_json(), "result": result_text})
+        return
+    lines = [f"status: {result.status}"]
+    if result.run_id:
+        lines.append(f"run: {result.run_id}  session: {result.session_id}")
+    if result.checkpoint.get("path"):
+        from steerflow.cli._reading import fmt_bytes
+
+        saved = "saved" if result.checkpoint.get("persisted") else "NOT persisted"
+        written = fmt_bytes(result.checkpoint.get("bytes_written"))
+        lines.append(
+            f"checkpoint: {result.checkpoint['path']} (v{result.checkpoint['version']}, {saved}, "
+            f"{written} written)"
+        )
+        if result.checkpoint.get("error"):
+            lines.append(f"checkpoint error: {printable(result.checkpoint['error'])}")
+    if result.resumed_from:
+        lines.append(f"resumed from session: {result.resumed_from}")
+    if result.stopped_by is not None:
+        how = "ctl stop --now" if result.stopped_by.get("now") else "ctl stop"
+        why = result.stopped_by.get("reason")
+        # A stop that withheld nothing did not stop the run (decision 104): say so.
+        what = "stop requested" if result.status == "completed" else "stopped by an operator"
+        lines.append(
+            f"{what} ({how}, control {result.stopped_by.get('control_id')})"
+            + (f": {printable(why)}" if why else "")
+        )
+    from steerflow.cli._reading import node_list
+
+    lines += node_list(result.nodes, result.run_id)
+    if result.status in ("timed_out", "interrupted", "stopped") and result.run_id:
+        ckpt_path = result.checkpoint.get("path")
+        if ckpt_path and Path(ckpt_path).is_file():
+            lines.append(f"resume with: steerflow resume {result.run_id}")
+        else:  # stopped while planning, before a plan existed: the warning says why
+            said = [w for w in result.warnings if w.startswith("nothing to resume:")]
+            lines.append(said[0] if said else "nothing to resume: no checkpoint was saved")
+    if result_text is not None:
+        from steerflow.cli._reading import result_tail
+
+        lines += result_tail(result_text, result.run_id)
+    emit_text("\n".join(lines))
+
+
+@click.command(epilog=RUN_EPILOG)
+@click.argument("prompt", required=False)
+@click.option(
+    "--plan",
+    type=click.Path(dir_okay=False, path_type=Path),
+    metavar="FILE",
+    help="Run this plan file (YAML or JSON) instead of asking the planner.",
+)
+@click.option(
+    "-p",
+    "--playbook",
+    metavar="NAME",
+    help="Run a playbook: <home>/playbooks/NAME.yaml, then the bundled ones.",
+)
+@run_options
+@click.pass_context
+def flow(ctx: click.Context, /, **kw: Any) -> int:
+    """Plan PROMPT with the model (or take --plan/--playbook), then run it."""
+    if kw["plan"] is not None and kw["playbook"] is not None:
+        raise UsageError("give either --plan or --playbook, not both")
+    kw["kind"] = "play" if kw["playbook"] else "flow"
+    return execute(home_of(ctx), _flow_options(**kw), as_json=kw["as_json"])
+
+
+@click.command(epilog=RUN_EPILOG)
+@click.argument("name")
+@click.argument("prompt", required=False)
+@run_options
+@click.pass_context
+def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
+    """Run playbook NAME (sugar for: flow -p NAME [PROMPT])."""
+    kw.update(playbook=name, kind="play")
+    return execute(home_of(ctx), _flow_options(**kw), as_json=kw["as_json"])
+
+
+@click.command(epilog=RUN_EPILOG)
+@click.argument("task")
+@click.option(
+    "--model",
+    "model",
+    metavar="SPEC",
+    default="echo",
+    show_default=True,
+    help="The agent: claude-code/M, codex/M, openai/M, anthropic/M, echo, script:PATH.",
+)
+@click.option(
+    "--max-turns",
+    type=click.IntRange(min=1),
+    default=20,
+    show_default=True,
+    metavar="N",
+    help="Most turns (TASK is turn 1); messages still pending when it "
+    "is reached are stamped rejected:max-turns.",
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="Deadline: start no new turn after it (an agent worker's turn is stopped), "
+    "persist, exit 124.",
+)
+@click.option(
+    "--save",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
+)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
+          save: Path | None, as_json: bool) -> int:  # fmt: skip
+    """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
+
+    After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
+    TEXT`, at most once each) become the next turn's prompt under an [OPERATOR STEER]
+    block; with none queued the agent is done. claude-code continues its own session
+    (--resume), other models get the earlier turns. `ctl stop` ends it after the current
+    turn (--now: cancels the turn), exit 75; `ctl pause|resume` are refused (flow-only).
+    Each finished turn is checkpointed as turn-<n>; `steerflow resume RUN` continues.
+    """
+    from steerflow.cli._agent import execute_agent
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    if not task.strip():
+        raise UsageError("agent needs a non-empty TASK")
+    options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
+                           save=save)  # fmt: skip
+    return execute_agent(home_of(ctx), options, as_json=as_json)
+
+
+@click.command(epilog=RUN_EPILOG)
+@click.argument("target")
+@click.option(
+    "--retry-failed",
+    is_flag=True,
+    help="Run failed nodes again (this repeats their side effects). Spawned nodes recorded below a re-run parent are rebuilt, never dropped: completed ones are replayed, failed ones run again after their parent.",
+)
+@click.option(
+    "--allow-degraded-context",
+    is_flag=True,
+    help="Let nodes whose inherited conversation cannot be restored run with an empty branch (named in the result).",
+)
+@click.option(
+    "--dry-run", is_flag=True, help="Check the checkpoint and show what would run; run nothing."
+)
+@click.option(
+    "--show-graph",
+    is_flag=True,
+    help="Print the DAG and write graph.mmd into the new run directory.",
+)
+@click.option(
+    "--timeout",
+    type=SECONDS,
+    metavar="SECONDS",
+    help="Deadline for the resumed run (same rules as flow --timeout).",
+)
+@click.option(
+    "--fork",
+    is_flag=True,
+    help="Branch on purpose: resume TARGET even though another resume holds it or already "
+    "continued it. Its pending nodes run, and are paid for, again; without --fork such a "
+    "resume is refused (exit 3) naming the holder session or the newest run of the chain. "
+    "Never while TARGET itself still runs.",
+)
+@click.option(
+    "--rerun-unsettled",
+    is_flag=True,
+    help="Run again the completed nodes whose recorded artifacts no longer match (missing, "
+    "not a regular file, other size or digest), and everything downstream of them, instead "
+    "of refusing (exit 3); each is named in the progress and the result.",
+)
+@click.option(
+    "--save",
+    type=click.Path(file_okay=False, path_type=Path),
+    metavar="DIR",
+    help="The artifact root is always the source run's (also when it used --save); "
+    "another DIR is a usage error (exit 2).",
+)
+@click.option(
+    "--accept-checkpoint-contract",
+    is_flag=True,
+    help=ACCEPT_CONTRACT_HELP,
+)
+@click.option(
+    "--redeliver-claimed",
+    is_flag=True,
+    help="Re-queue into the resumed run the operator messages a dead process had claimed "
+    "(left 'applying') but not delivered, each as a new message; the old row becomes "
+    "abandoned:redelivered:<new id>. Without it they stay lost (at most once) and are "
+    "listed as warnings and in stranded_messages. Messages never claimed are re-queued "
+    "either way.",
+)
+@compact_options
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
+    """Resume a run from its checkpoint: replay what finished, run the rest, or refuse.
+
+    TARGET is a run directory, a run id or unambiguous prefix, or a session,
+    invocation or play id (or prefix). Model, prompt, plan, budgets, reactive policy,
+    concurrency and save dir come from the checkpoint; the new run gets its own session
+    and run directory and records resumed_from.
+
+    One resume per run: while another resume of TARGET runs, or once one has saved a
+    checkpoint, a resume of TARGET is refused (exit 3) naming the session holding it or
+    the newest run of the chain to resume instead. --fork branches on purpose.
+    A run that is still running (live owner) is refused too, --fork or not: stop it
+    (SIGINT) or let it finish first.
+
+    Completed nodes that recorded artifacts are settled first: each file is looked for
+    under the source run's artifact root and compared by size and BLAKE2b digest against
+    the contract that run persisted. A mismatch refuses the resume (exit 3) naming node,
+    file, expected and found, unless --rerun-unsettled (see `steerflow verify`).
+
+    Operator messages a dead process of the chain left behind are listed (warnings, and
+    stranded_messages in --json): text, when sent, who had claimed it. Ones never
+    claimed are re-queued into the resumed run; claimed ones only with
+    --redeliver-claimed.
+    """
+    from steerflow.orchestrate import FlowOptions, prepare_resume
+
+    home = home_of(ctx)
+    if (agent_exit := _resume_agent(home, target, kw)) is not None:
+        return agent_exit
+    seed = prepare_resume(
+        home,
+        target,
+        retry_failed=kw["retry_failed"],
+        allow_degraded_context=kw["allow_degraded_context"],
+        fork=kw["fork"],
+        rerun_unsettled=kw["rerun_unsettled"],
+        save=kw["save"],
+        accept_checkpoint_contract=kw["accept_checkpoint_contract"],
+        redeliver_claimed=kw["redeliver_claimed"],
+    )
+    options = FlowOptions(
+        resume=seed,
+        dry_run=kw["dry_run"],
+        show_graph=kw["show_graph"],
+        timeout_s=kw["timeout"],
+        checkpoint_version=3,
+        compact_records=kw["compact_records"],
+        compact_bytes=kw["compact_bytes"],
+    )
+    return execute(home, options, as_json=kw["as_json"])
+
+
+def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
+    """Resume ``target`` as an agent run (issue 19); ``None`` when it is not one."""
+    from steerflow.orchestrate._agent_resume import agent_resume_source, prepare_agent_resume
+
+    run = agent_resume_source(home, target)
+    if run is None:
+        return None
+    for flag in (
+        "allow_degraded_context",
+        "rerun_unsettled",
+        "show_graph",
+        "accept_checkpoint_contract",
+    ):
+        if kw.get(flag):
+            raise UsageError(f"--{flag.replace('_', '-')} does not apply to an agent run")
+    from steerflow.cli._agent import execute_agent, print_agent_dry_run
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    seed = prepare_agent_resume(
+        home,
+        run,
+        retry_failed=kw["retry_failed"],
+        fork=kw["fork"],
+        redeliver_claimed=kw["redeliver_claimed"],
+    )
+    if kw.get("dry_run"):
+        return print_agent_dry_run(seed, as_json=kw["as_json"])
+    options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
+    return execute_agent(home, options, as_json=kw["as_json"])

@@ -1,0 +1,174 @@
+"""``verify``, ``runs``, ``show`` and ``result``: the commands that read a run.
+
+``runs`` and ``show`` start in a few tens of milliseconds: their readers
+(``steerflow.views._runs``) load neither the plan models nor the flow machinery.
+"""
+
+from __future__ import annotations
+
+import click
+
+from steerflow.cli._common import (
+    ACCEPT_CONTRACT_HELP,
+    READ_EPILOG,
+    REFUSED_HOME,
+    RESULT_EPILOG,
+    RUNS_EPILOG,
+    UNEXPECTED,
+    USAGE,
+    home_of,
+)
+from steerflow.cli._output import emit_json, emit_text, printable
+from steerflow.errors import UsageError
+
+__all__ = ["result", "runs", "show", "verify"]
+
+VERIFY_EPILOG = (
+    "\b\nExit codes:\n  0    settled: every recorded artifact is there as recorded\n"
+    + UNEXPECTED
+    + USAGE
+    + "  3    unsettled (listed), or refused: unknown/ambiguous id, checkpoint missing or\n"
+    "       refused, artifact contract missing, unreadable or disagreeing,\n" + REFUSED_HOME
+)
+
+
+@click.command(epilog=VERIFY_EPILOG)
+@click.argument("target")
+@click.option("--accept-checkpoint-contract", is_flag=True, help=ACCEPT_CONTRACT_HELP)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def verify(ctx: click.Context, target: str, accept_checkpoint_contract: bool, as_json: bool) -> int:
+    """Check a run's recorded artifacts, byte for byte, without resuming it.
+
+    TARGET is as for resume and show. Every completed node that recorded artifacts is
+    checked against the artifact contract its run persisted: each file must still be a
+    regular file under the run's artifact root with the recorded size and BLAKE2b
+    digest. Prints one line per file that does not match (expected vs found).
+    """
+    from steerflow.cli._reading import show_verify
+
+    return show_verify(
+        home_of(ctx), target, as_json=as_json, accept_checkpoint_contract=accept_checkpoint_contract
+    )
+
+
+@click.command(epilog=RUNS_EPILOG)
+@click.option("--all", "show_all", is_flag=True, help="List every run, not only the 20 newest.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
+    """List runs, newest first (a dead run shows as interrupted)."""
+    from steerflow.cli._views import resume_links, runs_view
+
+    view = runs_view(home_of(ctx), limit=None if show_all else 20)
+    if as_json:
+        emit_json(view)
+    elif not view["runs"]:
+        emit_text("no runs yet: try `steerflow play demo`")
+    else:
+        from steerflow.cli._reading import fmt_duration
+
+        header = f"{'RUN':<24} {'STATUS':<12} {'KIND':<5} {'DURATION':>9}  SESSION"
+        emit_text(
+            "\n".join(
+                [header]
+                + [
+                    f"{r['run_id'] or '-':<24} {r['status']:<12} {r['kind']:<5} "
+                    f"{fmt_duration(r.get('duration_s')):>9}  {r['session_id']}"
+                    + (f"  ({links})" if (links := resume_links(r)) else "")
+                    for r in view["runs"]
+                ]
+            )
+        )
+    return 0
+
+
+@click.command(epilog=READ_EPILOG)
+@click.argument("target")
+@click.argument("node", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.option(
+    "--raw",
+    is_flag=True,
+    help="With NODE: print only the node's response, byte for byte (for pipes).",
+)
+@click.pass_context
+def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: bool) -> int:
+    """Show a run: status, phase and every node's live status; or one NODE in full.
+
+    NODE is a planned agent_id or a spawned node's spawn_id (or an unambiguous prefix):
+    its status, model, times, usage, the instruction exactly as the provider received it,
+    the response, error, artifacts and spawn links. Works while the run is still going.
+    """
+    if node is not None:
+        from steerflow.cli._reading import show_node
+
+        return show_node(home_of(ctx), target, node, as_json=as_json, raw=raw)
+    if raw:
+        raise UsageError("--raw needs a NODE: steerflow show RUN NODE --raw")
+    from steerflow.cli._views import resume_links, show_view
+
+    view = show_view(home_of(ctx), target)
+    if as_json:
+        emit_json(view)
+        return 0
+    # A run without a session row or checkpoint says so, never "None" / "(vNone)".
+    lines = [
+        f"run: {view['run_id']}  session: {view['session_id'] or '(none recorded)'}",
+        f"status: {view['status'] or 'unknown'}  phase: {view['phase'] or 'unknown'}",
+    ]
+    if links := resume_links(view):
+        lines.append(links)
+    ckpt = view.get("checkpoint") or {}
+    if not view.get("reachable", True):
+        from steerflow.cli._views import unreachable_line
+
+        lines.append(unreachable_line(view))
+    elif ckpt.get("path") and not ckpt.get("exists"):
+        lines.append("checkpoint: none (the run saved no checkpoint; nothing to resume)")
+    elif ckpt.get("path") and ckpt.get("version") is None:
+        lines.append(f"checkpoint: {ckpt['path']} (unreadable)")
+    elif ckpt.get("path"):
+        lines.append(f"checkpoint: {ckpt['path']} (v{ckpt.get('version')})")
+    report = view.get("checkpoint_recovery") or {}
+    if report and report.get("status") != "clean":
+        lines.append(f"checkpoint recovery: {report.get('status')} {report.get('refusal') or ''}")
+    from steerflow.cli._reading import fmt_duration, fmt_usage
+
+    lines.append("nodes:")
+    lines.append(f"  {'STATUS':<10} {'KIND':<8} {'DURATION':>9}  {'MODEL':<16} ID")
+    for item in view["nodes"]:
+        who = f" ({printable(item['assignee'])})" if item.get("assignee") else ""
+        lines.append(
+            f"  {item['status']:<10} {item['kind']:<8} {fmt_duration(item.get('duration_s')):>9}  "
+            f"{printable(item.get('model') or '-'):<16} {printable(item['id'])}{who}"
+        )
+        if item.get("artifacts"):
+            from steerflow.cli._reading import artifact_lines
+
+            lines += artifact_lines(item["artifacts"], indent="      artifact ")
+    summary = view["summary"]
+    lines.append(
+        f"summary: {summary['completed']} completed, {summary['failed']} failed, "
+        f"{summary['skipped']} skipped, {summary['pending']} pending"
+        + (f", {summary['running']} running" if summary["running"] else "")
+        + f"; usage: {fmt_usage(summary['usage'])}"
+    )
+    emit_text("\n".join(lines))
+    return 0
+
+
+@click.command(epilog=RESULT_EPILOG)
+@click.argument("target")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
+@click.pass_context
+def result(ctx: click.Context, target: str, as_json: bool) -> int:
+    """Print a run's result: the synthesis response, else every sink node's response.
+
+    Sink nodes are the nodes no other node depends on (planned and spawned), in plan
+    order, each under its id. Exit 0 for a completed run, 1 otherwise (what exists is
+    printed), 3 when the run's checkpoint cannot be read.
+    """
+    from steerflow.cli._reading import show_result
+
+    return show_result(home_of(ctx), target, as_json=as_json)

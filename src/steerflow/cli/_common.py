@@ -1,0 +1,192 @@
+"""What the command modules share: the exit-code epilogs, option types and help texts.
+
+Light on purpose: every command module imports it, and ``ctl`` must start fast.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import click
+
+from steerflow.errors import quote_input
+from steerflow.home import resolve_home
+
+__all__ = [
+    "ACCEPT_CONTRACT_HELP",
+    "CTL_EPILOG",
+    "EXIT_EPILOG",
+    "MAX_OPS_HELP",
+    "REACTIVE_HELP",
+    "READ_EPILOG",
+    "REFUSED_HOME",
+    "RESOLVE_EPILOG",
+    "RESULT_EPILOG",
+    "RUNS_EPILOG",
+    "RUN_EPILOG",
+    "SECONDS",
+    "UNEXPECTED",
+    "USAGE",
+    "compact_options",
+    "home_of",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+# How a run ends other than completed or failed: shared by the global and the run tables.
+_RUN_ENDINGS = """\
+  75   stopped by an operator (ctl stop); completed work persisted and resumable
+  124  deadline reached; completed work persisted and resumable
+  130  interrupted by SIGINT; completed work persisted
+  143  terminated by SIGTERM; completed work persisted
+"""
+
+EXIT_EPILOG = (
+    """\b
+Exit codes:
+  0    completed (for ctl: queued)
+  1    a node failed, or an unexpected runtime error
+  2    usage error (bad flags, bad plan file)
+  3    refused: unknown/ambiguous id, session not running, kind not allowed,
+       resume refused, checkpoint recovery refused, database busy
+"""
+    + _RUN_ENDINGS
+)
+
+# flow, play, agent and resume: the run's own outcomes, without ctl's "queued" or
+# "kind not allowed" (which only a `ctl` call can get).
+RUN_EPILOG = (
+    """\b
+Exit codes:
+  0    completed
+  1    a node failed, or an unexpected runtime error
+  2    usage error (bad flags, bad plan file)
+  3    refused: resume refused, checkpoint recovery refused, unknown/ambiguous
+       run id (resume), home not writable or shared, database busy
+"""
+    + _RUN_ENDINGS
+)
+
+# The commands that only read or queue list just the codes they can return.
+UNEXPECTED = "  1    an unexpected runtime error (e.g. an unreadable state DB)\n"
+USAGE = "  2    usage error (bad flags or arguments)\n"
+REFUSED_HOME = "       home not writable or shared, database busy\n"
+CTL_EPILOG = (
+    "\b\nExit codes:\n  0    queued (not yet applied: see `steerflow ctl status`)\n"
+    + UNEXPECTED
+    + "  2    usage error (bad arguments; ctl msg: empty text or text over 64 KiB)\n"
+    "  3    refused: unknown/ambiguous id, session not running, kind not allowed,\n" + REFUSED_HOME
+)
+RESOLVE_EPILOG = (
+    "\b\nExit codes:\n  0    resolved\n"
+    + UNEXPECTED
+    + USAGE
+    + "  3    refused: unknown control id, control not in 'applying',\n"
+    + REFUSED_HOME
+)
+READ_EPILOG = (
+    "\b\nExit codes:\n  0    shown\n"
+    + UNEXPECTED
+    + USAGE
+    + "  3    refused: unknown/ambiguous id,\n"
+    + REFUSED_HOME
+)
+RUNS_EPILOG = (
+    "\b\nExit codes:\n  0    listed\n" + UNEXPECTED + USAGE + "  3    refused:\n" + REFUSED_HOME
+)
+RESULT_EPILOG = (
+    "\b\nExit codes:\n  0    the run completed; its result printed\n"
+    "  1    the run did not complete (failed, running, interrupted, timed out):\n"
+    "       what it recorded is printed\n"
+    + USAGE
+    + "  3    refused: unknown/ambiguous id, checkpoint missing or refused,\n"
+    + REFUSED_HOME
+)
+
+REACTIVE_HELP = (
+    "Let operations spawn new ones: off (default), all, or a comma-separated list of roles "
+    "allowed to spawn."
+)
+ACCEPT_CONTRACT_HELP = (
+    "When the state DB's copy of the run's artifact contract is missing (a lost or replaced "
+    "DB, `db rebuild`), settle its recorded artifacts against the checkpoint's own copy "
+    "(said in the output). Without it such a run is refused (exit 3) if it declares artifacts."
+)
+MAX_OPS_HELP = (
+    "Total operation budget shared by plan and spawns: spawns allowed = max(0, N - plan size). "
+    "0 or unset means no cap on the plan, but spawns are still capped at 20 to bound cost; "
+    "every spawn refused by the budget is printed."
+)
+
+
+class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A positive, finite number of seconds (``nan`` and ``inf`` pass a FloatRange)."""
+
+    name = "seconds"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            seconds = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{quote_input(value)} is not a number of seconds", param, ctx)
+        if not math.isfinite(seconds) or seconds <= 0:
+            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
+        return seconds
+
+
+SECONDS = _Seconds()
+
+
+class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A version 3 compaction limit, checked against the same bounds as the plan-file key."""
+
+    name = "integer"
+
+    def __init__(self, key: str) -> None:
+        self.key = key  # "records" or "bytes"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+        # Imported here, not at module load: `ctl` must not pay for the plan models.
+        from steerflow.plan import COMPACT_BYTES, COMPACT_RECORDS
+
+        bound = COMPACT_RECORDS if self.key == "records" else COMPACT_BYTES
+        try:
+            number = int(str(value), 10)
+        except ValueError:
+            self.fail(f"{quote_input(value)} is not an integer", param, ctx)
+        if not bound.least <= number <= bound.most:
+            self.fail(
+                f"{number} is out of range: give {bound.least}..{bound.most} "
+                f"(default {bound.default})",
+                param,
+                ctx,
+            )
+        return number
+
+
+def compact_options(func: F) -> F:
+    """``--compact-records`` / ``--compact-bytes`` (flow, play, resume)."""
+    func = click.option(
+        "--compact-bytes",
+        type=_CompactLimit("bytes"),
+        metavar="N",
+        help="Version 3 checkpoints: fold the journal into a new base once it holds N bytes "
+        "(default: the plan's compact_bytes, else 8388608; a resume keeps its run's).",
+    )(func)
+    return click.option(
+        "--compact-records",
+        type=_CompactLimit("records"),
+        metavar="N",
+        help="Version 3 checkpoints: fold the journal into a new base after N records "
+        "(default: the plan's compact_records, else 128; a resume keeps its run's).",
+    )(func)
+
+
+def home_of(ctx: click.Context) -> Path:
+    """The home the root group's ``--home`` (or the environment) names."""
+    return resolve_home(ctx.obj.get("home") if ctx.obj else None)
