@@ -9,10 +9,13 @@ of installed distributions unless it names a plugin (decision 172).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from importlib.metadata import EntryPoint, entry_points
+from typing import TYPE_CHECKING
 
 from steerflow.errors import UsageError
 from steerflow.providers._base import Provider
+
+if TYPE_CHECKING:
+    from importlib.metadata import EntryPoint
 
 __all__ = ["BUILTIN_NAMES", "ENTRY_POINT_GROUP", "plugin_provider"]
 
@@ -54,6 +57,9 @@ def plugin_provider(vendor: str, spec: str) -> Provider | None:
             shadows a built-in name, two register ``vendor``, or the plugin's entry point
             does not import, its factory raises, or it returns something not a Provider.
     """
+    # imported here: importlib.metadata (email, zipfile, csv) is not free at start-up
+    from importlib.metadata import entry_points
+
     points = list(entry_points(group=ENTRY_POINT_GROUP))
     _check_group(points)
     named = [point for point in points if point.name == vendor]
