@@ -412,7 +412,7 @@ def main() -> int:
         print(f"langgraph row skipped: not installed; {LANGGRAPH_HINT}")
         rows.remove("langgraph")
     header = (
-        f"{'row':<18} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
+        f"{'row':<22} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
         f"{'CPU µs/node':>12} {'peak RSS MiB':>13} {'written':>10} {'ckpt':>10} "
         f"{'CPU slope':>10}"
     )
@@ -423,7 +423,7 @@ def main() -> int:
         for count in sizes:
             out = measure(row, count)
             if "skipped" in out:
-                print(f"{row:<18} {count:>6}  skipped: {out['skipped']}")
+                print(f"{row:<22} {count:>6}  skipped: {out['skipped']}")
                 continue
             n = out["nodes"]
             cpu_at[n] = out["cpu"]
@@ -433,7 +433,7 @@ def main() -> int:
                 lo, hi = min(cpu_at), max(cpu_at)
                 slope = f"{math.log(cpu_at[hi] / cpu_at[lo]) / math.log(hi / lo):.2f}"
             print(
-                f"{row:<18} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
+                f"{row:<22} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
                 f"{out['wall'] / n * 1e6:>9.0f} {out['cpu'] / n * 1e6:>12.0f} "
                 f"{out['rss_mib']:>13.1f} {fmt_bytes(out['bytes']):>10} "
                 f"{fmt_bytes(out.get('writer_bytes')):>10} {slope:>10}",
