@@ -80,5 +80,5 @@ def counted_holding(call: NodeCall) -> str:
     while it is in flight."""
     answer = counted(call)
     if call.node_id == os.environ.get("FN_NODES_HOLD"):
-        threading.Event().wait(timeout=60)
+        threading.Event().wait(timeout=float(os.environ.get("FN_NODES_HOLD_S", "60")))
     return answer

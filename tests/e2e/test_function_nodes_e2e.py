@@ -18,6 +18,7 @@ from flow_support import child_env, finish, run_cli, start_cli, stop, wait_for, 
 from resume_support import run_dirs, single_run
 
 from steerflow.checkpoint import load_checkpoint
+from steerflow.state import StateDB
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -201,3 +202,29 @@ def test_an_error_from_the_function_fails_its_node_naming_it(tmp_path: Path) -> 
     error = "python:fn_nodes:raises raised ValueError: the function failed on a"
     assert nodes["a"]["error"] == error
     assert {nodes[k]["status"] for k in IDS[1:]} == {"skipped"}
+
+
+@pytest.mark.parametrize("how", ["SIGINT", "stop --now"])
+def test_a_blocked_plain_function_does_not_hold_the_process_exit(tmp_path: Path, how: str) -> None:
+    """The blocked call's thread is abandoned: the process exits while it still blocks
+    (for 100 s, far past ``finish``'s 30 s bound), and the node is left for a resume."""
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    plan = _chain(tmp_path / "plan.yaml")
+    env = _env(log, FN_NODES_HOLD="b", FN_NODES_HOLD_S="100")
+    proc = start_cli(
+        home, "flow", "--plan", plan, "--model", "python:fn_nodes:counted_holding", env=env
+    )
+    try:
+        wait_for(lambda: _calls(log)["b"] == 1, timeout=60, what="b's call")
+        if how == "SIGINT":
+            proc.send_signal(signal.SIGINT)
+        else:
+            with StateDB.open(home) as db:
+                (session,) = db.list_sessions(limit=1)
+            sent = run_cli(home, "ctl", "stop", session.id, "--now", env=env)
+            assert sent.returncode == 0, sent.explain()
+        done = finish(proc, timeout=30)
+    finally:
+        stop(proc)
+    assert done.returncode == (130 if how == "SIGINT" else 75), done.explain()
+    assert _completed(single_run(home)) == {"a"}
