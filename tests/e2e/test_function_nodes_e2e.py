@@ -228,3 +228,14 @@ def test_a_blocked_plain_function_does_not_hold_the_process_exit(tmp_path: Path,
         stop(proc)
     assert done.returncode == (130 if how == "SIGINT" else 75), done.explain()
     assert _completed(single_run(home)) == {"a"}
+
+
+def test_a_function_cannot_plan(tmp_path: Path) -> None:
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    result = run_cli(home, "flow", "do things", "--model", "python:fn_nodes:counted", env=_env(log))
+    assert result.returncode == 2, result.explain()
+    assert result.stderr.strip().splitlines()[-1] == (
+        "steerflow: error: python:fn_nodes:counted cannot plan a flow: give --plan FILE or "
+        "--playbook NAME, and the function as the model of the nodes (or roles) it serves"
+    )
+    assert not log.exists()

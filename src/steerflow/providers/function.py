@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, ClassVar
 
-from steerflow.errors import FunctionNodeError, ProviderError, UsageError
+from steerflow.errors import FunctionNodeError, UsageError
 from steerflow.providers._base import (
     DependencyResult,
     PlanRequest,
@@ -150,8 +150,8 @@ class FunctionProvider(Provider):
         return ProviderResponse(text=result)
 
     async def plan(self, request: PlanRequest) -> object:
-        """A function answers nodes; it does not plan."""
-        raise ProviderError(
+        """A function answers nodes; it does not plan (a usage error, not a bad reply to retry)."""
+        raise UsageError(
             f"{self.spec} cannot plan a flow: give --plan FILE or --playbook NAME, and the "
             "function as the model of the nodes (or roles) it serves"
         )
