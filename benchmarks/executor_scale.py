@@ -17,6 +17,14 @@ compute the same strings:
 - ``steerflow+lease``, ``steerflow+v3+lease``: the same, plus the run's lease (issue 27):
   a session in a real SQLite state DB, its ``LeaseKeeper`` renewing it, and the keeper as
   the executor's (and the recorder's) fence: every provider call and every record checks it.
+- ``steerflow+python``, ``steerflow+python-async``: ``steerflow`` with every node a function
+  node (``python:__main__:echo_node``, a plain function run in its own thread, and
+  ``python:__main__:echo_node_async``) computing the echo text (issue 29);
+- ``steerflow+plugin``: a provider plugin found through the ``steerflow.providers`` entry
+  point group (a distribution written to a temporary directory on ``sys.path``), answering
+  the echo text and setting ``needs_artifact_dir = False``;
+- ``steerflow+custom``: the same provider class keeping the ``Provider`` default
+  ``needs_artifact_dir = True``: one ``mkdir`` per node, what a custom provider paid before.
 
 Each row runs in a fresh child process, so its peak RSS (``ru_maxrss`` of that child,
 from ``os.wait4``) is its own. Wall and CPU (``time.process_time``: every thread of the
@@ -53,6 +61,10 @@ ROWS = (
     "steerflow+lease",
     "steerflow+v3",
     "steerflow+v3+lease",
+    "steerflow+python",
+    "steerflow+python-async",
+    "steerflow+plugin",
+    "steerflow+custom",
 )
 LANGGRAPH_HINT = "pip install -e '.[bench]'  (LangGraph 1.2, the optional bench extra)"
 
@@ -138,8 +150,71 @@ def prepare_langgraph(nodes: list[tuple[str, str, str | None]]) -> Callable[[], 
     return run
 
 
+def echo_node(call: Any) -> str:
+    """The function node of the ``steerflow+python`` row: the echo model's text."""
+    return f"[echo {call.node_id}]\n{call.instruction}"
+
+
+async def echo_node_async(call: Any) -> str:
+    return f"[echo {call.node_id}]\n{call.instruction}"
+
+
+PLUGIN_MODULE = """
+from steerflow.providers import Provider, ProviderResponse, echo_text
+
+class Plugin(Provider):
+    needs_artifact_dir = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    async def invoke(self, request):
+        return ProviderResponse(text=echo_text(request))
+
+    async def plan(self, request):
+        raise NotImplementedError
+
+class Custom(Plugin):
+    needs_artifact_dir = True  # the Provider default
+
+def plugin(spec):
+    return Plugin(spec)
+
+def custom(spec):
+    return Custom(spec)
+"""
+
+
+def row_provider(row: str, tmp: Path) -> Any:
+    """The provider a row's nodes run: echo, a function node, or a plugin's."""
+    from steerflow.providers import EchoProvider, make_provider
+
+    if row.endswith("+python"):
+        return make_provider("python:__main__:echo_node")
+    if row.endswith("+python-async"):
+        return make_provider("python:__main__:echo_node_async")
+    if row.endswith(("+plugin", "+custom")):
+        site = tmp / "site"
+        info = site / "bench_plugin-0.1.0.dist-info"
+        info.mkdir(parents=True)
+        (info / "METADATA").write_text("Metadata-Version: 2.1\nName: bench-plugin\nVersion: 0.1\n")
+        (info / "entry_points.txt").write_text(
+            "[steerflow.providers]\nbenchplug = bench_plugin:plugin\n"
+            "benchcustom = bench_plugin:custom\n"
+        )
+        (site / "bench_plugin.py").write_text(PLUGIN_MODULE)
+        sys.path.insert(0, str(site))
+        return make_provider("benchplug/x" if row.endswith("+plugin") else "benchcustom/x")
+    return EchoProvider()
+
+
 def prepare_steerflow(
-    nodes: list[tuple[str, str, str | None]], tmp: Path, *, checkpoint: bool, lease: bool = False
+    nodes: list[tuple[str, str, str | None]],
+    tmp: Path,
+    *,
+    checkpoint: bool,
+    lease: bool = False,
+    provider: Any = None,
 ) -> Callable[[], Any]:
     from steerflow.executor import FlowExecutor, SharedContext, build_graph
     from steerflow.plan import parse_plan
@@ -151,7 +226,7 @@ def prepare_steerflow(
     ]
     plan = parse_plan({"plan": entries}, source="bench", max_entries=None)
     graph = build_graph(plan)
-    provider = EchoProvider()
+    provider = provider or EchoProvider()
     home = tmp / "home"
     home.mkdir(mode=0o700)
     context = SharedContext()
@@ -265,8 +340,9 @@ def child(row: str, count: int) -> None:
                     Path(tmp),
                     checkpoint="+v3" in row,
                     lease=row.endswith("+lease"),
+                    provider=row_provider(row, Path(tmp)),
                 )
-        except (ImportError, AttributeError, TypeError) as exc:
+        except Exception as exc:  # an older tree lacks the row's API (or its spec)
             print(json.dumps({"skipped": f"{type(exc).__name__}: {exc}"}))
             return
         written, cpu, wall = wchar(), time.process_time(), time.perf_counter()
@@ -336,7 +412,7 @@ def main() -> int:
         print(f"langgraph row skipped: not installed; {LANGGRAPH_HINT}")
         rows.remove("langgraph")
     header = (
-        f"{'row':<18} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
+        f"{'row':<22} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
         f"{'CPU µs/node':>12} {'peak RSS MiB':>13} {'written':>10} {'ckpt':>10} "
         f"{'CPU slope':>10}"
     )
@@ -347,7 +423,7 @@ def main() -> int:
         for count in sizes:
             out = measure(row, count)
             if "skipped" in out:
-                print(f"{row:<18} {count:>6}  skipped: {out['skipped']}")
+                print(f"{row:<22} {count:>6}  skipped: {out['skipped']}")
                 continue
             n = out["nodes"]
             cpu_at[n] = out["cpu"]
@@ -357,7 +433,7 @@ def main() -> int:
                 lo, hi = min(cpu_at), max(cpu_at)
                 slope = f"{math.log(cpu_at[hi] / cpu_at[lo]) / math.log(hi / lo):.2f}"
             print(
-                f"{row:<18} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
+                f"{row:<22} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
                 f"{out['wall'] / n * 1e6:>9.0f} {out['cpu'] / n * 1e6:>12.0f} "
                 f"{out['rss_mib']:>13.1f} {fmt_bytes(out['bytes']):>10} "
                 f"{fmt_bytes(out.get('writer_bytes')):>10} {slope:>10}",

@@ -38,6 +38,7 @@ from steerflow.errors import (
     DatabaseBusyError,
     ExitCode,
     FlowResumeError,
+    FunctionNodeError,
     HomeRefusedError,
     KindNotAllowedError,
     LeaseLostError,
@@ -67,6 +68,7 @@ if TYPE_CHECKING:
         prepare_resume,
         run_flow,
     )
+    from steerflow.providers import DependencyResult, NodeCall
 
 __all__ = [
     "AmbiguousIdError",
@@ -76,6 +78,7 @@ __all__ = [
     "CheckpointWriter",
     "ControlNotApplyingError",
     "DatabaseBusyError",
+    "DependencyResult",
     "EventBus",
     "ExitCode",
     "FlowEvent",
@@ -83,10 +86,12 @@ __all__ = [
     "FlowResult",
     "FlowResumeError",
     "FlowRun",
+    "FunctionNodeError",
     "HomeRefusedError",
     "KindNotAllowedError",
     "LeaseLostError",
     "NoResponseError",
+    "NodeCall",
     "NotRunningError",
     "PersistenceError",
     "PlanValidationError",
@@ -121,6 +126,8 @@ _LAZY = {
     "ResumeSeed": "steerflow.orchestrate",
     "prepare_resume": "steerflow.orchestrate",
     "run_flow": "steerflow.orchestrate",
+    "DependencyResult": "steerflow.providers",
+    "NodeCall": "steerflow.providers",
 }
 
 

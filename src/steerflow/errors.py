@@ -22,7 +22,8 @@ The tree is shallow on purpose; the CLI maps classes to exit codes in one place
      |   |- DatabaseBusyError           3   a lock wait ran past its bound
      |   '- LeaseLostError              3   a resume took over this run's lease (``taken over``)
      |- ProviderError                   1   a model call failed (``retryable``)
-     |   '- UnsafePathError             1   a leg path would leave its directory (node fails)
+     |   |- UnsafePathError             1   a leg path would leave its directory (node fails)
+     |   '- FunctionNodeError           1   a ``python:`` function raised or returned a non-str
      |- PersistenceError                1   a checkpoint write failed or is uncertain
      '- StateDBLostError                1   the state DB went away under a live run
 """
@@ -42,6 +43,7 @@ __all__ = [
     "DatabaseBusyError",
     "ExitCode",
     "FlowResumeError",
+    "FunctionNodeError",
     "HomeRefusedError",
     "KindNotAllowedError",
     "LeaseLostError",
@@ -283,6 +285,20 @@ class ProviderError(SteerflowError):
     def __init__(self, message: str, *, retryable: bool = False) -> None:
         super().__init__(message)
         self.retryable = retryable
+
+
+class FunctionNodeError(ProviderError):
+    """A ``python:MODULE:FUNCTION`` node's function raised, or returned something not a str.
+
+    The node fails with this message, which names the spec and, for a raise, the
+    exception's type and text (the exception itself is the ``__cause__``).
+    """
+
+    code = "function-node-error"
+
+    def __init__(self, spec: str, problem: str) -> None:
+        super().__init__(f"{spec} {problem}")
+        self.spec = spec
 
 
 class UnsafePathError(ProviderError):

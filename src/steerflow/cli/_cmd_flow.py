@@ -88,6 +88,12 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         "(they execute code here); not needed for a worker given with --model.",
     ),
     click.option(
+        "--allow-python",
+        is_flag=True,
+        help="Let a plan file or playbook run the python:MODULE:FUNCTION nodes it names "
+        "(they run code in this process); not needed for the spec given with --model.",
+    ),
+    click.option(
         "--synthesize",
         metavar="TEXT",
         help="Finish with a synthesis node that receives every worker's final result "
@@ -138,6 +144,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
         compact_records=kw.get("compact_records"),
         compact_bytes=kw.get("compact_bytes"),
         allow_agent_workers=bool(kw.get("allow_agent_workers")),
+        allow_python=bool(kw.get("allow_python")),
         synthesize=kw.get("synthesize"),
     )
 

@@ -27,6 +27,7 @@ from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
 from steerflow.providers import (
+    DependencyResult,
     Message,
     Provider,
     ProviderRequest,
@@ -366,6 +367,7 @@ class FlowExecutor:
             home=self._home,
             allow_spawn=self.reactive.allows(op.assignee) and op is not self.graph.synthesis,
             timeout_s=self._call_timeout_s,
+            dependencies=_dependency_results(op, self.graph),
         )
         try:
             if not is_leg_key(op.key):
@@ -645,6 +647,22 @@ def _render_dependencies(op: Operation, graph: Graph) -> str:
     if not blocks:
         return op.instruction
     return op.instruction + "\n\n[RESULTS OF DEPENDENCIES]\n" + "\n\n".join(blocks)
+
+
+def _dependency_results(op: Operation, graph: Graph) -> tuple[DependencyResult, ...]:
+    """The results ``_render_dependencies`` renders into the instruction, as data."""
+    if op is graph.synthesis:
+        sources = list(graph.workers())
+    else:
+        sources = [graph.ops[edge.source] for edge in _inputs(op, graph).edges]
+    results = []
+    for source in sources:
+        if source.status == "completed":
+            text = "" if source.response is None else str(source.response)
+            results.append(DependencyResult(source.key, "completed", text))
+        elif source.status == "failed":
+            results.append(DependencyResult(source.key, "failed", source.error or ""))
+    return tuple(results)
 
 
 def _render_workers(op: Operation, graph: Graph) -> str:

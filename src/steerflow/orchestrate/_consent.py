@@ -1,18 +1,28 @@
-"""Consent for code-executing agent workers named by a plan file or playbook.
+"""Consent for code a plan file or playbook would run on the operator's machine.
 
 A shared plan file must not start code-editing agents (``claude-code/…``, ``codex/…``) on the
 operator's machine by surprise: they run only with ``--allow-agent-workers`` or when the
-operator named the same worker with ``--model`` on the command line.
+operator named the same worker with ``--model`` on the command line. A ``python:`` function
+node imports and runs a module in this very process: it needs ``--allow-python``, or the
+same spec given with ``--model`` (decision 171).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from steerflow.errors import UsageError
 from steerflow.plan import SYNTHESIS_KEY, PlanFile
 
-__all__ = ["AGENT_WORKER_PREFIXES", "check_agent_worker_consent", "worker_of"]
+__all__ = [
+    "AGENT_WORKER_PREFIXES",
+    "check_agent_worker_consent",
+    "check_python_consent",
+    "worker_of",
+]
 
 AGENT_WORKER_PREFIXES = ("claude-code/", "codex/")
+_PYTHON_PREFIX = "python:"
 
 
 def worker_of(spec: str | None) -> str | None:
@@ -23,6 +33,13 @@ def worker_of(spec: str | None) -> str | None:
         if spec.strip().startswith(prefix):
             return prefix[:-1]
     return None
+
+
+def _function_of(spec: str | None) -> str | None:
+    """The ``python:`` spec itself (consent is per function), else None."""
+    if spec is None or not spec.strip().startswith(_PYTHON_PREFIX):
+        return None
+    return spec.strip()
 
 
 def check_agent_worker_consent(
@@ -41,25 +58,65 @@ def check_agent_worker_consent(
     """
     if allowed:
         return
-    consented = worker_of(given_model)
+    found = _unconsented(plan, model, worker_of, worker_of(given_model))
+    if found:
+        raise UsageError(
+            f"{source} names agent workers that execute code on this machine: {found}. "
+            "Pass --allow-agent-workers, or give the worker with --model, to run them"
+        )
+
+
+def check_python_consent(
+    plan: PlanFile,
+    source: str,
+    *,
+    model: str,
+    given_model: str | None,
+    allowed: bool,
+) -> None:
+    """Refuse (exit 2) a plan naming a ``python:`` function nobody consented to run.
+
+    Same shape as :func:`check_agent_worker_consent`; consent by ``--model`` covers exactly
+    the spec given, since each spec is different code.
+    """
+    if allowed:
+        return
+    found = _unconsented(plan, model, _function_of, _function_of(given_model))
+    if found:
+        raise UsageError(
+            f"{source} names Python functions that run in this process: {found}. "
+            "Pass --allow-python, or give the function with --model, to run them"
+        )
+
+
+def _unconsented(
+    plan: PlanFile, model: str, runner: Callable[[str], str | None], consented: str | None
+) -> str:
+    """What ``plan`` would run without consent: one part per spec ("" when nothing).
+
+    Each part names a spec whose runner is not ``consented``, where it comes from and the
+    planned nodes it would serve.
+    """
     role_models = {name: role.model for name, role in plan.roles.items() if role.model}
-    # Where each worker spec comes from, and the planned nodes it would run. A role or default
-    # model no planned node uses still counts: a spawned node may take that role.
+    # Where each spec comes from, and the planned nodes it would run. A role, escalation or
+    # default model no planned node uses still counts: a spawned node may take that role.
     sources: dict[str, list[str]] = {}
     nodes: dict[str, list[str]] = {}
     candidates = [(model, "the plan's model")] + [
         (spec, f"role {name!r}") for name, spec in role_models.items()
     ]
+    for name, role in plan.roles.items():
+        candidates += [(spec, f"role {name!r} escalation") for spec in role.escalation]
     synthesis = plan.synthesis.model if plan.synthesis is not None else None
     if synthesis:
         candidates.append((synthesis, "the plan's synthesis"))
     for spec, origin in candidates:
-        worker = worker_of(spec)
-        if worker is not None and worker != consented:
+        ran = runner(spec)
+        if ran is not None and ran != consented:
             sources.setdefault(spec.strip(), []).append(origin)
             nodes.setdefault(spec.strip(), [])
     if not sources:
-        return
+        return ""
     for entry in plan.plan:
         spec = role_models.get(entry.assignee or "", model).strip()
         if spec in nodes:
@@ -72,8 +129,4 @@ def check_agent_worker_consent(
         shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
         who = f"node(s) {shown}" if ids else "no planned node (spawned nodes may use it)"
         parts.append(f"{spec!r} ({', '.join(origins)}) for {who}")
-    raise UsageError(
-        f"{source} names agent workers that execute code on this machine: "
-        + "; ".join(parts)
-        + ". Pass --allow-agent-workers, or give the worker with --model, to run them"
-    )
+    return "; ".join(parts)

@@ -110,6 +110,8 @@ class FlowOptions:
     max_plan_entries: int = MAX_PLAN_ENTRIES
     # A plan file or playbook may name claude-code/codex workers only with this consent.
     allow_agent_workers: bool = False
+    # ... and ``python:`` function nodes with this one (the same spec as --model also counts).
+    allow_python: bool = False
     # ``--synthesize TEXT``: a final operation over every worker's result; it replaces the
     # instruction of the plan's ``synthesis`` (whose model it keeps).
     synthesize: str | None = None

@@ -37,7 +37,7 @@ from steerflow.executor import (
 )
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import create_session, lineage
-from steerflow.orchestrate._consent import check_agent_worker_consent
+from steerflow.orchestrate._consent import check_agent_worker_consent, check_python_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
@@ -194,6 +194,13 @@ class FlowRun:
                 model=settings.model,
                 given_model=opts.model,
                 allowed=opts.allow_agent_workers,
+            )
+            check_python_consent(
+                plan,
+                source,
+                model=settings.model,
+                given_model=opts.model,
+                allowed=opts.allow_python,
             )
         models = {settings.model, *settings.role_models.values(), *settings.escalation_models}
         models.add(settings.synthesis_model)

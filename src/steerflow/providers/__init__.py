@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steerflow.providers._base import (
+    DependencyResult,
     Message,
     PlanReply,
     PlanRequest,
@@ -12,14 +13,21 @@ from steerflow.providers._base import (
     Usage,
 )
 from steerflow.providers._paths import ensure_leg_dir, is_leg_key, write_leg_file
+from steerflow.providers._plugins import BUILTIN_NAMES, ENTRY_POINT_GROUP
 from steerflow.providers._registry import ProviderCache, make_provider
 from steerflow.providers.echo import EchoProvider, echo_text
+from steerflow.providers.function import FunctionProvider, NodeCall
 from steerflow.providers.script import INVOCATION_LOG, ScriptProvider, load_script
 
 __all__ = [
+    "BUILTIN_NAMES",
+    "ENTRY_POINT_GROUP",
     "INVOCATION_LOG",
+    "DependencyResult",
     "EchoProvider",
+    "FunctionProvider",
     "Message",
+    "NodeCall",
     "PlanReply",
     "PlanRequest",
     "Provider",

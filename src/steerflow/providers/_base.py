@@ -12,7 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from steerflow.providers._paths import ensure_leg_dir
+
 __all__ = [
+    "DependencyResult",
     "Message",
     "PlanReply",
     "PlanRequest",
@@ -41,6 +44,19 @@ class Usage:
 
 
 @dataclass(frozen=True)
+class DependencyResult:
+    """One dependency's outcome as a node receives it (the rendered block, unrendered).
+
+    ``text`` is the dependency's response when it completed, its error when it failed.
+    A skipped dependency has no result and is left out, as in the rendered instruction.
+    """
+
+    node_id: str
+    status: Literal["completed", "failed"]
+    text: str
+
+
+@dataclass(frozen=True)
 class ProviderRequest:
     """Everything a provider needs to run one operation.
 
@@ -65,6 +81,17 @@ class ProviderRequest:
     #: A vendor-side conversation to continue (the claude CLI's session id), so an
     #: agent worker resumes its own context instead of being sent ``history`` again.
     conversation: str | None = None
+    #: The dependencies' results rendered into ``instruction`` (for the synthesis: every
+    #: worker's), in the same order; for providers that want them as data.
+    dependencies: tuple[DependencyResult, ...] = ()
+
+    def ensure_artifact_dir(self) -> Path:
+        """Make (0700, no symlink followed) and return ``artifact_dir``; blocking I/O.
+
+        For a provider with ``needs_artifact_dir = False`` that writes files only
+        sometimes: it pays the ``mkdir`` only for the nodes that do.
+        """
+        return ensure_leg_dir(self.artifact_dir.parent, self.artifact_dir.name)
 
 
 @dataclass
@@ -102,7 +129,34 @@ class PlanReply:
 
 
 class Provider(abc.ABC):
-    """A model or agent worker behind a ``--model`` spec."""
+    """A model or agent worker behind a ``--model`` spec: the protocol a plugin implements.
+
+    A plugin (entry point group ``steerflow.providers``, docs/providers.md) subclasses this
+    class; its factory is called with the whole spec and returns an instance.
+
+    Call
+        :meth:`invoke` gets one :class:`ProviderRequest` per node and returns a
+        :class:`ProviderResponse`. ``request.instruction`` is already complete (operator
+        steers, the node's instruction, its dependencies' results); the executor owns
+        dependencies, the pause gate, admission, checkpointing and replay, so a completed
+        node's response is recorded and a resume never calls the provider for it again.
+        Raise :class:`steerflow.errors.ProviderError` for a failure the node should report
+        as its error; any other exception fails the node too, as ``TypeName: text``.
+    Usage
+        Put token counts and cost in ``ProviderResponse.usage`` (:class:`Usage`) when the
+        vendor reports them; they add up into the run's usage. ``None`` is "not reported".
+    Cancellation
+        A call runs inside the node's task. ``ctl stop --now``, SIGINT/SIGTERM and, for a
+        provider with ``cancel_at_deadline``, the deadline cancel that task: ``invoke`` sees
+        :class:`asyncio.CancelledError` at its current ``await``, must release what it holds
+        (close a stream, kill a subprocess) and let the error propagate; the node stays
+        pending and reruns on resume. Blocking work belongs in a thread, never on the loop.
+    Artifacts
+        ``needs_artifact_dir = True`` (the default, kept for existing providers) makes the
+        executor create the leg directory before every call; a provider that writes files
+        only sometimes sets it False and calls ``request.ensure_artifact_dir()`` (in a
+        thread) when it does, so a node that writes nothing costs no ``mkdir``.
+    """
 
     spec: str
     #: True for calls that can outlast a deadline by far (agent workers run for

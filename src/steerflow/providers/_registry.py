@@ -3,13 +3,17 @@
 Network and agent-worker vendors are imported only when a spec names them, so a
 missing SDK is a usage error naming the extra to install, and the vendor modules
 (which import :mod:`steerflow.providers._conventions`) never import this one back.
+``python:MODULE:FUNCTION`` is a function node; any other ``PREFIX/MODEL`` is looked up in
+the ``steerflow.providers`` entry point group (``_plugins``), and only then.
 """
 
 from __future__ import annotations
 
 from steerflow.errors import UsageError
 from steerflow.providers._base import Provider
+from steerflow.providers._plugins import ENTRY_POINT_GROUP, plugin_provider
 from steerflow.providers.echo import EchoProvider
+from steerflow.providers.function import PYTHON_PREFIX, FunctionProvider
 from steerflow.providers.script import ScriptProvider
 
 __all__ = ["EXTRAS", "ProviderCache", "make_provider", "make_remote_provider", "missing_sdk_error"]
@@ -21,12 +25,19 @@ def make_provider(spec: str) -> Provider:
         return EchoProvider(spec)
     if spec.startswith("script:"):
         return ScriptProvider(spec)
+    if spec.strip().startswith(PYTHON_PREFIX):
+        return FunctionProvider(spec)
     vendor, sep, model = spec.partition("/")
     if sep and model:
+        if vendor not in _VENDORS:
+            plugin = plugin_provider(vendor, spec)
+            if plugin is not None:
+                return plugin
         return make_remote_provider(vendor, model, spec)
     raise UsageError(
-        f"unknown model spec {spec!r}: use echo, echo:delay=S, script:PATH, openai/MODEL, "
-        "anthropic/MODEL, claude-code/MODEL or codex/MODEL"
+        f"unknown model spec {spec!r}: use echo, echo:delay=S, script:PATH, "
+        "python:MODULE:FUNCTION, openai/MODEL, anthropic/MODEL, claude-code/MODEL, "
+        "codex/MODEL or PLUGIN/MODEL"
     )
 
 
@@ -97,7 +108,8 @@ def make_remote_provider(vendor: str, model: str, spec: str) -> Provider:
 
         return CodexProvider(model, spec)
     raise UsageError(
-        f"model spec {spec!r}: unknown provider {vendor!r} (known: {', '.join(_VENDORS)})"
+        f"model spec {spec!r}: unknown provider {vendor!r} (built in: {', '.join(_VENDORS)}; "
+        f"no installed distribution registers {vendor!r} in {ENTRY_POINT_GROUP!r})"
     )
 
 
