@@ -14,10 +14,12 @@ from steerflow.control._poller import (
 from steerflow.control._queue import (
     DB_BUSY_TIMEOUT_S,
     MAX_MESSAGE_BYTES,
+    CliVerb,
     Queued,
     enqueue_control,
     open_existing_db,
     resolve_control,
+    send_control,
 )
 
 __all__ = [
@@ -26,6 +28,7 @@ __all__ = [
     "DEFAULT_POLL_S",
     "MAX_MESSAGE_BYTES",
     "POLL_ENV",
+    "CliVerb",
     "ControlPoller",
     "PollerState",
     "Queued",
@@ -34,4 +37,5 @@ __all__ = [
     "open_existing_db",
     "poll_interval",
     "resolve_control",
+    "send_control",
 ]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steerflow.plan._code import CODE_SOURCE, Edge, Op, Plan, Role, Synthesis
 from steerflow.plan._codec import plan_from_checkpoint, plan_to_checkpoint
 from steerflow.plan._load import (
     ReactivePolicy,
@@ -33,6 +34,7 @@ from steerflow.plan._model import (
 
 __all__ = [
     "AGENT_ID_PATTERN",
+    "CODE_SOURCE",
     "COMPACT_BYTES",
     "COMPACT_RECORDS",
     "MAX_ARTIFACT_PATH",
@@ -40,12 +42,17 @@ __all__ = [
     "SYNTHESIS_KEY",
     "CompactBound",
     "Dependency",
+    "Edge",
     "EdgeWhen",
+    "Op",
+    "Plan",
     "PlanEntry",
     "PlanFile",
     "ReactivePolicy",
+    "Role",
     "RoleSpec",
     "SpawnSpec",
+    "Synthesis",
     "SynthesisSpec",
     "artifact_path_problem",
     "bundled_playbooks",
