@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 import yaml
 
+from steerflow.errors import PlanValidationError
 from steerflow.plan._load import load_plan_file, parse_plan
 from steerflow.plan._model import (
     Dependency,
@@ -171,10 +172,30 @@ class Plan:
     def __post_init__(self) -> None:
         _freeze(self, "ops", tuple(self.ops))
         _freeze(self, "roles", MappingProxyType(dict(self.roles)))
+        self._check_types()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
         # The model's spelling: a plan file's `reactive: true` reads back as "all".
         _freeze(self, "reactive", checked.reactive)
+
+    def _check_types(self) -> None:
+        # A mapping would pass the model's check: the typed objects are the API.
+        wrong: list[tuple[str, str, object]] = [
+            (f"plan[{i}]", "Op", op) for i, op in enumerate(self.ops) if not isinstance(op, Op)
+        ]
+        wrong += [
+            (f"roles.{name}", "Role", role)
+            for name, role in self.roles.items()
+            if not isinstance(role, Role)
+        ]
+        if self.synthesis is not None and not isinstance(self.synthesis, Synthesis):
+            wrong.append(("synthesis", "Synthesis", self.synthesis))
+        if wrong:
+            lines = [
+                f"{CODE_SOURCE}: {where}: expected a steerflow.{kind}, not {type(value).__name__}"
+                for where, kind, value in wrong
+            ]
+            raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
 
     @property
     def plan_file(self) -> PlanFile:
@@ -187,10 +208,10 @@ class Plan:
             name: getattr(self, name) for name in _SETTINGS if getattr(self, name) is not None
         }
         if self.roles:
-            out["roles"] = {name: _data_of(role, Role) for name, role in self.roles.items()}
+            out["roles"] = {name: role._data() for name, role in self.roles.items()}
         if self.synthesis is not None:
-            out["synthesis"] = _data_of(self.synthesis, Synthesis)
-        out["plan"] = [_data_of(op, Op) for op in self.ops]
+            out["synthesis"] = self.synthesis._data()
+        out["plan"] = [op._data() for op in self.ops]
         return out
 
     def to_yaml(self) -> str:
@@ -198,7 +219,9 @@ class Plan:
 
         ``Plan.from_file`` of it gives an equal plan, and ``steerflow flow --plan`` runs it.
         """
-        return yaml.safe_dump(self.to_data(), sort_keys=False, allow_unicode=True, width=100)
+        return yaml.dump(
+            self.to_data(), Dumper=_ExactDumper, sort_keys=False, allow_unicode=True, width=100
+        )
 
     @classmethod
     def from_file(cls, path: str | Path) -> Plan:
@@ -221,15 +244,26 @@ class Plan:
         )
 
 
+class _ExactDumper(yaml.SafeDumper):
+    """``yaml.safe_dump`` that reads back exactly: each string is read back as it was."""
+
+
+# YAML reads these as line breaks inside a plain or single-quoted scalar and folds them; in
+# double quotes the emitter escapes them (``\N``, ``\L``, ``\P``).
+_BREAKS = frozenset("\x85\u2028\u2029")
+
+
+def _exact_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if _BREAKS.intersection(value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+    return dumper.represent_str(value)
+
+
+_ExactDumper.add_representer(str, _exact_str)
+
+
 def _freeze(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)  # frozen dataclass: set once, in __post_init__
-
-
-def _data_of(value: object, kind: type[Op] | type[Role] | type[Synthesis]) -> Any:
-    """``value``'s plan-file form; anything else is handed on for the model to refuse."""
-    if isinstance(value, kind):
-        return value._data()
-    return value
 
 
 def _op_of(entry: PlanEntry) -> Op:
