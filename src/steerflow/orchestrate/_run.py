@@ -135,6 +135,9 @@ class FlowRun:
         #: Set once the run's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
         self._lease: LeaseKeeper | None = None
+        #: The run's session and run id, once its session row exists (for the ctl writers).
+        self.session_id: str | None = None
+        self.run_id: str | None = None
 
     # -- typed events --------------------------------------------------------------------
 
@@ -406,7 +409,8 @@ class FlowRun:
         root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
         row = await self._open_session(db, run_dir, prompt, source, settings)
-        session_id = row.id
+        session_id = self.session_id = row.id
+        self.run_id = run_dir.run_id
         lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
         lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.steering)

@@ -268,7 +268,8 @@ def typed_event(event: FlowEvent, *, error: str | None = None) -> RunEvent:
                 detail=_text(d.get("detail")),
             )
         case "checkpoint_saved":
-            return CheckpointSaved(ts=ts, what=_text(d.get("what")), node_id=_text(d.get("key")))
+            key = _text(d.get("key")) or None  # a flush names no node
+            return CheckpointSaved(ts=ts, what=_text(d.get("what")), node_id=key)
         case "checkpoint_failed":
             return CheckpointFailed(ts=ts, key=event.node_key, error=str(d.get("error", "")))
         case "checkpoint_reconciled":
