@@ -234,6 +234,7 @@ EXPECTED: dict[str, set[str]] = {
         "poll_interval",
         "resolve_control",
         "send_control",
+        "session_target",
     },
     "steerflow.executor": {
         "CLI_DEFAULT_MAX_SPAWN",

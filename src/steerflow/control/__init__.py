@@ -20,6 +20,7 @@ from steerflow.control._queue import (
     open_existing_db,
     resolve_control,
     send_control,
+    session_target,
 )
 
 __all__ = [
@@ -38,4 +39,5 @@ __all__ = [
     "poll_interval",
     "resolve_control",
     "send_control",
+    "session_target",
 ]

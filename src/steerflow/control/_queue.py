@@ -38,6 +38,7 @@ __all__ = [
     "open_existing_db",
     "resolve_control",
     "send_control",
+    "session_target",
 ]
 
 CliVerb = Literal["pause", "resume", "message", "stop"]
@@ -185,7 +186,7 @@ def send_control(
 ) -> str:
     """:func:`enqueue_control` for the library's writers; returns the control id.
 
-    ``target`` may also be a run id, standing for the session that ran it.
+    ``target`` may also be a run id (see :func:`session_target`).
 
     Raises:
         UnknownIdError: A run id no session ran; otherwise as :func:`enqueue_control`.
@@ -193,11 +194,22 @@ def send_control(
     home = Path(home)
     if isinstance(target, str) and is_run_id(target):
         with open_existing_db(home, state_db=state_db) as db:
-            row = db.session_for_run(target)
-        if row is None:
-            raise UnknownIdError(f"unknown run id {quote_input(target)}: no session ran it")
-        target = row.id
+            target = session_target(db, target)
     return enqueue_control(home, target, verb, text, now=now, state_db=state_db).control_id
+
+
+def session_target(db: StateDB, target: str) -> str:
+    """``target`` as ``ctl`` takes it: a run id becomes the id of the session that ran it.
+
+    Raises:
+        UnknownIdError: A run id no session ran.
+    """
+    if not is_run_id(target):
+        return target
+    row = db.session_for_run(target)
+    if row is None:
+        raise UnknownIdError(f"unknown run id {quote_input(target)}: no session ran it")
+    return row.id
 
 
 def resolve_control(

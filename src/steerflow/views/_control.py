@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steerflow.control import open_existing_db, send_control
+from steerflow.control import open_existing_db, send_control, session_target
 
 __all__ = [
     "ControlEntry",
@@ -125,15 +125,17 @@ class ControlStatus:
         return out
 
 
-def control_status(home: Path, target: str) -> ControlStatus:
-    """Read the session ``target`` resolves to (as ``ctl`` resolves it).
+def control_status(home: Path, target: str, *, state_db: str | None = None) -> ControlStatus:
+    """Read the session ``target`` resolves to (as ``ctl`` resolves it, or a run id).
+
+    ``state_db``: as for :func:`pause`.
 
     Raises:
         RefusedError: No state DB.
         UnknownIdError, AmbiguousIdError: ``target`` names no session or several.
     """
-    with open_existing_db(home) as db:
-        resolved = db.resolve_target(target)
+    with open_existing_db(Path(home), state_db=state_db) as db:
+        resolved = db.resolve_target(session_target(db, target))
         session = db.get_session(resolved.session_id)
         assert session is not None
         return ControlStatus(
