@@ -17,6 +17,7 @@ from pathlib import Path
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT_S = 120.0
 CONTROL_ID = r"[0-9a-f]{32}"
+GATED = Path(__file__).resolve().parent / "gated_example.py"
 
 
 def _env() -> dict[str, str]:
@@ -70,8 +71,14 @@ def test_steered_flow_is_paused_messaged_and_resumed_from_another_process(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "gate-gather").touch()  # gather is held until the steering process is done
     flow = subprocess.Popen(
-        _example("steered.py", "flow", "--home", home, "--slow-s", 6),
+        [
+            sys.executable,
+            str(GATED),
+            *_example("steered.py", "flow", "--home", home, "--slow-s", 0)[1:],
+        ],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,
@@ -79,6 +86,7 @@ def test_steered_flow_is_paused_messaged_and_resumed_from_another_process(
     )
     try:
         steer = _run(_example("steered.py", "steer", "--home", home, "--message", "be brief"))
+        (home / "release-gather").touch()
         out, err = flow.communicate(timeout=TIMEOUT_S)
     finally:
         if flow.poll() is None:
@@ -94,8 +102,8 @@ def test_steered_flow_is_paused_messaged_and_resumed_from_another_process(
     assert re.fullmatch(r"run \S+ session [0-9a-f]{32}", events[0]), events[0]
     assert events[-1] == "status completed"
     kinds = [line.split()[0] for line in events[1:-1]]
-    # The pause lands while gather runs; the drafts start only after the resume, and the
-    # first of them carries the message.
+    # The pause, the message and the resume land while gather is held; the drafts start
+    # after it, and the first of them carries the message.
     pause = kinds.index("control_applied")
     assert events[1 + pause].startswith("control_applied verb=pause")
     assert "control_applied verb=resume messages=0" in events
@@ -107,3 +115,24 @@ def test_steered_flow_is_paused_messaged_and_resumed_from_another_process(
     ]  # fmt: skip
     gather_done = events.index(next(e for e in events if e.startswith("node_completed key=gather")))
     assert events.index(events[1 + pause]) < gather_done
+
+
+def test_the_readme_from_python_section_runs_in_under_25_lines(tmp_path: Path) -> None:
+    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
+    section = readme.partition("\n## From Python\n")[2].partition("\n## ")[0]
+    code = section.partition("```python\n")[2].partition("```")[0]
+    assert 0 < len(code.splitlines()) < 25
+    home = tmp_path / "home"
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+        env={**_env(), "STEERFLOW_HOME": str(home)},
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0] == "plan_ready " and re.fullmatch(r"completed \S+", lines[-1]), lines
+    assert "node_completed synthesis" in lines
+    assert (home / "runs" / lines[-1].split()[1] / "checkpoint.json").is_file()
