@@ -15,6 +15,12 @@ What a library user needs, in one place::
     seed = steerflow.prepare_resume(home, result.run_id)  # or FlowResumeError
     again = steerflow.FlowOptions(resume=seed)
 
+    plan = steerflow.Plan(ops=[steerflow.Op("a", "Do a."), steerflow.Op("b", "Then b.",
+                                                                       depends_on=["a"])])
+    run = steerflow.FlowRun(steerflow.FlowOptions(plan=plan), home=home)
+    events = run.events()  # typed, frozen events; the iteration ends with the run
+    steerflow.pause(home, run_id)  # from anywhere: the control id (also resume/message/stop)
+
 Every error steerflow raises on purpose is a :class:`SteerflowError`; its
 ``exit_code`` is the CLI's (CONTRACT §3).
 

@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 
 import steerflow
 from steerflow.errors import PlanValidationError, UsageError
-from steerflow.orchestrate import FlowOptions
+from steerflow.orchestrate import FlowOptions, run_flow
 from steerflow.plan import (
     CODE_SOURCE,
     Edge,
@@ -364,3 +364,11 @@ def test_a_code_plan_excludes_a_plan_file_and_a_playbook(other: dict[str, Any]) 
 def test_flow_options_take_only_a_plan_object() -> None:
     with pytest.raises(UsageError, match=r"takes a steerflow\.Plan"):
         FlowOptions(plan={"plan": []})  # type: ignore[arg-type]
+
+
+async def test_a_code_plan_over_the_entry_limit_is_refused_when_it_runs(tmp_path: Path) -> None:
+    plan = Plan(ops=[Op("a", "x"), Op("b", "y")])  # built: the limit belongs to a run
+    options = FlowOptions(plan=plan, model="echo", max_plan_entries=1)
+    with pytest.raises(PlanValidationError, match="more than the limit of 1"):
+        await run_flow(options, home=tmp_path / "home")
+    assert not (tmp_path / "home" / "runs").exists()  # refused before anything was made

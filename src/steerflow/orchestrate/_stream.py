@@ -294,10 +294,10 @@ class EventStream:
     """
 
     max_pending: int | None = None
-    _buffer: deque[RunEvent] = field(default_factory=deque)
-    _dropped: int = 0
-    _closed: bool = False
-    _wake: asyncio.Event = field(default_factory=asyncio.Event)
+    _buffer: deque[RunEvent] = field(default_factory=deque, init=False, repr=False)
+    _dropped: int = field(default=0, init=False)
+    _closed: bool = field(default=False, init=False)
+    _wake: asyncio.Event = field(default_factory=asyncio.Event, init=False, repr=False)
 
     def push(self, event: RunEvent) -> None:
         """Buffer one event; never waits (the run calls this from its own loop)."""
