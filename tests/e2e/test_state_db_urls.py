@@ -13,10 +13,12 @@ from __future__ import annotations
 import shutil
 import uuid
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 from flow_support import CliResult, child_env, run_cli, write_yaml
 
+from pg_support import PgServer
 from steerflow.state import STATE_DB_URL_ENV, StateDB
 
 BAD_URLS = [
@@ -28,9 +30,6 @@ BAD_URLS = [
     "postgresql://db.example:0/steerflow",
     "postgresql://db.example:5432:6/steerflow",
     "postgresql://db.example:-1/steerflow",
-    "postgresql:///steerflow",
-    "postgresql://:5432/steerflow",
-    "postgresql://u:hunter2@/steerflow",
     "postgresql://h1,,h2/steerflow",
     "postgresql://h1:1,h2:2,h3:3,h4:4/steerflow?host=a,b",
     "postgresql://db.example/steerflow?nonsense=1",
@@ -141,3 +140,21 @@ def test_a_three_slash_url_that_named_an_existing_absolute_file_is_refused(
     (cwd / str(existing)[1:]).parent.mkdir(parents=True)
     fresh = run_cli(home, "--state-db", f"sqlite:///./{str(existing)[1:]}", "runs", cwd=cwd)
     assert fresh.returncode == 0, fresh.explain()
+
+
+@pytest.mark.parametrize("spelling", ["postgresql:///{db}", "postgresql://{user}@:{port}/{db}"])
+def test_a_url_with_no_host_means_libpqs_defaults(
+    tmp_path: Path, pg: PgServer, spelling: str
+) -> None:
+    """As for psql, an absent host is ``PGHOST`` (else the default socket), not an error."""
+    db = pg.new_database()
+    parts = urlsplit(db)
+    url = spelling.format(user=pg.user, port=pg.port, db=parts.path[1:]) + "?" + parts.query
+    env = child_env(PGHOST="127.0.0.1", PGPORT=str(pg.port), PGUSER=pg.user)
+    home = tmp_path / "home"
+    plan = write_yaml(tmp_path / "plan.yaml", {"plan": [{"agent_id": "a", "instruction": "x"}]})
+    ran = run_cli(home, "--state-db", url, "flow", "--plan", plan, "--json", env=env)
+    assert ran.returncode == 0, ran.explain()
+    listed = run_cli(home, "--state-db", db, "runs", "--json")
+    assert [r["session_id"] for r in listed.json["runs"]] == [ran.json["session_id"]]
+    assert not (home / "state.db").exists(), "a hostless URL fell back to the home's SQLite"

@@ -106,11 +106,13 @@ def _without_password(message: str, url: str) -> str:
 
 
 def check_postgres_url(url: str) -> None:
-    """Refuse a ``postgresql://`` URL that libpq cannot parse or that names no server.
+    """Refuse a ``postgresql://`` URL that libpq cannot parse or whose host list has a hole.
 
-    libpq parses it (:func:`psycopg.conninfo.conninfo_to_dict`, no connection); on top
-    of that every host must be named (a unix socket directory as ``?host=/dir``: an
-    empty host would quietly mean libpq's default socket) and every port be 1-65535.
+    libpq parses it (:func:`psycopg.conninfo.conninfo_to_dict`, no connection). A URL with
+    no host at all (``postgresql:///db``) means what it means to psql: ``PGHOST``, else
+    libpq's default unix socket. A host *list* with an empty member (``h1,,h2``) is a typo
+    that would quietly add that default to the failover list, so it is refused, as is any
+    port outside 1-65535.
 
     Raises:
         UsageError: The URL is malformed, or the ``postgres`` extra is not installed.
@@ -125,11 +127,12 @@ def check_postgres_url(url: str) -> None:
         raise UsageError(
             f"invalid state database URL {shown}: {_without_password(_first_line(exc), url)}"
         ) from None
-    hosts = str(params.get("host") or params.get("hostaddr") or "").split(",")
-    if any(not host.strip() for host in hosts):
+    named = str(params.get("host") or params.get("hostaddr") or "")
+    hosts = named.split(",") if named else [""]
+    if len(hosts) > 1 and any(not host.strip() for host in hosts):
         raise UsageError(
-            f"invalid state database URL {shown}: it names no host (write the server's name "
-            "or address; a unix socket directory goes in ?host=/path/to/dir)"
+            f"invalid state database URL {shown}: its host list {named!r} has an empty "
+            "member (name every server; a unix socket directory goes in ?host=/path/to/dir)"
         )
     ports = str(params.get("port") or "").split(",") if params.get("port") else []
     for port in ports:
