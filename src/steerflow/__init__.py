@@ -15,6 +15,12 @@ What a library user needs, in one place::
     seed = steerflow.prepare_resume(home, result.run_id)  # or FlowResumeError
     again = steerflow.FlowOptions(resume=seed)
 
+    plan = steerflow.Plan(ops=[steerflow.Op("a", "Do a."), steerflow.Op("b", "Then b.",
+                                                                       depends_on=["a"])])
+    run = steerflow.FlowRun(steerflow.FlowOptions(plan=plan), home=home)
+    events = run.events()  # typed, frozen events; the iteration ends with the run
+    steerflow.pause(home, run_id)  # from anywhere: the control id (also resume/message/stop)
+
 Every error steerflow raises on purpose is a :class:`SteerflowError`; its
 ``exit_code`` is the CLI's (CONTRACT §3).
 
@@ -61,25 +67,54 @@ if TYPE_CHECKING:
     from steerflow.executor import EventBus, FlowEvent
     from steerflow.home import resolve_home
     from steerflow.orchestrate import (
+        AdmissionClosed,
+        CheckpointFailed,
+        CheckpointReconciled,
+        CheckpointSaved,
+        ControlApplied,
+        EventsDropped,
+        EventStream,
         FlowOptions,
         FlowResult,
         FlowRun,
+        NodeCompleted,
+        NodeFailed,
+        NodePaused,
+        NodeReplayed,
+        NodeSkipped,
+        NodeStarted,
+        NodeWithheld,
+        PlanReady,
+        PlanWarning,
         ResumeSeed,
+        RunEvent,
+        SpawnAccepted,
+        SpawnRejected,
         prepare_resume,
         run_flow,
     )
+    from steerflow.plan import Edge, Op, Plan, Role, Synthesis
     from steerflow.providers import DependencyResult, NodeCall
+    from steerflow.views import message, pause, resume, stop
 
 __all__ = [
+    "AdmissionClosed",
     "AmbiguousIdError",
     "ArtifactContractError",
     "ArtifactsUnsettledError",
+    "CheckpointFailed",
+    "CheckpointReconciled",
     "CheckpointRecoveryError",
+    "CheckpointSaved",
     "CheckpointWriter",
+    "ControlApplied",
     "ControlNotApplyingError",
     "DatabaseBusyError",
     "DependencyResult",
+    "Edge",
     "EventBus",
+    "EventStream",
+    "EventsDropped",
     "ExitCode",
     "FlowEvent",
     "FlowOptions",
@@ -92,23 +127,43 @@ __all__ = [
     "LeaseLostError",
     "NoResponseError",
     "NodeCall",
+    "NodeCompleted",
+    "NodeFailed",
+    "NodePaused",
+    "NodeReplayed",
+    "NodeSkipped",
+    "NodeStarted",
+    "NodeWithheld",
     "NotRunningError",
+    "Op",
     "PersistenceError",
+    "Plan",
+    "PlanReady",
     "PlanValidationError",
+    "PlanWarning",
     "ProviderError",
     "RefusedError",
     "ResumeClaimedError",
     "ResumeSeed",
+    "Role",
+    "RunEvent",
+    "SpawnAccepted",
+    "SpawnRejected",
     "StateDBLostError",
     "SteerflowError",
+    "Synthesis",
     "UnknownIdError",
     "UnsafePathError",
     "UsageError",
     "__version__",
     "load_checkpoint",
+    "message",
+    "pause",
     "prepare_resume",
     "resolve_home",
+    "resume",
     "run_flow",
+    "stop",
 ]
 
 __version__ = "0.1.0"
@@ -120,6 +175,11 @@ _LAZY = {
     "EventBus": "steerflow.executor",
     "FlowEvent": "steerflow.executor",
     "resolve_home": "steerflow.home",
+    "Edge": "steerflow.plan",
+    "Op": "steerflow.plan",
+    "Plan": "steerflow.plan",
+    "Role": "steerflow.plan",
+    "Synthesis": "steerflow.plan",
     "FlowOptions": "steerflow.orchestrate",
     "FlowResult": "steerflow.orchestrate",
     "FlowRun": "steerflow.orchestrate",
@@ -128,6 +188,29 @@ _LAZY = {
     "run_flow": "steerflow.orchestrate",
     "DependencyResult": "steerflow.providers",
     "NodeCall": "steerflow.providers",
+    "AdmissionClosed": "steerflow.orchestrate",
+    "CheckpointFailed": "steerflow.orchestrate",
+    "CheckpointReconciled": "steerflow.orchestrate",
+    "CheckpointSaved": "steerflow.orchestrate",
+    "ControlApplied": "steerflow.orchestrate",
+    "EventStream": "steerflow.orchestrate",
+    "EventsDropped": "steerflow.orchestrate",
+    "NodeCompleted": "steerflow.orchestrate",
+    "NodeFailed": "steerflow.orchestrate",
+    "NodePaused": "steerflow.orchestrate",
+    "NodeReplayed": "steerflow.orchestrate",
+    "NodeSkipped": "steerflow.orchestrate",
+    "NodeStarted": "steerflow.orchestrate",
+    "NodeWithheld": "steerflow.orchestrate",
+    "PlanReady": "steerflow.orchestrate",
+    "PlanWarning": "steerflow.orchestrate",
+    "RunEvent": "steerflow.orchestrate",
+    "SpawnAccepted": "steerflow.orchestrate",
+    "SpawnRejected": "steerflow.orchestrate",
+    "message": "steerflow.views",
+    "pause": "steerflow.views",
+    "resume": "steerflow.views",
+    "stop": "steerflow.views",
 }
 
 

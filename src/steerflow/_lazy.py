@@ -25,7 +25,8 @@ def lazy_exports(
     """``(__getattr__, __dir__)`` for ``package``; ``names`` maps a name to its submodule.
 
     The submodule is given relative to the package (``"_load"`` for
-    ``steerflow.checkpoint._load``).
+    ``steerflow.checkpoint._load``), or absolute for a name re-exported from another
+    package (``"steerflow.control._queue"``).
     """
     table = dict(names)
 
@@ -33,7 +34,8 @@ def lazy_exports(
         module = table.get(name)
         if module is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{module}"), name)
+        where = module if module.startswith("steerflow.") else f"{package}.{module}"
+        value = getattr(importlib.import_module(where), name)
         setattr(sys.modules[package], name, value)  # later lookups skip this hook
         return value
 

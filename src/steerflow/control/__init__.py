@@ -19,10 +19,13 @@ if TYPE_CHECKING:
     from steerflow.control._queue import (
         DB_BUSY_TIMEOUT_S,
         MAX_MESSAGE_BYTES,
+        CliVerb,
         Queued,
         enqueue_control,
         open_existing_db,
         resolve_control,
+        send_control,
+        session_target,
     )
 
 __all__ = [
@@ -31,6 +34,7 @@ __all__ = [
     "DEFAULT_POLL_S",
     "MAX_MESSAGE_BYTES",
     "POLL_ENV",
+    "CliVerb",
     "ControlPoller",
     "PollerState",
     "Queued",
@@ -39,6 +43,8 @@ __all__ = [
     "open_existing_db",
     "poll_interval",
     "resolve_control",
+    "send_control",
+    "session_target",
 ]
 
 
@@ -59,5 +65,8 @@ __getattr__, __dir__ = lazy_exports(
         "open_existing_db": "_queue",
         "poll_interval": "_poller",
         "resolve_control": "_queue",
+        "CliVerb": "_queue",
+        "send_control": "_queue",
+        "session_target": "_queue",
     },
 )

@@ -17,8 +17,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from steerflow.errors import KindNotAllowedError, RefusedError, UsageError, quote_input
-from steerflow.state import ControlRow, StateDB
+from steerflow.errors import (
+    KindNotAllowedError,
+    RefusedError,
+    UnknownIdError,
+    UsageError,
+    quote_input,
+)
+from steerflow.home import is_run_id
+from steerflow.state import ControlRow, StateDB, normalize_state_db_url
 
 __all__ = [
     "ALLOWED_KINDS",
@@ -30,6 +37,8 @@ __all__ = [
     "enqueue_control",
     "open_existing_db",
     "resolve_control",
+    "send_control",
+    "session_target",
 ]
 
 CliVerb = Literal["pause", "resume", "message", "stop"]
@@ -58,13 +67,22 @@ class Queued:
     verb: str
 
 
-def open_existing_db(home: Path, *, busy_timeout_s: float = DB_BUSY_TIMEOUT_S) -> StateDB:
+def open_existing_db(
+    home: Path, *, busy_timeout_s: float = DB_BUSY_TIMEOUT_S, state_db: str | None = None
+) -> StateDB:
     """Open the state DB without creating the home, the file or anything in it.
+
+    ``state_db``: a state DB URL (``--state-db``) instead of ``STEERFLOW_STATE_DB_URL``
+    or ``<home>/state.db``.
 
     Raises:
         RefusedError: There is no state database (nothing to control).
         DatabaseBusyError: Opening waited on a lock past ``busy_timeout_s``.
+        UsageError: ``state_db`` is malformed or names no supported backend.
     """
+    if state_db is not None:
+        url = normalize_state_db_url(state_db)
+        return StateDB.open_url(url, create=False, busy_timeout_s=busy_timeout_s)
     return StateDB.open(home, create=False, busy_timeout_s=busy_timeout_s)
 
 
@@ -108,6 +126,7 @@ def enqueue_control(
     *,
     now: bool = False,
     busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
+    state_db: str | None = None,
 ) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
 
@@ -117,7 +136,7 @@ def enqueue_control(
 
     For ``stop``, ``text`` is the optional operator reason and ``now`` asks for the
     in-flight operations to be cancelled too; both are kept in the row payload
-    (``{"now": bool, "reason": str | None}``).
+    (``{"now": bool, "reason": str | None}``). ``state_db``: see :func:`open_existing_db`.
 
     Raises:
         UsageError: A message without text, or a verb the CLI does not send.
@@ -133,7 +152,7 @@ def enqueue_control(
         check_message_text(text)
     elif verb == "stop":
         check_stop_reason(text)
-    with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
+    with open_existing_db(home, busy_timeout_s=busy_timeout_s, state_db=state_db) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
         if session is None:
@@ -154,6 +173,43 @@ def enqueue_control(
             session_id=session.id, verb=verb, payload=payload, require_running=True
         )
         return Queued(control_id=row.id, session_id=session.id, verb=verb)
+
+
+def send_control(
+    home: Path | str,
+    target: str,
+    verb: CliVerb,
+    text: str | None = None,
+    *,
+    now: bool = False,
+    state_db: str | None = None,
+) -> str:
+    """:func:`enqueue_control` for the library's writers; returns the control id.
+
+    ``target`` may also be a run id (see :func:`session_target`).
+
+    Raises:
+        UnknownIdError: A run id no session ran; otherwise as :func:`enqueue_control`.
+    """
+    home = Path(home)
+    if isinstance(target, str) and is_run_id(target):
+        with open_existing_db(home, state_db=state_db) as db:
+            target = session_target(db, target)
+    return enqueue_control(home, target, verb, text, now=now, state_db=state_db).control_id
+
+
+def session_target(db: StateDB, target: str) -> str:
+    """``target`` as ``ctl`` takes it: a run id becomes the id of the session that ran it.
+
+    Raises:
+        UnknownIdError: A run id no session ran.
+    """
+    if not is_run_id(target):
+        return target
+    row = db.session_for_run(target)
+    if row is None:
+        raise UnknownIdError(f"unknown run id {quote_input(target)}: no session ran it")
+    return row.id
 
 
 def resolve_control(

@@ -170,6 +170,9 @@ class Steering(SteeringTarget):
         self._pending: Callable[[], bool] | None = None
         #: What ``ctl stop`` does to the run (set by the runner); ``None``: not stoppable.
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
+        #: ``(verb, control_id)`` after the poller applied a pause, resume or stop (the
+        #: control id is the stop's; the target interface gives pause and resume none).
+        self.on_applied: list[Callable[[str, str | None], None]] = []
 
     def attach(self, pending: Callable[[], bool]) -> None:
         """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
@@ -182,18 +185,26 @@ class Steering(SteeringTarget):
     def pause(self) -> None:
         """Close the pause gate (idempotent)."""
         self.gate.pause()
+        self._applied("pause", None)
 
     def resume(self) -> None:
         """Open the pause gate (idempotent)."""
         self.gate.resume()
+        self._applied("resume", None)
 
     def stop(self, *, now: bool, reason: str | None, control_id: str) -> None:
         """``ctl stop``: the runner closes admission; then the pause (if any) ends."""
         if self.on_stop is None:
             raise NotImplementedError
+        # Before the stop acts, so a reader sees the control, then admission closing.
+        self._applied("stop", control_id)
         self.on_stop(now, reason, control_id)
         # After admission closed: a waiter the gate releases sees it closed and stays pending.
         self.gate.resume()
+
+    def _applied(self, verb: str, control_id: str | None) -> None:
+        for callback in list(self.on_applied):
+            callback(verb, control_id)
 
     def has_pending_operation(self) -> bool:
         """True if an operation has not started yet (or the plan is still being made)."""

@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from steerflow import views
-from steerflow.control import Queued
+from steerflow.control import Queued, enqueue_control
 from steerflow.errors import SteerflowError, UsageError
 
 if TYPE_CHECKING:
@@ -130,19 +130,19 @@ def _read_only() -> Any:
 def _add_control_tools(server: MCPServer[Any], home: Path) -> None:
     def pause(target: str) -> dict[str, Any]:
         """Queue `ctl pause`: hold every operation of a running flow that has not started."""
-        return _queued(_answer(lambda: views.pause(home, target)))
+        return _queued(_answer(lambda: enqueue_control(home, target, "pause")))
 
     def resume(target: str) -> dict[str, Any]:
         """Queue `ctl resume`: release a paused flow (not a resume from a checkpoint)."""
-        return _queued(_answer(lambda: views.resume(home, target)))
+        return _queued(_answer(lambda: enqueue_control(home, target, "resume")))
 
     def message(target: str, text: str) -> dict[str, Any]:
         """Queue `ctl msg`: a correction rendered into the flow's next operation, once."""
-        return _queued(_answer(lambda: views.message(home, target, text)))
+        return _queued(_answer(lambda: enqueue_control(home, target, "message", text)))
 
     def stop(target: str, now: bool = False, reason: str | None = None) -> dict[str, Any]:
         """Queue `ctl stop`: admit nothing new, persist, exit 75 (resumable)."""
-        return _queued(_answer(lambda: views.stop(home, target, now=now, reason=reason)))
+        return _queued(_answer(lambda: enqueue_control(home, target, "stop", reason, now=now)))
 
     for tool in (pause, resume, message, stop):
         server.add_tool(tool, name=tool.__name__)

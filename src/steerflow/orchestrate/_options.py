@@ -7,10 +7,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from steerflow.errors import ExitCode
+from steerflow.errors import ExitCode, UsageError
 from steerflow.executor import Graph
 from steerflow.orchestrate._stranded import StrandedMessage
-from steerflow.plan import MAX_PLAN_ENTRIES, PlanFile
+from steerflow.plan import MAX_PLAN_ENTRIES, Plan, PlanFile
 from steerflow.providers import Usage
 from steerflow.resume import ReplayPlan
 
@@ -84,6 +84,11 @@ class FlowOptions:
     """Everything ``flow``/``play``/``resume`` decide before running.
 
     ``None`` means "not given": the plan file or playbook value, then the default, applies.
+    The plan comes from one place: ``plan`` (built in code), ``plan_path``, ``playbook``,
+    a resume's checkpoint or, with none of them, the model's planner.
+
+    Raises:
+        UsageError: ``plan`` given with ``plan_path``, ``playbook`` or ``resume``.
     """
 
     prompt: str | None = None
@@ -115,6 +120,28 @@ class FlowOptions:
     # ``--synthesize TEXT``: a final operation over every worker's result; it replaces the
     # instruction of the plan's ``synthesis`` (whose model it keeps).
     synthesize: str | None = None
+    # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
+    # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
+    plan: Plan | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan is None:
+            return
+        if not isinstance(self.plan, Plan):
+            raise UsageError(f"FlowOptions(plan=...) takes a steerflow.Plan, not {self.plan!r}")
+        others = [
+            name
+            for name, value in (
+                ("plan_path", self.plan_path),
+                ("playbook", self.playbook),
+                ("resume", self.resume),
+            )
+            if value is not None
+        ]
+        if others:
+            raise UsageError(
+                f"FlowOptions: give either plan or {others[0]}, not both (a run has one plan)"
+            )
 
 
 @dataclass

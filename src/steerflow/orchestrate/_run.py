@@ -61,7 +61,9 @@ from steerflow.orchestrate._recorder import (
 from steerflow.orchestrate._resume import apply_replay, rerun_report
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._stream import ControlApplied, EventStream, typed_event
 from steerflow.plan import (
+    CODE_SOURCE,
     SYNTHESIS_KEY,
     PlanFile,
     find_playbook,
@@ -103,7 +105,12 @@ class FlowRun:
     def __init__(self, options: FlowOptions, *, home: Path, events: EventBus | None = None) -> None:
         self.options = options
         self.home = home
-        self.events = events or EventBus()
+        #: The executor's event bus (what the CLI's progress subscribes to).
+        self.bus = events or EventBus()
+        #: Readers opened with :meth:`events`; closed when :meth:`run` returns or raises.
+        self._streams: list[EventStream] = []
+        self._ended = False
+        self.bus.subscribe(self._to_streams)
         seed = options.resume
         # The steering state exists before the plan, so controls sent while planning count.
         self.steering = Steering(SharedContext(dict(seed.flow_context) if seed else {}))
@@ -117,6 +124,7 @@ class FlowRun:
         #: ``ctl stop``: ``{"control_id", "reason", "now"}`` of the first stop applied.
         self.stopped_by: dict[str, Any] | None = None
         self.steering.on_stop = self.request_operator_stop
+        self.steering.on_applied.append(self._control_applied)
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
@@ -127,6 +135,49 @@ class FlowRun:
         #: Set once the run's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
         self._lease: LeaseKeeper | None = None
+        #: The run's session and run id, once its session row exists (for the ctl writers).
+        self.session_id: str | None = None
+        self.run_id: str | None = None
+
+    # -- typed events --------------------------------------------------------------------
+
+    def events(self, *, max_pending: int | None = None) -> EventStream:
+        """The run's typed events from now on, as an async iterator that ends with the run.
+
+        Open it before awaiting :meth:`run` to see every event. The run never waits
+        for the reader: with ``max_pending`` None nothing is dropped; with a number the
+        oldest events make room and one ``EventsDropped`` marks the gap (decision 160).
+        """
+        stream = EventStream(max_pending=max_pending)
+        if self._ended:
+            stream.close()
+        else:
+            self._streams.append(stream)
+        return stream
+
+    def _to_streams(self, event: FlowEvent) -> None:
+        self._streams = [s for s in self._streams if not s.closed]
+        if not self._streams:
+            return  # no reader: no conversion
+        error = None
+        if event.type == "node_failed" and self.executor is not None and event.node_id:
+            op = self.executor.graph.ops.get(event.node_id)
+            error = op.error if op is not None else None
+        typed = typed_event(event, error=error)
+        for stream in self._streams:
+            stream.push(typed)
+
+    def _control_applied(self, verb: str, control_id: str | None) -> None:
+        # Not on the bus: its subscribers (the CLI's progress) know message deliveries only.
+        applied = ControlApplied(ts=time.time(), verb=verb, control_id=control_id)
+        for stream in self._streams:
+            stream.push(applied)
+
+    def _end_streams(self) -> None:
+        self._ended = True
+        for stream in self._streams:
+            stream.close()
+        self._streams = []
 
     # -- signals and deadlines ---------------------------------------------------------
 
@@ -183,6 +234,12 @@ class FlowRun:
 
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
+        try:
+            return await self._run()
+        finally:
+            self._end_streams()
+
+    async def _run(self) -> FlowResult:
         opts = self.options
         # plan files and playbooks are read from disk: off the loop
         plan, prompt, source = await asyncio.to_thread(self._static_plan)
@@ -221,6 +278,13 @@ class FlowRun:
         opts = self.options
         if opts.resume is not None:
             return opts.resume.plan, opts.resume.prompt, "checkpoint"
+        if opts.plan is not None:
+            # The entry limit of a run applies as to a file; the rest was checked when
+            # the Plan was built.
+            plan = parse_plan(
+                opts.plan.to_data(), source=CODE_SOURCE, max_entries=opts.max_plan_entries
+            )
+            return plan, opts.prompt or "", CODE_SOURCE
         if opts.plan_path is not None:
             plan = load_plan_file(opts.plan_path, max_entries=opts.max_plan_entries)
             return plan, opts.prompt or "", str(opts.plan_path)
@@ -352,7 +416,8 @@ class FlowRun:
         root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
         row = await self._open_session(db, run_dir, prompt, source, settings)
-        session_id = row.id
+        session_id = self.session_id = row.id
+        self.run_id = run_dir.run_id
         lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
         lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.steering)
@@ -398,7 +463,7 @@ class FlowRun:
             key = str(message.get("rendered_into_op"))
             per_node[key] = per_node.get(key, 0) + 1
         for key, count in per_node.items():
-            self.events.emit(
+            self.bus.emit(
                 FlowEvent(
                     type="control_applied",
                     node_key=key,
@@ -456,7 +521,7 @@ class FlowRun:
         writer = await self._open_writer(s, graph, plan, prompt, settings, max_spawn)
         publisher = self._start_publisher(s, graph)
         try:
-            recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.events)
+            recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.bus)
             await recorder.flush()
             await self._redeliver_stranded(s)
             executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
@@ -548,8 +613,8 @@ class FlowRun:
         max_spawn = self._spawn_budget(plan, settings)
         graph = self._graph_of(plan, settings)
         for warning in self.warnings:
-            self.events.emit(FlowEvent(type="plan_truncated", data={"message": warning}))
-        self.events.emit(
+            self.bus.emit(FlowEvent(type="plan_truncated", data={"message": warning}))
+        self.bus.emit(
             FlowEvent(
                 type="plan_ready",
                 data={
@@ -608,7 +673,9 @@ class FlowRun:
                 version=opts.checkpoint_version,
                 max_records=settings.compact_records,
                 max_bytes=settings.compact_bytes,
-                on_saved=lambda *_: self.events.emit(FlowEvent(type="checkpoint_saved")),
+                on_saved=lambda what, key: self.bus.emit(
+                    FlowEvent(type="checkpoint_saved", data={"what": what, "key": key})
+                ),
                 ops=replayed_ops,
                 spawned=replayed_spawned,
             )
@@ -627,7 +694,7 @@ class FlowRun:
             s.db, s.session_id, graph, epoch=s.lease.epoch, on_fenced=s.lease.fenced
         )
         self.gate.on_change.append(publisher.on_gate)
-        self.events.subscribe(publisher.on_event)
+        self.bus.subscribe(publisher.on_event)
         publisher.snapshot_all()
         s.tasks.create_task(publisher.run(), name="node-publisher")
         return publisher
@@ -659,7 +726,7 @@ class FlowRun:
             max_spawn=max_spawn,
             gate=self.gate,
             context=self.context,
-            events=self.events,
+            events=self.bus,
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.observers.append(recorder.record_outcome)

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING
 from steerflow._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from steerflow.plan._code import CODE_SOURCE, Edge, Op, Plan, Role, Synthesis
     from steerflow.plan._codec import plan_from_checkpoint, plan_to_checkpoint
     from steerflow.plan._keys import SYNTHESIS_KEY
     from steerflow.plan._load import (
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AGENT_ID_PATTERN",
+    "CODE_SOURCE",
     "COMPACT_BYTES",
     "COMPACT_RECORDS",
     "MAX_ARTIFACT_PATH",
@@ -45,12 +47,17 @@ __all__ = [
     "SYNTHESIS_KEY",
     "CompactBound",
     "Dependency",
+    "Edge",
     "EdgeWhen",
+    "Op",
+    "Plan",
     "PlanEntry",
     "PlanFile",
     "ReactivePolicy",
+    "Role",
     "RoleSpec",
     "SpawnSpec",
+    "Synthesis",
     "SynthesisSpec",
     "artifact_path_problem",
     "bundled_playbooks",
@@ -69,6 +76,12 @@ __all__ = [
 __getattr__, __dir__ = lazy_exports(
     __name__,
     {
+        "CODE_SOURCE": "_code",
+        "Edge": "_code",
+        "Op": "_code",
+        "Plan": "_code",
+        "Role": "_code",
+        "Synthesis": "_code",
         "AGENT_ID_PATTERN": "_model",
         "COMPACT_BYTES": "_model",
         "COMPACT_RECORDS": "_model",

@@ -8,11 +8,15 @@ Amendment 1 settle check to a loaded checkpoint and returns a pure :class:`Repla
 
 from __future__ import annotations
 
+import sys
+import types
 from typing import TYPE_CHECKING
 
 from steerflow._lazy import lazy_exports
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
     from steerflow.resume._plan import ReplayPlan, ReplaySpawn, plan_replay
     from steerflow.resume._target import RunTarget, resolve_run_target
 
@@ -30,3 +34,21 @@ __getattr__, __dir__ = lazy_exports(
         "resolve_run_target": "_target",
     },
 )
+
+
+class _Package(types.ModuleType):
+    """This package, callable as the root's ``steerflow.resume`` control writer.
+
+    ``steerflow`` re-exports ``views.resume`` under the name of this package (CONTRACT
+    §11), and importing a subpackage binds its name on the parent; so once this package
+    is imported, ``steerflow.resume(home, target)`` reaches it, and it does the same.
+    """
+
+    def __call__(self, home: Path | str, target: str, *, state_db: str | None = None) -> str:
+        """``steerflow.views.resume``: queue ``ctl resume TARGET``; the control id."""
+        from steerflow.control import send_control
+
+        return send_control(home, target, "resume", state_db=state_db)
+
+
+sys.modules[__name__].__class__ = _Package

@@ -27,7 +27,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerflow import views
-from steerflow.control import Queued
+from steerflow.control import Queued, enqueue_control
 from steerflow.errors import (
     AmbiguousIdError,
     RefusedError,
@@ -335,14 +335,14 @@ def _field(form: dict[str, list[str]], name: str) -> str | None:
 
 
 def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) -> Queued:
-    """Queue the control with the ``ctl`` writers."""
+    """Queue the control with the ``ctl`` writer (the page shows the session it went to)."""
     if verb == "pause":
-        return views.pause(home, session_id)
+        return enqueue_control(home, session_id, "pause")
     if verb == "resume":
-        return views.resume(home, session_id)
+        return enqueue_control(home, session_id, "resume")
     if verb == "message":
-        return views.message(home, session_id, _field(form, "text") or "")
-    return views.stop(home, session_id, reason=_field(form, "reason") or None)
+        return enqueue_control(home, session_id, "message", _field(form, "text") or "")
+    return enqueue_control(home, session_id, "stop", _field(form, "reason") or None)
 
 
 def _is_target(target: str) -> bool:

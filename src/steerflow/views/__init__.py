@@ -74,6 +74,7 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CheckpointReport": "_recovery",
+        "Queued": "steerflow.control._queue",
         "ControlEntry": "_control",
         "ControlStatus": "_control",
         "GraphNode": "_graph",
@@ -81,7 +82,6 @@ __getattr__, __dir__ = lazy_exports(
         "NodeState": "_runs",
         "OpenedArtifact": "_artifacts",
         "PreflightRefusal": "_recovery",
-        "Queued": "_control",
         "ResumePreflight": "_recovery",
         "RunGraph": "_graph",
         "RunListing": "_runs",

@@ -2,6 +2,8 @@
 
 The writers are ``control.enqueue_control``, exactly what ``steerflow ctl`` calls: a
 row is queued, and applied (or refused) by the flow's poller, which stamps its result.
+Each returns the control id (``ctl status`` lists it with its result); a run id is
+accepted besides what ``ctl`` takes, and stands for the session that ran it.
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from steerflow.control import Queued, enqueue_control, open_existing_db
+from steerflow.control import open_existing_db, send_control, session_target
 
 __all__ = [
     "ControlEntry",
@@ -23,24 +25,55 @@ __all__ = [
 ]
 
 
-def pause(home: Path, target: str) -> Queued:
-    """Queue ``ctl pause TARGET``: hold every operation that has not started yet."""
-    return enqueue_control(home, target, "pause")
+def pause(home: Path | str, target: str, *, state_db: str | None = None) -> str:
+    """Queue ``ctl pause TARGET``: hold every operation that has not started yet.
+
+    ``target`` is what ``steerflow ctl`` takes (a session, invocation or play id, or a
+    prefix of one) or a run id; ``state_db`` a state DB URL (``--state-db``) instead of
+    ``STEERFLOW_STATE_DB_URL`` or ``<home>/state.db``. Returns the control id: the row is
+    queued, and the flow's poller applies it and stamps its result (``control_status``).
+
+    Raises:
+        RefusedError: No state DB, or the target's session is missing.
+        UnknownIdError, AmbiguousIdError: ``target`` names no session or several.
+        KindNotAllowedError: The session's kind takes no such control (an ``agent``).
+        NotRunningError: The session is not running.
+        UsageError: A bad ``state_db`` URL (``message``: an empty or oversized text).
+    """
+    return send_control(home, target, "pause", state_db=state_db)
 
 
-def resume(home: Path, target: str) -> Queued:
-    """Queue ``ctl resume TARGET``: release a paused flow (not a resume from checkpoint)."""
-    return enqueue_control(home, target, "resume")
+def resume(home: Path | str, target: str, *, state_db: str | None = None) -> str:
+    """Queue ``ctl resume TARGET``: release a paused flow (not a resume from checkpoint).
+
+    Arguments, result and errors as :func:`pause`.
+    """
+    return send_control(home, target, "resume", state_db=state_db)
 
 
-def message(home: Path, target: str, text: str) -> Queued:
-    """Queue ``ctl msg TARGET TEXT``: a correction rendered into the next operation once."""
-    return enqueue_control(home, target, "message", text)
+def message(home: Path | str, target: str, text: str, *, state_db: str | None = None) -> str:
+    """Queue ``ctl msg TARGET TEXT``: a correction rendered into the next operation once.
+
+    Arguments, result and errors as :func:`pause`; ``text`` must not be blank and is at
+    most 64 KiB.
+    """
+    return send_control(home, target, "message", text, state_db=state_db)
 
 
-def stop(home: Path, target: str, *, now: bool = False, reason: str | None = None) -> Queued:
-    """Queue ``ctl stop TARGET``: admit nothing new, persist, exit 75 (resumable)."""
-    return enqueue_control(home, target, "stop", reason, now=now)
+def stop(
+    home: Path | str,
+    target: str,
+    *,
+    now: bool = False,
+    reason: str | None = None,
+    state_db: str | None = None,
+) -> str:
+    """Queue ``ctl stop TARGET``: admit nothing new, persist, exit 75 (resumable).
+
+    ``now`` also cancels the calls in flight; ``reason`` is kept with the run. Arguments,
+    result and errors otherwise as :func:`pause`.
+    """
+    return send_control(home, target, "stop", reason, now=now, state_db=state_db)
 
 
 @dataclass(frozen=True)
@@ -92,15 +125,17 @@ class ControlStatus:
         return out
 
 
-def control_status(home: Path, target: str) -> ControlStatus:
-    """Read the session ``target`` resolves to (as ``ctl`` resolves it).
+def control_status(home: Path, target: str, *, state_db: str | None = None) -> ControlStatus:
+    """Read the session ``target`` resolves to (as ``ctl`` resolves it, or a run id).
+
+    ``state_db``: as for :func:`pause`.
 
     Raises:
         RefusedError: No state DB.
         UnknownIdError, AmbiguousIdError: ``target`` names no session or several.
     """
-    with open_existing_db(home) as db:
-        resolved = db.resolve_target(target)
+    with open_existing_db(Path(home), state_db=state_db) as db:
+        resolved = db.resolve_target(session_target(db, target))
         session = db.get_session(resolved.session_id)
         assert session is not None
         return ControlStatus(

@@ -1,0 +1,296 @@
+"""Plans built in code: :class:`Plan` and :class:`Op`, checked by the plan file's own model.
+
+A ``Plan`` is validated when it is built, by handing its plan-file form to
+:func:`~steerflow.plan.parse_plan`: ids, dependencies and edge conditions, roles,
+artifacts, synthesis and limits are refused with the very ``PlanValidationError`` a
+plan file with the same content gets (only the source differs: :data:`CODE_SOURCE`
+instead of the file name and line). An :class:`Op` alone is not checked: an id's
+uniqueness and a dependency only mean something in a plan, and checking it there names
+the op by its position and id, as a file's error does.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal
+
+import yaml
+
+from steerflow.errors import PlanValidationError
+from steerflow.plan._load import load_plan_file, parse_plan
+from steerflow.plan._model import (
+    Dependency,
+    EdgeWhen,
+    PlanEntry,
+    PlanFile,
+    RoleSpec,
+    SynthesisSpec,
+)
+
+__all__ = ["CODE_SOURCE", "Edge", "Op", "Plan", "Role", "Synthesis"]
+
+#: What a code plan's errors (and its run's ``source``) name instead of a file.
+CODE_SOURCE = "<Plan>"
+
+
+@dataclass(frozen=True)
+class Edge:
+    """A dependency on op ``id``, conditional on its outcome (a plan file's ``depends_on`` map).
+
+    ``when``: ``completed`` (run only after a success), ``failed`` (a fallback branch)
+    or ``always``; ``if_contains`` also requires the source's response to contain it.
+    """
+
+    id: str
+    when: EdgeWhen = "completed"
+    if_contains: str | None = None
+
+    def _data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"id": self.id}
+        if self.when != "completed":
+            out["when"] = self.when
+        if self.if_contains is not None:
+            out["if_contains"] = self.if_contains
+        return out
+
+
+@dataclass(frozen=True)
+class Op:
+    """One planned operation (a plan file's ``plan[]`` entry, with the same field names).
+
+    ``depends_on`` holds op ids (run after a success) or :class:`Edge` objects.
+    """
+
+    agent_id: str
+    instruction: str
+    depends_on: Sequence[str | Edge] = ()
+    assignee: str | None = None
+    inherit_context: bool = False
+    artifacts: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        # Tuples: an Op handed to several plans cannot change under any of them.
+        _freeze(self, "depends_on", tuple(self.depends_on))
+        _freeze(self, "artifacts", tuple(self.artifacts))
+
+    def _data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"agent_id": self.agent_id}
+        if self.assignee is not None:
+            out["assignee"] = self.assignee
+        out["instruction"] = self.instruction
+        if self.depends_on:
+            out["depends_on"] = [d._data() if isinstance(d, Edge) else d for d in self.depends_on]
+        if self.inherit_context is not False:
+            out["inherit_context"] = self.inherit_context
+        if self.artifacts:
+            out["artifacts"] = list(self.artifacts)
+        return out
+
+
+@dataclass(frozen=True)
+class Role:
+    """Per-role settings (a plan file's ``roles.<role>``)."""
+
+    model: str | None = None
+    system: str | None = None
+    artifacts: Sequence[str] = ()
+    escalation: Sequence[str] = ()
+
+    def __post_init__(self) -> None:
+        _freeze(self, "artifacts", tuple(self.artifacts))
+        _freeze(self, "escalation", tuple(self.escalation))
+
+    def _data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for name in ("model", "system"):
+            if getattr(self, name) is not None:
+                out[name] = getattr(self, name)
+        for name in ("artifacts", "escalation"):
+            if getattr(self, name):
+                out[name] = list(getattr(self, name))
+        return out
+
+
+@dataclass(frozen=True)
+class Synthesis:
+    """A final operation over every worker's result (a plan file's ``synthesis``)."""
+
+    instruction: str
+    model: str | None = None
+    when_all_failed: Literal["skip", "run"] = "skip"
+
+    def _data(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"instruction": self.instruction}
+        if self.model is not None:
+            out["model"] = self.model
+        if self.when_all_failed != "skip":
+            out["when_all_failed"] = self.when_all_failed
+        return out
+
+
+#: Top-level scalar settings, in a plan file's order.
+_SETTINGS = (
+    "name",
+    "description",
+    "model",
+    "reactive",
+    "max_ops",
+    "concurrency",
+    "compact_records",
+    "compact_bytes",
+)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A whole plan, validated when built; runs with ``FlowOptions(plan=...)``.
+
+    The fields are a plan file's, except ``ops`` (the file's ``plan`` list). A plan's
+    entry limit (``FlowOptions.max_plan_entries``) is checked when it runs, as a file's.
+
+    Raises:
+        PlanValidationError: The plan a file with the same content would be refused for,
+            with the same message (source :data:`CODE_SOURCE`).
+    """
+
+    ops: Sequence[Op]
+    name: str | None = None
+    description: str | None = None
+    model: str | None = None
+    reactive: str | bool | None = None
+    max_ops: int | None = None
+    concurrency: int | None = None
+    compact_records: int | None = None
+    compact_bytes: int | None = None
+    roles: Mapping[str, Role] = field(default_factory=dict)
+    synthesis: Synthesis | None = None
+    _file: PlanFile = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        _freeze(self, "ops", tuple(self.ops))
+        _freeze(self, "roles", MappingProxyType(dict(self.roles)))
+        self._check_types()
+        checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
+        _freeze(self, "_file", checked)
+        # The model's spelling: a plan file's `reactive: true` reads back as "all".
+        _freeze(self, "reactive", checked.reactive)
+
+    def _check_types(self) -> None:
+        # A mapping would pass the model's check: the typed objects are the API.
+        wrong: list[tuple[str, str, object]] = [
+            (f"plan[{i}]", "Op", op) for i, op in enumerate(self.ops) if not isinstance(op, Op)
+        ]
+        wrong += [
+            (f"roles.{name}", "Role", role)
+            for name, role in self.roles.items()
+            if not isinstance(role, Role)
+        ]
+        if self.synthesis is not None and not isinstance(self.synthesis, Synthesis):
+            wrong.append(("synthesis", "Synthesis", self.synthesis))
+        if wrong:
+            lines = [
+                f"{CODE_SOURCE}: {where}: expected a steerflow.{kind}, not {type(value).__name__}"
+                for where, kind, value in wrong
+            ]
+            raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
+
+    @property
+    def plan_file(self) -> PlanFile:
+        """The validated model the runner executes (what a plan file loads into)."""
+        return self._file
+
+    def to_data(self) -> dict[str, Any]:
+        """The plan-file mapping (defaults left out), as :meth:`to_yaml` writes it."""
+        out: dict[str, Any] = {
+            name: getattr(self, name) for name in _SETTINGS if getattr(self, name) is not None
+        }
+        if self.roles:
+            out["roles"] = {name: role._data() for name, role in self.roles.items()}
+        if self.synthesis is not None:
+            out["synthesis"] = self.synthesis._data()
+        out["plan"] = [op._data() for op in self.ops]
+        return out
+
+    def to_yaml(self) -> str:
+        """The plan as a YAML plan file.
+
+        ``Plan.from_file`` of it gives an equal plan, and ``steerflow flow --plan`` runs it.
+        """
+        return yaml.dump(
+            self.to_data(), Dumper=_ExactDumper, sort_keys=False, allow_unicode=True, width=100
+        )
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> Plan:
+        """Read a YAML or JSON plan file (the checks of ``steerflow flow --plan``).
+
+        Raises:
+            UsageError: The file cannot be read.
+            PlanValidationError: The file is not a valid plan.
+        """
+        return cls.from_plan_file(load_plan_file(Path(path), max_entries=None))
+
+    @classmethod
+    def from_plan_file(cls, plan: PlanFile) -> Plan:
+        """The code form of an already validated plan (a file, playbook or planner reply)."""
+        return cls(
+            ops=[_op_of(entry) for entry in plan.plan],
+            **{name: getattr(plan, name) for name in _SETTINGS},
+            roles={name: _role_of(role) for name, role in plan.roles.items()},
+            synthesis=_synthesis_of(plan.synthesis),
+        )
+
+
+class _ExactDumper(yaml.SafeDumper):
+    """``yaml.safe_dump`` that reads back exactly: each string is read back as it was."""
+
+
+# YAML reads these as line breaks inside a plain or single-quoted scalar and folds them; in
+# double quotes the emitter escapes them (``\N``, ``\L``, ``\P``).
+_BREAKS = frozenset("\x85\u2028\u2029")
+
+
+def _exact_str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    if _BREAKS.intersection(value):
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style='"')
+    return dumper.represent_str(value)
+
+
+_ExactDumper.add_representer(str, _exact_str)
+
+
+def _freeze(obj: object, name: str, value: object) -> None:
+    object.__setattr__(obj, name, value)  # frozen dataclass: set once, in __post_init__
+
+
+def _op_of(entry: PlanEntry) -> Op:
+    deps = [d if isinstance(d, str) else _edge_of(d) for d in entry.depends_on]
+    return Op(
+        agent_id=entry.agent_id,
+        instruction=entry.instruction,
+        depends_on=deps,
+        assignee=entry.assignee,
+        inherit_context=entry.inherit_context,
+        artifacts=entry.artifacts,
+    )
+
+
+def _edge_of(dep: Dependency) -> Edge:
+    return Edge(id=dep.id, when=dep.when, if_contains=dep.if_contains)
+
+
+def _role_of(role: RoleSpec) -> Role:
+    return Role(
+        model=role.model, system=role.system, artifacts=role.artifacts, escalation=role.escalation
+    )
+
+
+def _synthesis_of(spec: SynthesisSpec | None) -> Synthesis | None:
+    if spec is None:
+        return None
+    return Synthesis(
+        instruction=spec.instruction, model=spec.model, when_all_failed=spec.when_all_failed
+    )
