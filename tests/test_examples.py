@@ -2,17 +2,24 @@
 
 ``research_fanout.py`` builds its plan in code and runs it on ``echo``; the YAML it saves
 runs with ``steerflow flow --plan``. ``steered.py flow`` is steered by ``steered.py steer``,
-another process, through the library's control writers.
+another process, through the library's control writers. ``code_review.py`` runs pytest in
+a ``python:`` function node on the files a ``script:`` author wrote, and is killed and
+resumed both before and after that step.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
+
+from steerflow.checkpoint import load_checkpoint
+from steerflow.providers import NodeCall
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 TIMEOUT_S = 120.0
@@ -31,9 +38,9 @@ def _example(name: str, *args: object) -> list[str]:
     return [sys.executable, str(EXAMPLES / name), *map(str, args)]
 
 
-def _run(argv: list[str]) -> subprocess.CompletedProcess[str]:
+def _run(argv: list[str], **env: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env(), check=False
+        argv, capture_output=True, text=True, timeout=TIMEOUT_S, env=_env() | env, check=False
     )
 
 
@@ -136,3 +143,127 @@ def test_the_readme_from_python_section_runs_in_under_25_lines(tmp_path: Path) -
     assert lines[0] == "plan_ready " and re.fullmatch(r"completed \S+", lines[-1]), lines
     assert "node_completed synthesis" in lines
     assert (home / "runs" / lines[-1].split()[1] / "checkpoint.json").is_file()
+
+
+SUMMARY = r"PASSED: 3 passed in \d+\.\d+s"
+#: The fault seam's acks: the initial flush, then one per durable outcome.
+AFTER_WRITE_CODE, AFTER_RUN_TESTS = "exit:after:ack:2", "exit:after:ack:3"
+
+
+def _review_lines(stdout: str) -> tuple[str, list[str]]:
+    """The run id from ``run RUN: status``, and every line after it."""
+    lines = stdout.splitlines()
+    match = re.fullmatch(r"run (\S+): \w+", lines[0])
+    assert match, lines[0]
+    return match.group(1), lines[1:]
+
+
+def _author_calls(home: Path) -> int:
+    log = home / "script-invocations.jsonl"
+    return [json.loads(line)["node"] for line in log.read_text().splitlines()].count("write-code")
+
+
+def _killed(home: Path, fault: str) -> tuple[str, Path]:
+    """Run code_review.py until the fault seam kills it; the run id and its artifact root."""
+    crashed = _run(_example("code_review.py", "--home", home), STEERFLOW_FAULT=fault)
+    assert crashed.returncode == 137, crashed.stderr
+    (run_id,) = [p.name for p in (home / "runs").iterdir()]
+    return run_id, home / "runs" / run_id / "artifacts"
+
+
+def test_code_review_runs_pytest_in_a_function_node_and_the_review_gets_its_verdict(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    done = _run(_example("code_review.py", "--home", home))
+    assert done.returncode == 0, done.stderr
+    run_id, lines = _review_lines(done.stdout)
+    assert lines[:3] == ["  write-code: completed", "  run-tests: completed", "  review: completed"]
+    assert re.fullmatch(f"tests: {SUMMARY}", lines[3]), lines[3]
+    verdict = lines[3].removeprefix("tests: ")
+    # The review (echo: it repeats its instruction) received the verdict as a dependency.
+    review = "\n".join(lines[4:])
+    assert review.startswith("### review\n[echo review]\nReview the change.")
+    assert f"### run-tests (completed)\n{verdict}" in review
+    root = home / "runs" / run_id / "artifacts"
+    # pytest wrote nothing beside the author's declared files; its log is run-tests' artifact.
+    assert sorted(p.name for p in (root / "write-code").iterdir()) == [
+        "slugify.py", "test_slugify.py"
+    ]  # fmt: skip
+    log = (root / "run-tests" / "pytest.txt").read_text()
+    assert verdict.removeprefix("PASSED: ") in log
+
+
+def test_code_review_stopped_after_its_tests_resumes_without_running_them_again(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    run_id, root = _killed(home, AFTER_RUN_TESTS)
+    state, _ = load_checkpoint(home / "runs" / run_id)
+    assert set(state["ops"]) == {"write-code", "run-tests"}
+    log = root / "run-tests" / "pytest.txt"
+    written = log.stat().st_mtime_ns
+    cli = [sys.executable, "-m", "steerflow", "--home", str(home), "resume", run_id, "--json"]
+
+    # steerflow imports the function from sys.path, never from the working directory.
+    refused = _run(cli)
+    assert refused.returncode == 2, refused.stderr
+    assert "cannot import module 'code_review'" in refused.stderr
+
+    resumed = _run(cli, PYTHONPATH=str(EXAMPLES))
+    assert resumed.returncode == 0, resumed.stderr
+    out = json.loads(resumed.stdout)
+    assert {n["id"]: n["status"] for n in out["nodes"]} == dict.fromkeys(
+        ["write-code", "run-tests", "review"], "completed"
+    )
+    # Neither the author nor the function ran again: both replayed from the checkpoint.
+    assert "node replayed write-code" in resumed.stderr
+    assert "node replayed run-tests" in resumed.stderr
+    assert "start run-tests" not in resumed.stderr and "start review" in resumed.stderr
+    assert log.stat().st_mtime_ns == written
+    assert _author_calls(home) == 1
+    assert re.search(f"### run-tests \\(completed\\)\n{SUMMARY}", out["result"]), out["result"]
+
+
+def test_code_review_stopped_before_its_tests_runs_them_on_the_authors_files_on_resume(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    run_id, root = _killed(home, AFTER_WRITE_CODE)
+    assert not (root / "run-tests").exists()
+
+    resumed = _run(_example("code_review.py", "--home", home, "--resume", run_id))
+    assert resumed.returncode == 0, resumed.stderr
+    new_run, lines = _review_lines(resumed.stdout)
+    assert new_run != run_id
+    assert re.fullmatch(f"tests: {SUMMARY}", lines[3]), lines
+    # The resumed run keeps the source's artifact root: the function found the author's
+    # files there, and wrote its own log beside them; the author did not run again.
+    assert (root / "run-tests" / "pytest.txt").is_file()
+    assert _author_calls(home) == 1
+
+
+def _code_review() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("code_review", EXAMPLES / "code_review.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_code_reviews_function_reports_failing_tests_as_its_verdict(tmp_path: Path) -> None:
+    author = tmp_path / "artifacts" / "write-code"
+    author.mkdir(parents=True)
+    (author / "slugify.py").write_text("def slugify(text):\n    return text.lower()\n")
+    (author / "test_slugify.py").write_text(
+        "from slugify import slugify\n\n"
+        "def test_lower():\n    assert slugify('AB') == 'ab'\n\n"
+        "def test_hyphens():\n    assert slugify('a b') == 'a-b'\n"
+    )
+    call = NodeCall(run_id="r", node_id="run-tests", instruction="Run the tests.",
+                    artifact_path=tmp_path / "artifacts" / "run-tests")  # fmt: skip
+    verdict = _code_review().run_tests(call)
+    assert re.fullmatch(r"FAILED: 1 failed, 1 passed in \d+\.\d+s", verdict), verdict
+    log = (tmp_path / "artifacts" / "run-tests" / "pytest.txt").read_text()
+    assert "test_hyphens" in log and "AssertionError" in log
+    assert sorted(p.name for p in author.iterdir()) == ["slugify.py", "test_slugify.py"]
