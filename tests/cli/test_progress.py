@@ -153,6 +153,62 @@ def test_a_real_run_announces_each_steer_delivery(tmp_path: Path) -> None:
     assert "steer delivered into a (2 operator messages)" in _lines(out)
 
 
+def test_each_applied_pause_resume_and_stop_is_a_line_even_while_summarising() -> None:
+    progress, clock, out = _progress()
+    progress(FlowEvent(type="plan_ready", data={"nodes": 1_000, "max_spawn": 0}))
+    for i in range(200):
+        _node(progress, clock, f"n{i}", 0.001)
+        if i == 100:  # deep in a burst: routine lines are folded by now
+            progress.control_applied("pause", None)
+            progress.control_applied("resume", None)
+            progress.control_applied("stop", "ab" * 16)
+    progress.close()
+    lines = _lines(out)
+    assert "node completed n100" not in lines
+    applied = [line for line in lines if line.startswith("operator ")]
+    assert applied == [
+        "operator pause applied: nodes not yet started wait for a resume",
+        "operator resume applied",
+        f"operator stop applied (control {'ab' * 16})",
+    ]
+    # plan ready, the burst's per-node lines, the controls (never folded), the summary
+    assert lines[1 + BURST : 4 + BURST] == applied
+    assert len(lines) == 5 + BURST and lines[-1].startswith("progress: 200/1000 done")
+
+
+def test_quiet_leaves_applied_controls_out() -> None:
+    out = io.StringIO()
+    progress = Progress(quiet=True, file=out)
+    progress.control_applied("pause", None)
+    progress.control_applied("stop", "cd" * 16)
+    assert _lines(out) == []
+
+
+def test_a_real_run_announces_each_pause_and_resume_the_steering_applies(tmp_path: Path) -> None:
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(yaml.safe_dump({"plan": [{"agent_id": "a", "instruction": "x"}]}))
+    out = io.StringIO()
+    events = EventBus()
+    progress = Progress(file=out)
+    events.subscribe(progress)
+    run = FlowRun(FlowOptions(plan_path=plan), home=tmp_path / "home", events=events)
+    run.steering.on_applied.append(progress.control_applied)
+
+    async def steered() -> str:
+        run.steering.pause()  # what the poller calls; the run waits at the gate
+        async with asyncio.TaskGroup() as tasks:
+            finished = tasks.create_task(run.run())
+            await asyncio.sleep(0)
+            run.steering.resume()
+        return finished.result().status
+
+    assert asyncio.run(steered()) == "completed"
+    lines = _lines(out)
+    pause = lines.index("operator pause applied: nodes not yet started wait for a resume")
+    assert lines.index("operator resume applied") > pause
+    assert "node completed a" in lines
+
+
 def test_the_cli_summarises_a_fast_run_of_many_nodes(tmp_path: Path) -> None:
     nodes = 400
     plan = tmp_path / "plan.json"

@@ -158,3 +158,8 @@ def test_pause_holds_unstarted_ops_and_resume_releases(tmp_path: Path) -> None:
     assert [e["id"] for e in log] == [first, second, r1, r2, p3, r3]
     assert [e["verb"] for e in log] == ["pause", "pause", "resume", "resume", "pause", "resume"]
     assert all(e["result"] == "applied" for e in log)
+    # Each applied control is a line of the flow's progress, in the order applied.
+    applied = [line for line in flow.stderr().splitlines() if line.startswith("operator ")]
+    pause = "operator pause applied: nodes not yet started wait for a resume"
+    resume = "operator resume applied"
+    assert applied == [pause, pause, resume, resume, pause, resume]

@@ -154,6 +154,11 @@ def test_stop_while_paused_ends_the_pause_and_the_run(tmp_path: Path) -> None:
     assert _statuses(result) == {"a": "completed", "b": "pending", "c": "pending"}
     assert _invoked(home) == ["a"]
     assert session_phase(home, sid) == "executing"  # the pause ended with the stop
+    # The flow's progress shows both controls, the stop before the admission it closes.
+    err = flow.stderr().splitlines()
+    paused = err.index("operator pause applied: nodes not yet started wait for a resume")
+    stopped = err.index(f"operator stop applied (control {stop})")
+    assert paused < stopped < err.index("admission closed (stop)"), err
 
     _resume_to_completion(home, flow.run_id)
     assert sorted(_invoked(home)) == ["a", "b", "c"]

@@ -159,6 +159,8 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
     progress = Progress(quiet=False)
     events.subscribe(progress)
     run = FlowRun(options, home=home, events=events)
+    # Pauses, resumes and stops come from the steering state, not the bus (decision 165).
+    run.steering.on_applied.append(progress.control_applied)
 
     try:
         result = run_with_signals(run.run, run.request_stop)

@@ -7,8 +7,10 @@ replays, pauses, spawns, saves) stay under :data:`BURST` per :data:`INTERVAL`; p
 routine events are only counted and a summary line (done/running/failed/pending,
 checkpoints saved, elapsed) is printed at most once per interval until a whole interval
 passes below the burst. Failures, withheld nodes, steer deliveries, spawn refusals,
-checkpoint trouble and warnings are always printed one by one. The same rule holds on a
-terminal and in a log: no cursor tricks, so the output stays greppable.
+checkpoint trouble and warnings are always printed one by one, and so is each pause,
+resume and stop the poller applies (:meth:`Progress.control_applied`, fed by
+``Steering.on_applied``: those never reach the bus). The same rule holds on a terminal and
+in a log: no cursor tricks, so the output stays greppable.
 """
 
 from __future__ import annotations
@@ -53,6 +55,8 @@ _STYLE = {
     "plan_truncated": ("warning", "yellow"),
     "admission_closed": ("admission closed", "yellow"),
 }
+#: What an applied control means for the run, where that is not obvious.
+_APPLIED = {"pause": ": nodes not yet started wait for a resume"}
 #: Shown even in quiet mode.
 _IMPORTANT = frozenset(
     {
@@ -119,6 +123,14 @@ class Progress:
             return
         if event.type in _STYLE and (not self.quiet or event.type in _IMPORTANT):
             self.console.print(_line(event))
+
+    def control_applied(self, verb: str, control_id: str | None) -> None:
+        """A ``Steering.on_applied`` callback: one line per pause, resume or stop applied."""
+        if self.quiet:
+            return
+        # Only a stop has its control id here (the poller gives pause and resume none).
+        detail = f" (control {control_id})" if control_id is not None else _APPLIED.get(verb, "")
+        self.console.print(f"[magenta]operator {escape(printable(verb))} applied[/magenta]{detail}")
 
     def close(self) -> None:
         """The run ended: print the last summary if events were folded since the previous one."""
