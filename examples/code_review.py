@@ -43,7 +43,7 @@ PYTEST_TIMEOUT_S = 300
 def run_tests(call: NodeCall) -> str:
     """The ``run-tests`` node: pytest over write-code's files; the verdict is the response.
 
-    Blocking is fine here: a plain function runs on a thread of its own, not the loop.
+    Blocking is fine here: a plain function runs on a thread, off the run's event loop.
     pytest's full output becomes this node's artifact ``pytest.txt``.
     """
     # A leg's artifact directory is <artifact root>/<node id>, so the author's files are
