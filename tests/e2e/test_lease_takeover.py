@@ -29,11 +29,18 @@ from steerflow.state import LEASE_ENV, StateDB
 ANGLES = ("angle-history", "angle-tools", "angle-risks")
 LATER = ("draft", "review", "summary", "synthesis")
 LEASE_S = "2"
+# The takeover test first checks that a live owner's lease refuses a resume. With a 2 s
+# lease a run starved of CPU for ~1.5 s (seen at load 12 on two cores) lets its lease
+# lapse while it is alive, so that check is made with a lease that only a real stall
+# outlasts; the angles outlast the refused resume's own start-up.
+FRESH_LEASE_S = "6"
+ANGLE_DELAY_S = 8.0
 
 
-def _slow_script(path: Path) -> Path:
+def _slow_script(path: Path, angle_delay: float = 4.0) -> Path:
     # The angles are slow enough to be caught in flight; the rest keeps the test short.
-    return write_yaml(path, {"*": {"delay": 0.2}, **{angle: {"delay": 4.0} for angle in ANGLES}})
+    delays = {angle: {"delay": angle_delay} for angle in ANGLES}
+    return write_yaml(path, {"*": {"delay": 0.2}, **delays})
 
 
 def _lines(home: Path, run_id: str) -> list[dict[str, Any]]:
@@ -89,8 +96,8 @@ def _wait_angles_in_flight(home: Path, flow: Any) -> None:
 @pytest.mark.timeout(240)
 def test_a_stalled_owner_taken_over_runs_nothing_more(tmp_path: Path, state_backend: str) -> None:
     home = tmp_path / "home"
-    script = _slow_script(tmp_path / "slow.yaml")
-    env = {LEASE_ENV: LEASE_S}
+    script = _slow_script(tmp_path / "slow.yaml", ANGLE_DELAY_S)
+    env = {LEASE_ENV: FRESH_LEASE_S}
     with _stall_in_flight(home, script, env) as flow:
         _wait_angles_in_flight(home, flow)
         # Live and renewing: another host's resume is refused by the lease.
