@@ -503,13 +503,30 @@ class StateDB:
         )
         return SessionRow.from_mapping(rows[0]) if rows else None
 
-    def list_sessions(self, *, limit: int | None = 20) -> list[SessionRow]:
-        """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all."""
-        sql = "SELECT * FROM sessions ORDER BY created_at DESC, id DESC"
-        params: tuple[object, ...] = ()
-        if limit is not None:
-            sql, params = sql + " LIMIT ?", (max(0, int(limit)),)
-        return [SessionRow.from_mapping(r) for r in self.backend.query(sql, params)]
+    def list_sessions(
+        self,
+        *,
+        limit: int | None = 20,
+        offset: int = 0,
+        stored: Sequence[str] | None = None,
+    ) -> list[SessionRow]:
+        """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all.
+
+        ``stored``: only sessions whose stored status is one of these; ``offset`` skips
+        that many rows first (a page of a long list).
+        """
+        sql = "SELECT * FROM sessions"
+        params: list[object] = []
+        if stored is not None:
+            marks = ", ".join("?" for _ in stored)
+            sql += f" WHERE status IN ({marks})" if stored else " WHERE 0=1"
+            params += list(stored)
+        sql += " ORDER BY created_at DESC, id DESC"
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            # Both backends take a large bound; PostgreSQL refuses SQLite's LIMIT -1.
+            params += [2**62 if limit is None else max(0, int(limit)), max(0, int(offset))]
+        return [SessionRow.from_mapping(r) for r in self.backend.query(sql, tuple(params))]
 
     def _write(self, sql: str, params: Sequence[object]) -> int:
         """Run one statement in its own write transaction; return the row count."""

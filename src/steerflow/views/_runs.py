@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
-from steerflow.errors import CheckpointRecoveryError
+from steerflow.errors import CheckpointRecoveryError, UsageError, quote_input
 from steerflow.orchestrate._agent_state import ordered_keys
 from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.resume import resolve_run_target
-from steerflow.state import NodeRow, SessionRow, StateDB, db_exists
+from steerflow.state import NodeRow, SessionRow, SessionStatus, StateDB, db_exists
 
 __all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
 
@@ -55,37 +55,78 @@ class RunListing:
         }
 
 
-def list_runs(home: Path, *, limit: int | None = 20, status: str | None = None) -> list[RunListing]:
+#: What a status filter may name: the stored vocabulary (a dead run reads ``interrupted``).
+STATUSES: tuple[str, ...] = get_args(SessionStatus)
+#: Rows read per query while a status filter drops dead-or-alive ``running`` rows.
+_BATCH = 500
+
+
+def list_runs(
+    home: Path, *, limit: int | None = 20, status: str | None = None, offset: int = 0
+) -> list[RunListing]:
     """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
 
-    ``status`` filters on the effective status (a dead run reads as ``interrupted``), so
-    a filtered list may hold fewer than ``limit`` rows although more runs exist.
+    ``status`` filters on the effective status (a dead run reads as ``interrupted``)
+    before ``limit`` cuts: the list holds ``limit`` rows whenever that many match.
+    ``offset`` skips that many matching runs first (a page of the list).
+
+    Raises:
+        UsageError: ``status`` is not a session status, or ``limit``/``offset`` is
+            negative.
     """
+    if status is not None and status not in STATUSES:
+        raise UsageError(
+            f"unknown status {quote_input(status)}: expected one of {', '.join(STATUSES)}"
+        )
+    if (limit is not None and limit < 0) or offset < 0:
+        raise UsageError("limit and offset must not be negative")
     if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
-        rows = db.list_sessions(limit=limit)
+        rows = _matching_sessions(db, status, limit, offset)
         by = db.resumed_by([r.run_id for r in rows if r.run_id])
-        out = []
-        for r in rows:
-            effective = db.effective_status(r)
-            if status is not None and effective != status:
-                continue
-            out.append(
-                RunListing(
-                    session_id=r.id,
-                    run_id=r.run_id,
-                    kind=r.kind,
-                    status=effective,
-                    created_at=r.created_at,
-                    phase=r.phase,
-                    duration_s=_run_duration(r, effective),
-                    resumed_from=r.node_metadata.get("resumed_from"),
-                    resumed_from_run=r.node_metadata.get("resumed_from_run"),
-                    resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
-                )
-            )
-        return out
+        return [_listing(db, r, by) for r in rows]
+
+
+def _matching_sessions(
+    db: StateDB, status: str | None, limit: int | None, offset: int
+) -> list[SessionRow]:
+    """Sessions whose effective status is ``status``, newest first, sliced in SQL if it can.
+
+    Only a stored ``running`` row can read otherwise (``interrupted`` once its owner is
+    dead), so the other statuses are one indexed query; ``running`` and ``interrupted``
+    read stored-running rows in batches and judge each.
+    """
+    if status is None or status not in ("running", "interrupted"):
+        stored = None if status is None else [status]
+        return db.list_sessions(limit=limit, offset=offset, stored=stored)
+    wanted = None if limit is None else offset + limit
+    out: list[SessionRow] = []
+    start = 0
+    while wanted is None or len(out) < wanted:
+        batch = db.list_sessions(limit=_BATCH, offset=start, stored=["running", "interrupted"])
+        out += [r for r in batch if db.effective_status(r) == status]
+        if len(batch) < _BATCH:
+            break
+        start += _BATCH
+    return out[offset:wanted]
+
+
+def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing:
+    effective = db.effective_status(r)
+    return RunListing(
+        session_id=r.id,
+        run_id=r.run_id,
+        kind=r.kind,
+        status=effective,
+        created_at=r.created_at,
+        # A phase is where a running flow is: a settled run has none left to show.
+        phase=r.phase if effective == "running" else None,
+        duration_s=_run_duration(r, effective),
+        resumed_from=r.node_metadata.get("resumed_from"),
+        resumed_from_run=r.node_metadata.get("resumed_from_run"),
+        resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
+    )
 
 
 def _run_duration(row: SessionRow, status: str) -> float | None:
