@@ -244,7 +244,8 @@ def test_run_and_node_pages_agree_with_show_and_stay_inert(tmp_path: Path) -> No
         assert page.text.count("<line ") == 3 and page.text.count('"edge spawn-edge"') == 1
         assert 'id="recovery"' not in page.text  # a completed run has nothing to recover
         api = client.get(f"/api/runs/{run}")
-        assert api.json() == shown
+        # show --json plus the control count the page's control log follows.
+        assert api.json() == {**shown, "control_count": 0}
         # Nothing changed: the page's poll is answered 304 without a new read.
         again = client.get(f"/api/runs/{run}", headers={"if-none-match": api.headers["etag"]})
         assert again.status_code == 304 and again.content == b""

@@ -987,6 +987,14 @@ class StateDB:
                      node.status, now, None if node.detail is None else dump_json(node.detail)),
                 )  # fmt: skip
 
+    def last_node_update(self, session_id: str) -> float | None:
+        """When a node of the session was last published, None when none was."""
+        rows = self.backend.query(
+            "SELECT MAX(updated_at) AS at FROM session_nodes WHERE session_id = ?", (session_id,)
+        )
+        at = rows[0]["at"] if rows else None
+        return None if at is None else float(at)
+
     def list_nodes(
         self,
         session_id: str,

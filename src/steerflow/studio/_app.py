@@ -297,6 +297,7 @@ def build_app(
     """
     pages = _Pages(home, token)
     app = Starlette(
+        exception_handlers={SteerflowError: _refused},
         routes=[
             Route("/", pages.index, methods=["GET"]),
             Route("/runs", pages.runs, methods=["GET"]),
@@ -312,9 +313,20 @@ def build_app(
             Route("/static/studio.css", pages.stylesheet, methods=["GET"]),
             Route("/static/studio.js", pages.script, methods=["GET"]),
             Route("/favicon.ico", pages.favicon, methods=["GET"]),
-        ]
+        ],
     )
     return Gate(app, token=token, hosts=hosts, cookie=cookie)
+
+
+def _refused(request: Request, exc: Exception) -> Response:
+    """A steerflow error no route expected (an unreadable state DB): a page, not a 500 trace.
+
+    The live JSON a page polls gets the same in JSON, so the script keeps the page as it is.
+    """
+    code = getattr(exc, "code", "error")
+    if request.url.path.startswith("/api/"):
+        return JSONResponse({"error": str(exc), "code": code}, 503)
+    return HTMLResponse(error_page(str(code), str(exc)), 503)
 
 
 async def _read_form(request: Request) -> dict[str, list[str]] | None:

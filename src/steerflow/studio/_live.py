@@ -143,7 +143,14 @@ class LiveRuns:
                     self._cache.move_to_end(target)
                     return cached
         view = views.show_run(self.home, target)
-        body = json.dumps(view.to_json(), default=str).encode()
+        shown = view.to_json()
+        # The page reloads its control log when this moves (a control sent from anywhere).
+        shown["control_count"] = (
+            len(views.control_status(self.home, view.session_id).controls)
+            if view.session_id and view.has_session
+            else 0
+        )
+        body = json.dumps(shown, default=str).encode()
         if tag is not None:
             self._remember(target, tag, body, running=view.status == "running")
         return tag, body

@@ -9,6 +9,7 @@ inline script and there is no script to load yet).
 from __future__ import annotations
 
 import html
+import re
 import time
 from collections.abc import Iterable, Mapping
 from typing import Any
@@ -27,6 +28,7 @@ __all__ = [
     "run_href",
     "runs_live",
     "runs_page",
+    "visible",
     "when",
 ]
 
@@ -71,24 +73,44 @@ dl.facts dt { font-weight: bold; }
 """
 
 
+#: Bidirectional embedding, override and isolate controls: shown as they are they reorder
+#: the text around them (a reason that reads as something else), so each is named.
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each bidi control written as ``<U+XXXX>`` (before escaping)."""
+    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)
+
+
 def esc(value: object) -> str:
-    """``value`` as HTML text or attribute content (quotes escaped too)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """``value`` as HTML text or attribute content (quotes escaped, bidi controls named)."""
+    return html.escape(visible("" if value is None else str(value)), quote=True)
 
 
-def page(title: str, body: str, *, live: str | None = None, live_kind: str = "run") -> str:
+def page(
+    title: str,
+    body: str,
+    *,
+    live: str | None = None,
+    live_kind: str = "run",
+    data: Mapping[str, str] | None = None,
+) -> str:
     """A whole page; ``live`` is the JSON the script polls to update it (no inline script).
 
-    ``live_kind`` tells the script which page it updates: ``run`` or ``runs``.
+    ``live_kind`` tells the script which page it updates: ``run``, ``runs`` or ``node``;
+    ``data`` are more ``data-*`` attributes of the body the script reads.
     """
+    attrs = "".join(f' data-{esc(k)}="{esc(v)}"' for k, v in (data or {}).items())
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title>"
         '<link rel="stylesheet" href="/static/studio.css">'
         + ('<script src="/static/studio.js" defer></script>' if live else "")
         + "</head>\n"
         + (
-            f'<body data-live="{esc(live)}" data-live-kind="{esc(live_kind)}">'
+            f'<body data-live="{esc(live)}" data-live-kind="{esc(live_kind)}"{attrs}>'
             if live
             else "<body>"
         )
@@ -176,7 +198,7 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f'<td><a href="{esc(run_href(run_id or run.session_id))}">{esc(run_id or "-")}</a>'
         f"<br><small>{esc(run.kind)} {esc(run.session_id)}</small></td>"
         f'<td><span class="status status-{status_class}">{esc(run.status)}</span></td>'
-        f'<td data-field="phase">{esc(run.phase or "-")}</td>'
+        f'<td data-field="phase">{esc(_phase(run))}</td>'
         f'<td class="num" data-field="progress">{esc(done)}</td>'
         f"<td>{esc(model or '-')}</td>"
         f"<td>{esc(when(run.created_at))}</td>"
@@ -184,6 +206,11 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f"<td>{_links(run)}</td>"
         f"<td>{control_forms(run.session_id, csrf) if run.status == 'running' else '-'}</td></tr>"
     )
+
+
+def _phase(run: RunListing) -> str:
+    """A phase is where a running flow is: a settled run has none left to show."""
+    return (run.phase or "-") if run.status == "running" else "-"
 
 
 def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -> dict[str, Any]:
@@ -196,7 +223,7 @@ def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -
                 "session_id": run.session_id,
                 "run_id": run.run_id,
                 "status": run.status,
-                "phase": run.phase or "-",
+                "phase": _phase(run),
                 "progress": f"{done.done}/{done.total}" if done is not None else "-",
                 "duration": duration(run.duration_s),
             }

@@ -27,7 +27,7 @@ from steerflow.views import (
     RunView,
 )
 
-__all__ = ["RECOVERABLE", "node_page", "run_page", "steer_marked"]
+__all__ = ["RECOVERABLE", "node_page", "readable_result", "run_page", "steer_marked"]
 
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
@@ -78,8 +78,9 @@ def _nodes_table(view: RunView) -> str:
             f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
             f"<td>{esc(node.kind)}</td>"
             f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
-            f"<td>{esc(node.model or '-')}</td>"
-            f'<td class="num">{esc(duration(node.duration_s))}</td>'
+            f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
+            f'<td class="num" data-node-duration="{esc(node.id)}">'
+            f"{esc(duration(node.duration_s))}</td>"
             f"<td>{esc(node.assignee or '-')}</td>"
             f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
         )
@@ -92,32 +93,66 @@ def _nodes_table(view: RunView) -> str:
 
 
 def _control_log(status: ControlStatus | None) -> str:
+    # The count lets the script reload once a control is sent from anywhere (ctl, MCP).
+    count = len(status.controls) if status is not None else 0
+    head = f'<div id="control-log" data-count="{count}">'
     if status is None or not status.controls:
-        return "<p>no controls sent</p>"
+        return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.payload))}</td><td>{esc(when(c.created_at))}</td>" + _result(c.result)
+        f"<td>{esc(_payload(c.verb, c.payload))}</td><td>{esc(when(c.created_at))}</td>"
+        f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
     ]
     return (
-        "<table><thead><tr><th>control</th><th>verb</th><th>payload</th><th>sent</th>"
-        "<th>result</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>sent</th>"
+        "<th>applied</th><th>result</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></div>"
     )
 
 
 def _result(result: str | None) -> str:
     if result:
-        return f"<td>{esc(result)}</td></tr>"
+        return f"<td>{esc(readable_result(result))}</td></tr>"
     # The script reloads the page once the flow stamps a pending row (a changed answer).
     return "<td data-control-pending>pending</td></tr>"
 
 
-def _payload(payload: object) -> str:
+def readable_result(result: str) -> str:
+    """A stored control result (CONTRACT §7) in words; the claimant's host and pid kept."""
+    head, _, rest = result.partition(":")
+    if head == "applying":
+        host, _, tail = rest.partition(":")
+        pid = tail.partition(":")[0]
+        return f"being applied by the flow on {host}" + (f" (pid {pid})" if pid else "")
+    if head == "rejected":
+        return "rejected: " + (rest.replace("-", " ") if rest else "no reason given")
+    if head == "abandoned":
+        return "abandoned" + (f" (resolved by {rest})" if rest else "")
+    return result
+
+
+def _payload(verb: str, payload: object) -> str:
+    """What the operator asked for, in words (never a Python repr of the stored row)."""
     if payload is None:
         return "-"
     if isinstance(payload, dict):
-        return ", ".join(f"{k}: {v}" for k, v in payload.items())
+        if verb == "stop":
+            how = "stop now (cancel calls in flight)" if payload.get("now") else "stop when idle"
+            reason = payload.get("reason")
+            return how + (f"; reason: {reason}" if reason else "")
+        text = payload.get("text")
+        if isinstance(text, str):
+            return text
+        return "; ".join(f"{k}: {_word(v)}" for k, v in payload.items() if v is not None) or "-"
     return str(payload)
+
+
+def _word(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
@@ -335,4 +370,11 @@ def node_page(detail: NodeDetail) -> str:
         )
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
-    return page(f"steerflow studio: {detail.id} of {run}", "\n".join(body))
+    # The node page reloads when the node's status moves (its response or error lands).
+    return page(
+        f"steerflow studio: {detail.id} of {run}",
+        "\n".join(body),
+        live="/api/runs/" + quote(run, safe=""),
+        live_kind="node",
+        data={"node": detail.id, "node-status": detail.status},
+    )

@@ -19,7 +19,17 @@ SCRIPT = """\
   var source = document.body.getAttribute("data-live");
   if (!source) { return; }
   var kind = document.body.getAttribute("data-live-kind");
-  var NODE = ["pending", "running", "paused", "completed", "failed", "skipped"];
+  var NODE = ["pending", "running", "paused", "completed", "failed", "skipped",
+              "interrupted"];
+  // As the server's duration(): the same text whether rendered or updated.
+  function duration(s) {
+    if (s === null || s === undefined) { return "-"; }
+    if (s < 60) { return s.toFixed(1) + "s"; }
+    var m = Math.floor(s / 60), rest = Math.floor(s) % 60, h = Math.floor(m / 60);
+    m = m % 60;
+    function two(n) { return (n < 10 ? "0" : "") + n; }
+    return h ? h + "h" + two(m) + "m" : m + "m" + two(rest) + "s";
+  }
   var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped"];
   function setStatus(el, status, known) {
     var keep = (el.getAttribute("class") || "").split(/\\s+/).filter(function (c) {
@@ -62,7 +72,28 @@ SCRIPT = """\
   var resumes = document.getElementById("run-resumes");
   var resumeCount = resumes ? resumes.getAttribute("data-count") : null;
   var answers = 0;
+  var log = document.getElementById("control-log");
+  var logCount = log ? log.getAttribute("data-count") : null;
+  var nodeStatus = document.body.getAttribute("data-node-status");
+  var DONE = ["completed", "failed", "skipped"];
+  var baseline = null;
   function stale(view) {
+    if (kind === "node") {
+      var key = document.body.getAttribute("data-node");
+      var mine = (view.nodes || []).filter(function (n) { return n.id === key; })[0];
+      if (!mine) { return false; }
+      // Against the first answer, not the page: the two readers may name a dead run's
+      // node differently, and a reload must not loop. An end missed since load reloads.
+      if (baseline === null) {
+        baseline = mine.status;
+        return DONE.indexOf(mine.status) >= 0 && DONE.indexOf(nodeStatus) < 0;
+      }
+      return mine.status !== baseline;
+    }
+    if (logCount !== null && view.control_count !== undefined &&
+        String(view.control_count) !== logCount) {
+      return true;
+    }
     // Only an end reloads: a cached "running" answer must not bounce a fresh page.
     if (rendered && view.status && view.status !== rendered && view.status !== "running") {
       return true;
@@ -76,7 +107,9 @@ SCRIPT = """\
   function apply(view) {
     answers += 1;
     if (stale(view) && !typing()) { window.location.reload(); return; }
+    if (kind === "node") { return; }
     var byId = {};
+    var byNode = {};
     var drawn = {};
     document.querySelectorAll("g[data-node]").forEach(function (g) {
       drawn[g.getAttribute("data-node")] = g;
@@ -84,12 +117,22 @@ SCRIPT = """\
     var missing = false;
     (view.nodes || []).forEach(function (n) {
       byId[n.id] = n.status;
+      byNode[n.id] = n;
       if (drawn[n.id]) { setStatus(drawn[n.id], n.status, NODE); } else { missing = true; }
     });
     if (missing) { window.location.reload(); return; }
     document.querySelectorAll("[data-node-status]").forEach(function (td) {
       var s = byId[td.getAttribute("data-node-status")];
       if (s) { td.textContent = s; }
+    });
+    // Durations and models move after load: a node that started or ended since.
+    document.querySelectorAll("[data-node-duration]").forEach(function (td) {
+      var n = byNode[td.getAttribute("data-node-duration")];
+      if (n && "duration_s" in n) { td.textContent = duration(n.duration_s); }
+    });
+    document.querySelectorAll("[data-node-model]").forEach(function (td) {
+      var n = byNode[td.getAttribute("data-node-model")];
+      if (n && n.model) { td.textContent = n.model; }
     });
     var status = document.getElementById("run-status");
     if (status && view.status) {

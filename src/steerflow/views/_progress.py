@@ -27,7 +27,8 @@ class RunProgress:
     done: int
     total: int
     by_status: dict[str, int]
-    #: The model of the first published call, None before any node ran.
+    #: The model of the first call this session made (a node a resume replayed made
+    #: none here); None before any node ran.
     model: str | None
 
     def to_json(self) -> dict[str, Any]:
@@ -52,13 +53,8 @@ def run_progress(home: Path, session_ids: Sequence[str]) -> dict[str, RunProgres
             counts: dict[str, int] = {}
             for row in rows:
                 counts[row.status] = counts.get(row.status, 0) + 1
-            model = None
-            # Statuses first, then one row's detail: decoding every detail is the cost.
             started = [r.node_key for r in rows if r.status not in ("pending", "paused")]
-            if started:
-                detail = db.list_nodes(session_id, keys=started[:1])
-                found = detail[0].detail if detail else None
-                model = str(found["model"]) if found and found.get("model") else None
+            model = _first_model(db, session_id, started)
             out[session_id] = RunProgress(
                 session_id=session_id,
                 done=sum(n for status, n in counts.items() if status in _DONE),
@@ -67,3 +63,23 @@ def run_progress(home: Path, session_ids: Sequence[str]) -> dict[str, RunProgres
                 model=model,
             )
     return out
+
+
+#: Details decoded per query while looking for the first call this session made.
+_MODEL_BATCH = 16
+
+
+def _first_model(db: StateDB, session_id: str, started: list[str]) -> str | None:
+    """The model of the first started node that this session called, not replayed.
+
+    Statuses come first and details in small batches: decoding every detail of a long
+    run is the cost, and a resumed run's first nodes are often all replays.
+    """
+    for at in range(0, len(started), _MODEL_BATCH):
+        keys = started[at : at + _MODEL_BATCH]
+        details = {r.node_key: r.detail or {} for r in db.list_nodes(session_id, keys=keys)}
+        for key in keys:
+            found = details.get(key) or {}
+            if found.get("model") and not found.get("replayed"):
+                return str(found["model"])
+    return None

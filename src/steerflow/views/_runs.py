@@ -120,20 +120,27 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         kind=r.kind,
         status=effective,
         created_at=r.created_at,
-        # A phase is where a running flow is: a settled run has none left to show.
-        phase=r.phase if effective == "running" else None,
-        duration_s=_run_duration(r, effective),
+        phase=r.phase,
+        duration_s=_run_duration(r, effective, db),
         resumed_from=r.node_metadata.get("resumed_from"),
         resumed_from_run=r.node_metadata.get("resumed_from_run"),
         resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
     )
 
 
-def _run_duration(row: SessionRow, status: str) -> float | None:
-    """Start to finish; a live run to now; a dead one to its last heartbeat."""
+def _run_duration(row: SessionRow, status: str, db: StateDB | None = None) -> float | None:
+    """Start to finish; a live run to now; a dead one to the last sign of life.
+
+    A run killed before its first heartbeat still published its nodes: the latest node
+    publication counts as a sign of life too, so it does not read 0.0 s.
+    """
     if status == "running":
         return elapsed(row.created_at, None, running=True)
-    end = row.node_metadata.get("finished_at") or row.heartbeat_at or row.updated_at
+    end = row.node_metadata.get("finished_at")
+    if end is None:
+        end = max(row.heartbeat_at or 0.0, row.updated_at or 0.0)
+        if db is not None and status in ("interrupted", "stopped", "failed", "timed_out"):
+            end = max(end, db.last_node_update(row.id) or 0.0)
     return elapsed(row.created_at, end, running=False)
 
 
@@ -272,7 +279,8 @@ def show_run(home: Path, target: str) -> RunView:
                 status, phase, kind = db.effective_status(session), session.phase, session.kind
                 owner_host = session.owner_host
                 meta = dict(session.node_metadata)
-                nodes = [_live_node(n) for n in db.list_nodes(run.session_id)]
+                settled = None if status == "running" else _last_life(session, db)
+                nodes = [_live_node(n, settled) for n in db.list_nodes(run.session_id)]
     if state is not None:
         from_checkpoint = checkpoint_nodes(state)
         if not nodes:
@@ -306,19 +314,36 @@ def show_run(home: Path, target: str) -> RunView:
     )
 
 
-def _live_node(n: NodeRow) -> NodeState:
-    """One ``session_nodes`` row as ``show`` lists it."""
+def _last_life(session: SessionRow, db: StateDB) -> float:
+    """The last moment a settled run was seen alive (its end, heartbeat or publication)."""
+    end = session.node_metadata.get("finished_at")
+    if isinstance(end, (int, float)):
+        return float(end)
+    beats = (session.heartbeat_at or 0.0, session.updated_at or 0.0)
+    return max(*beats, db.last_node_update(session.id) or 0.0)
+
+
+def _live_node(n: NodeRow, settled_at: float | None = None) -> NodeState:
+    """One ``session_nodes`` row as ``show`` lists it.
+
+    ``settled_at``: the run is not running any more (it ended or its owner died) and was
+    last alive then. A node still published ``running`` was in flight when it died: it
+    reads ``interrupted``, its duration up to that moment rather than growing (decision
+    200).
+    """
+    detail = n.detail or {}
+    in_flight = n.status == "running"
+    interrupted = in_flight and settled_at is not None
+    ended = detail.get("ended_at")
+    if interrupted and ended is None:
+        ended = settled_at
     return NodeState(
         id=n.node_key,
         kind=n.kind,
-        status=n.status,
+        status="interrupted" if interrupted else n.status,
         assignee=n.assignee,
-        model=(n.detail or {}).get("model"),
-        duration_s=elapsed(
-            (n.detail or {}).get("started_at"),
-            (n.detail or {}).get("ended_at"),
-            running=n.status == "running",
-        ),
+        model=detail.get("model"),
+        duration_s=elapsed(detail.get("started_at"), ended, running=in_flight and not interrupted),
         # The rendered instruction can be large: node_detail has it.
         detail={k: v for k, v in n.detail.items() if k != "instruction"} if n.detail else None,
     )
