@@ -187,7 +187,7 @@ def test_runs_page_lists_newest_first_escapes_and_filters(tmp_path: Path) -> Non
         live = client.get("/api/runs")
         rows = live.json()["runs"]
         assert [(r["run_id"], r["status"], r["progress"]) for r in rows] == [
-            (runs[0], "failed", "2/2"), (runs[1], "completed", "2/2")
+            (runs[0], "failed", "2/2 (1 failed)"), (runs[1], "completed", "2/2")
         ]  # fmt: skip
         unchanged = client.get("/api/runs", headers={"if-none-match": live.headers["etag"]})
         assert unchanged.status_code == 304

@@ -422,8 +422,11 @@ class StateDB:
         phase: Phase = "planning",
         resume: ResumeClaim | None = None,
         lease_s: float | None = None,
+        name: str | None = None,
     ) -> SessionRow:
         """Insert a ``running`` session owned by ``owner`` (default: this process).
+
+        ``name`` is the run's name as lists show it (see ``orchestrate.run_name``).
 
         A ``run_id`` is also mirrored into ``node_metadata["run_id"]``. With
         ``resume``, the claim on the source run is checked and taken in the same
@@ -460,10 +463,10 @@ class StateDB:
             tx.execute(
                 "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
                 " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
-                f" heartbeat_at, lease_epoch, lease_expires) VALUES (?, ?, 'running', ?, ?, ?,"
-                f" ?, ?, ?, ?, ?, ?, ?, ?, {clock} + ?)",
+                " heartbeat_at, lease_epoch, name, lease_expires) VALUES (?, ?, 'running', ?,"
+                f" ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {clock} + ?)",
                 (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
-                 who.host, who.pid, who.started_at, now, epoch, duration),
+                 who.host, who.pid, who.started_at, now, epoch, name, duration),
             )  # fmt: skip
             if resume is not None and check is not None:
                 take_over(tx, takeover, sid, epoch, now, clock)
@@ -471,7 +474,7 @@ class StateDB:
             expires = tx.query("SELECT lease_expires FROM sessions WHERE id = ?", (sid,))
         return SessionRow(sid, kind, "running", phase, now, now, meta, None, prompt, run_id,
                           who.host, who.pid, who.started_at, now, epoch,
-                          float(expires[0]["lease_expires"]))  # fmt: skip
+                          float(expires[0]["lease_expires"]), None, name)  # fmt: skip
 
     def get_session(self, session_id: str) -> SessionRow | None:
         """The session with exactly this id, or ``None``."""
@@ -509,18 +512,28 @@ class StateDB:
         limit: int | None = 20,
         offset: int = 0,
         stored: Sequence[str] | None = None,
+        text: str | None = None,
     ) -> list[SessionRow]:
         """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all.
 
-        ``stored``: only sessions whose stored status is one of these; ``offset`` skips
-        that many rows first (a page of a long list).
+        ``stored``: only sessions whose stored status is one of these; ``text``: only those
+        whose name or run id contains it (case-insensitive); ``offset`` skips that many
+        rows first (a page of a long list).
         """
-        sql = "SELECT * FROM sessions"
+        where: list[str] = []
         params: list[object] = []
         if stored is not None:
             marks = ", ".join("?" for _ in stored)
-            sql += f" WHERE status IN ({marks})" if stored else " WHERE 0=1"
+            where.append(f"status IN ({marks})" if stored else "0=1")
             params += list(stored)
+        if text:
+            pattern = "%" + re.sub(r"([\\%_])", r"\\\1", text.lower()) + "%"
+            where.append(
+                "(LOWER(COALESCE(name, '')) LIKE ? ESCAPE '\\'"
+                " OR LOWER(COALESCE(run_id, '')) LIKE ? ESCAPE '\\')"
+            )
+            params += [pattern, pattern]
+        sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
         sql += " ORDER BY created_at DESC, id DESC"
         if limit is not None or offset:
             sql += " LIMIT ? OFFSET ?"

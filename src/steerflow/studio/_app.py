@@ -38,7 +38,15 @@ from steerflow.errors import (
 from steerflow.home import is_run_id
 from steerflow.plan import is_agent_id
 from steerflow.studio._live import LiveRuns
-from steerflow.studio._pages import CSS, STATUSES, error_page, run_href, runs_page
+from steerflow.studio._pages import (
+    CSS,
+    PAGE_SIZE,
+    STATUSES,
+    RunsQuery,
+    error_page,
+    run_href,
+    runs_page,
+)
 from steerflow.studio._run_pages import RECOVERABLE, node_page, run_page
 from steerflow.studio._script import SCRIPT
 from steerflow.studio._security import (
@@ -50,8 +58,6 @@ from steerflow.studio._security import (
 
 __all__ = ["build_app"]
 
-#: Runs the page lists; older ones are left out (``steerflow runs --all`` has them).
-RUNS_SHOWN = 200
 #: The largest form body read: a message is at most 64 KiB, plus the other fields.
 MAX_FORM_BYTES = 128 * 1024
 _SESSION_ID = re.compile(r"[0-9a-f]{32}")
@@ -136,9 +142,15 @@ class _Pages:
         self.answers = LiveRuns(home)
 
     def runs(self, request: Request) -> Response:
-        wanted = request.query_params.get("status")
-        status = wanted if wanted in STATUSES else None
-        listed = views.list_runs(self.home, limit=RUNS_SHOWN, status=status)
+        query = _runs_query(request)
+        listed = views.list_runs(
+            self.home,
+            limit=PAGE_SIZE + 1,
+            offset=query.page * PAGE_SIZE,
+            status=query.status,
+            text=query.text,
+        )
+        more, listed = len(listed) > PAGE_SIZE, listed[:PAGE_SIZE]
         progress = views.run_progress(self.home, [r.session_id for r in listed])
         notice = None
         if _SESSION_ID.fullmatch(request.query_params.get("queued", "")):
@@ -147,7 +159,7 @@ class _Pages:
                 f"queued {verb if verb in _VERBS else 'control'} "
                 f"{request.query_params['queued']}: not yet applied (the flow applies it)"
             )
-        page = runs_page(listed, progress, status=status, csrf=self.csrf, notice=notice)
+        page = runs_page(listed, progress, query=query, csrf=self.csrf, more=more, notice=notice)
         return HTMLResponse(page)
 
     async def control(self, request: Request) -> Response:
@@ -235,12 +247,11 @@ class _Pages:
         )
 
     def runs_live(self, request: Request) -> Response:
-        wanted = request.query_params.get("status")
-        status = wanted if wanted in STATUSES else None
+        query = _runs_query(request)
         seen = request.headers.get("if-none-match")
-        if seen is not None and seen == self.answers.runs_tag(status):
+        if seen is not None and seen == self.answers.runs_tag(query):
             return Response(status_code=304, headers={"etag": seen})
-        tag, body = self.answers.runs_answer(status, RUNS_SHOWN)
+        tag, body = self.answers.runs_answer(query, PAGE_SIZE)
         return Response(body, media_type="application/json", headers={"etag": tag} if tag else {})
 
     def live(self, request: Request) -> Response:
@@ -355,6 +366,17 @@ def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) ->
     if verb == "message":
         return enqueue_control(home, session_id, "message", _field(form, "text") or "")
     return enqueue_control(home, session_id, "stop", _field(form, "reason") or None)
+
+
+def _runs_query(request: Request) -> RunsQuery:
+    """The Runs page's filters from its URL; an unknown status or a bad page is ignored."""
+    wanted = request.query_params.get("status")
+    page = request.query_params.get("page", "")
+    return RunsQuery(
+        status=wanted if wanted in STATUSES else None,
+        text=request.query_params.get("q", "")[:200],
+        page=min(int(page), 10**6) if page.isdigit() else 0,
+    )
 
 
 def _is_target(target: str) -> bool:

@@ -38,12 +38,15 @@ class RunListing:
     resumed_from_run: str | None
     #: Every resume of this run, oldest first (``ResumedBy.to_json`` objects).
     resumed_by: tuple[dict[str, Any], ...] = ()
+    #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
+    name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``runs --json`` row."""
         return {
             "session_id": self.session_id,
             "run_id": self.run_id,
+            "name": self.name,
             "kind": self.kind,
             "status": self.status,
             "created_at": self.created_at,
@@ -62,9 +65,16 @@ _BATCH = 500
 
 
 def list_runs(
-    home: Path, *, limit: int | None = 20, status: str | None = None, offset: int = 0
+    home: Path,
+    *,
+    limit: int | None = 20,
+    status: str | None = None,
+    offset: int = 0,
+    text: str | None = None,
 ) -> list[RunListing]:
     """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
+
+    ``text``: only runs whose name or run id contains it (case-insensitive).
 
     ``status`` filters on the effective status (a dead run reads as ``interrupted``)
     before ``limit`` cuts: the list holds ``limit`` rows whenever that many match.
@@ -83,13 +93,13 @@ def list_runs(
     if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
-        rows = _matching_sessions(db, status, limit, offset)
+        rows = _matching_sessions(db, status, limit, offset, text or None)
         by = db.resumed_by([r.run_id for r in rows if r.run_id])
         return [_listing(db, r, by) for r in rows]
 
 
 def _matching_sessions(
-    db: StateDB, status: str | None, limit: int | None, offset: int
+    db: StateDB, status: str | None, limit: int | None, offset: int, text: str | None
 ) -> list[SessionRow]:
     """Sessions whose effective status is ``status``, newest first, sliced in SQL if it can.
 
@@ -99,12 +109,14 @@ def _matching_sessions(
     """
     if status is None or status not in ("running", "interrupted"):
         stored = None if status is None else [status]
-        return db.list_sessions(limit=limit, offset=offset, stored=stored)
+        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text)
     wanted = None if limit is None else offset + limit
     out: list[SessionRow] = []
     start = 0
     while wanted is None or len(out) < wanted:
-        batch = db.list_sessions(limit=_BATCH, offset=start, stored=["running", "interrupted"])
+        batch = db.list_sessions(
+            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text
+        )
         out += [r for r in batch if db.effective_status(r) == status]
         if len(batch) < _BATCH:
             break
@@ -125,6 +137,7 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         resumed_from=r.node_metadata.get("resumed_from"),
         resumed_from_run=r.node_metadata.get("resumed_from_run"),
         resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
+        name=r.name,
     )
 
 
@@ -210,6 +223,8 @@ class RunView:
     reachable: bool = True
     #: The host that ran it (the session's ``owner_host``); None when unknown.
     owner_host: str | None = None
+    #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
+    name: str | None = None
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -220,6 +235,7 @@ class RunView:
         out: dict[str, Any] = {
             "session_id": self.session_id,
             "run_id": self.run_id,
+            "name": self.name,
             "run_dir": str(self.run_dir),
             "status": self.status,
             "phase": self.phase,
@@ -267,7 +283,7 @@ def show_run(home: Path, target: str) -> RunView:
             state, report = load_state(ckpt_path, v2_lenient=True)
         except CheckpointRecoveryError as exc:
             report = exc.report
-    status = phase = kind = owner_host = None
+    status = phase = kind = owner_host = name = None
     meta: dict[str, Any] = {}
     nodes: list[NodeState] = []
     has_session = False
@@ -277,7 +293,7 @@ def show_run(home: Path, target: str) -> RunView:
             if session is not None:
                 has_session = True
                 status, phase, kind = db.effective_status(session), session.phase, session.kind
-                owner_host = session.owner_host
+                owner_host, name = session.owner_host, session.name
                 meta = dict(session.node_metadata)
                 settled = None if status == "running" else _last_life(session, db)
                 nodes = [_live_node(n, settled) for n in db.list_nodes(run.session_id)]
@@ -311,6 +327,7 @@ def show_run(home: Path, target: str) -> RunView:
         has_session=has_session,
         reachable=run.reachable,
         owner_host=owner_host or run.owner_host,
+        name=name,
     )
 
 
