@@ -241,7 +241,7 @@ def test_run_and_node_pages_agree_with_show_and_stay_inert(tmp_path: Path) -> No
             kind = node["kind"]
             assert f'class="node status-{status} kind-{kind}" data-node="{key}"' in page.text
         assert [n["id"] for n in shown["nodes"]] == ["a", "b", "c", "s1"]
-        assert page.text.count("<line ") == 3 and page.text.count('"edge spawn-edge"') == 1
+        assert page.text.count("<polyline ") == 3 and page.text.count('"edge spawn-edge"') == 1
         assert 'id="recovery"' not in page.text  # a completed run has nothing to recover
         api = client.get(f"/api/runs/{run}")
         # show --json plus the control count the page's control log follows.

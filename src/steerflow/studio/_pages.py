@@ -69,8 +69,14 @@ svg.dag .status-paused rect { fill: #fff0c2; stroke: #b08900; }
 svg.dag .status-skipped rect { fill: #f3f3f3; stroke: #bbb; }
 svg.dag .kind-spawned rect { stroke-dasharray: 4 2; }
 svg.dag .escalation rect { stroke-width: 2; stroke: #8b5cf6; }
-svg.dag line.edge { stroke: #999; }
-svg.dag line.spawn-edge { stroke-dasharray: 3 3; }
+svg.dag .edge polyline { fill: none; stroke: #8a8a90; stroke-width: 1.3; }
+svg.dag .arrowhead { fill: #8a8a90; }
+svg.dag .spawn-edge polyline { stroke-dasharray: 3 3; }
+svg.dag .edge-failed polyline { stroke: #d23c2f; stroke-dasharray: 6 3; }
+svg.dag .edge-always polyline { stroke: #8b5cf6; stroke-dasharray: 6 3; }
+svg.dag .edge-contains polyline { stroke: #b08900; stroke-dasharray: 2 3; }
+svg.dag text.edge-label { font-size: 10px; fill: #6a6a70; }
+svg.dag .edge-failed text.edge-label { fill: #d23c2f; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
 dl.facts dt { font-weight: bold; }
 :root { color-scheme: light dark; }
@@ -105,7 +111,8 @@ svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
   svg.dag .status-failed rect { fill: #5a221e; }
   svg.dag .status-paused rect, svg.dag .status-interrupted rect { fill: #4d3d10; }
   svg.dag .status-skipped rect { fill: #242427; }
-  svg.dag .edge { stroke: #888; }
+  svg.dag .edge polyline { stroke: #9a9aa0; } svg.dag .arrowhead { fill: #9a9aa0; }
+  svg.dag text.edge-label { fill: #b0b0b8; }
 }
 """
 
