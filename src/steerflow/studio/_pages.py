@@ -75,6 +75,14 @@ svg.dag .spawn-edge polyline { stroke-dasharray: 3 3; }
 svg.dag .edge-failed polyline { stroke: #d23c2f; stroke-dasharray: 6 3; }
 svg.dag .edge-always polyline { stroke: #8b5cf6; stroke-dasharray: 6 3; }
 svg.dag .edge-contains polyline { stroke: #b08900; stroke-dasharray: 2 3; }
+svg.timeline text { font: 11px system-ui, sans-serif; fill: #1d1d1f; }
+svg.timeline .axis { stroke: #999; }
+svg.timeline .bar { fill: #ccc; }
+svg.timeline .bar.status-running { fill: #3b82f6; }
+svg.timeline .bar.status-completed { fill: #2e9a48; }
+svg.timeline .bar.status-failed { fill: #d23c2f; }
+svg.timeline .bar.status-interrupted, svg.timeline .bar.status-paused { fill: #b08900; }
+#failures ul { margin: .2rem 0; padding-left: 1.2rem; }
 svg.dag text.edge-label { font-size: 10px; fill: #6a6a70; }
 svg.dag .edge-failed text.edge-label { fill: #d23c2f; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
@@ -113,6 +121,7 @@ svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
   svg.dag .status-skipped rect { fill: #242427; }
   svg.dag .edge polyline { stroke: #9a9aa0; } svg.dag .arrowhead { fill: #9a9aa0; }
   svg.dag text.edge-label { fill: #b0b0b8; }
+  svg.timeline text { fill: #e6e6e9; }
 }
 """
 

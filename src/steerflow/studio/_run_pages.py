@@ -18,6 +18,7 @@ from steerflow.studio._pages import (
     when,
 )
 from steerflow.studio._svg import graph_svg
+from steerflow.studio._timeline import timeline_svg
 from steerflow.views import (
     CheckpointReport,
     ControlStatus,
@@ -27,7 +28,15 @@ from steerflow.views import (
     RunView,
 )
 
-__all__ = ["RECOVERABLE", "node_page", "readable_result", "run_page", "steer_marked"]
+__all__ = [
+    "RECOVERABLE",
+    "history",
+    "history_table",
+    "node_page",
+    "readable_result",
+    "run_page",
+    "steer_marked",
+]
 
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
@@ -109,6 +118,75 @@ def _control_log(status: ControlStatus | None) -> str:
         "<th>applied</th><th>result</th></tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table></div>"
+    )
+
+
+def _errors(view: RunView) -> str:
+    """The failed nodes and their errors, first thing under the facts (not a click away)."""
+    failed = [n for n in view.nodes if n.status == "failed"]
+    if not failed:
+        return ""
+    items = "".join(
+        f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
+        f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
+        for n in failed
+    )
+    return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+
+
+def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
+    """``(when, what, detail)`` of the run's events, in time order.
+
+    Controls queued and applied (with the node that took each operator message), node
+    starts and ends, resumes and forks, and the checkpoint's last save.
+    """
+    events: list[tuple[float, str, str]] = []
+    took: dict[str, list[str]] = {}
+    for node in view.nodes:
+        detail = node.detail or {}
+        for control_id in detail.get("steers") or []:
+            took.setdefault(str(control_id), []).append(node.id)
+        start, end = detail.get("started_at"), detail.get("ended_at")
+        if isinstance(start, (int, float)):
+            events.append((float(start), "node started", node.id))
+        if isinstance(end, (int, float)):
+            events.append((float(end), f"node {node.status}", node.id))
+    for c in control.controls if control is not None else ():
+        what = f"{c.verb} {c.id[:8]}"
+        events.append((c.created_at, "control queued", f"{what}: {_payload(c.verb, c.payload)}"))
+        if c.applied_at is not None:
+            by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
+            result = readable_result(c.result or "")
+            events.append((c.applied_at, "control applied", f"{what}: {result}{by}"))
+    for item in view.resumed_by:
+        at = item.get("created_at")
+        if isinstance(at, (int, float)):
+            how = "forked" if item.get("fork") else "resumed"
+            events.append(
+                (float(at), how, f"by run {item.get('run_id') or item.get('session_id')}")
+            )
+    if view.checkpoint_exists:
+        try:
+            saved = view.checkpoint_path.stat().st_mtime
+        except OSError:
+            saved = None
+        if saved is not None:
+            events.append((saved, "checkpoint saved", f"v{view.checkpoint_version} (last save)"))
+    return sorted(events, key=lambda e: e[0])
+
+
+def history_table(view: RunView, control: ControlStatus | None) -> str:
+    """The run's :func:`history` as a table."""
+    rows = [
+        f'<tr><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
+        f"<td>{esc(detail)}</td></tr>"
+        for at, what, detail in history(view, control)
+    ]
+    if not rows:
+        return "<p>nothing recorded yet</p>"
+    return (
+        '<div class="wide"><table id="history"><thead><tr><th>when</th><th>event</th>'
+        "<th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
     )
 
 
@@ -264,12 +342,18 @@ def run_page(
     if view.status == "running" and view.session_id:
         back = run_href(view.run_id)
         body.append(f"<p>{control_forms(view.session_id, csrf, back=back)}</p>")
+    nodes_base = run_href(view.run_id) + "/nodes/"
+    body.append(_errors(view))
     body.append('<h3>graph</h3><div class="graph">')
-    body.append(graph_svg(graph, base=run_href(view.run_id) + "/nodes/"))
+    body.append(graph_svg(graph, base=nodes_base))
+    body.append('</div><h3>timeline</h3><div class="wide">')
+    body.append(timeline_svg(view, base=nodes_base))
     body.append("</div><h3>nodes</h3>")
     body.append(_nodes_table(view))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
+    body.append("<h3>history</h3>")
+    body.append(history_table(view, control))
     if recovery is not None:
         body.append('<section id="recovery"><h2>recovery</h2>')
         body.append(_recovery(view.run_id, *recovery, csrf=csrf))

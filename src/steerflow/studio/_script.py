@@ -134,6 +134,7 @@ SCRIPT = """\
       var n = byNode[td.getAttribute("data-node-model")];
       if (n && n.model) { td.textContent = n.model; }
     });
+    timeline(view.nodes || []);
     var status = document.getElementById("run-status");
     if (status && view.status) {
       status.textContent = view.status;
@@ -147,6 +148,34 @@ SCRIPT = """\
       progress.textContent = s.completed + " completed, " + s.failed + " failed, " +
         s.running + " running of " + s.total;
     }
+  }
+  // The Gantt bars from the live answer: a running node ends at start + duration_s (the
+  // server's clock, not this browser's), then every bar is scaled to the new span.
+  function timeline(nodes) {
+    var svg = document.querySelector("svg.timeline");
+    if (!svg) { return; }
+    var x0 = parseFloat(svg.getAttribute("data-x0")), w = parseFloat(svg.getAttribute("data-w"));
+    var times = {}, t0 = null, t1 = null;
+    nodes.forEach(function (n) {
+      var d = n.detail || {};
+      if (typeof d.started_at !== "number") { return; }
+      var end = typeof d.ended_at === "number" ? d.ended_at :
+        d.started_at + (typeof n.duration_s === "number" ? n.duration_s : 0);
+      times[n.id] = [d.started_at, end, n.status];
+      t0 = t0 === null ? d.started_at : Math.min(t0, d.started_at);
+      t1 = t1 === null ? end : Math.max(t1, end);
+    });
+    if (t0 === null) { return; }
+    var span = Math.max(t1 - t0, 0.001);
+    svg.querySelectorAll("rect[data-bar]").forEach(function (bar) {
+      var t = times[bar.getAttribute("data-bar")];
+      if (!t) { return; }
+      bar.setAttribute("x", (x0 + (t[0] - t0) / span * w).toFixed(1));
+      bar.setAttribute("width", Math.max(2, (t[1] - t[0]) / span * w).toFixed(1));
+      setStatus(bar, t[2], NODE);
+    });
+    var end = document.getElementById("timeline-end");
+    if (end) { end.textContent = duration(span); }
   }
   var tag = null;
   function tick() {
