@@ -1000,6 +1000,32 @@ class StateDB:
                      node.status, now, None if node.detail is None else dump_json(node.detail)),
                 )  # fmt: skip
 
+    def node_counts(self, session_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Session id -> node status -> how many published nodes have it (one query)."""
+        if not session_ids:
+            return {}
+        marks = ", ".join("?" for _ in session_ids)
+        rows = self.backend.query(
+            "SELECT session_id, status, COUNT(*) AS n FROM session_nodes"
+            f" WHERE session_id IN ({marks}) GROUP BY session_id, status",
+            tuple(session_ids),
+        )
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            out.setdefault(str(r["session_id"]), {})[str(r["status"])] = int(r["n"])
+        return out
+
+    def started_details(
+        self, session_id: str, *, limit: int, offset: int = 0
+    ) -> list[dict[str, Any]]:
+        """Details of the session's started nodes (not pending or paused), by ``node_key``."""
+        rows = self.backend.query(
+            "SELECT detail FROM session_nodes WHERE session_id = ?"
+            " AND status NOT IN ('pending', 'paused') ORDER BY node_key LIMIT ? OFFSET ?",
+            (session_id, limit, offset),
+        )
+        return [load_json(r["detail"]) or {} for r in rows]
+
     def last_node_update(self, session_id: str) -> float | None:
         """When a node of the session was last published, None when none was."""
         rows = self.backend.query(

@@ -48,19 +48,17 @@ def run_progress(home: Path, session_ids: Sequence[str]) -> dict[str, RunProgres
         return {}
     out: dict[str, RunProgress] = {}
     with StateDB.open(home, create=False) as db:
+        # One grouped count for the page, then a few details per run that ran nodes.
+        all_counts = db.node_counts(list(session_ids))
         for session_id in session_ids:
-            rows = db.list_nodes(session_id, detail=False)
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row.status] = counts.get(row.status, 0) + 1
-            started = [r.node_key for r in rows if r.status not in ("pending", "paused")]
-            model = _first_model(db, session_id, started)
+            counts = all_counts.get(session_id, {})
+            ran = any(status not in ("pending", "paused") for status in counts)
             out[session_id] = RunProgress(
                 session_id=session_id,
                 done=sum(n for status, n in counts.items() if status in _DONE),
-                total=len(rows),
+                total=sum(counts.values()),
                 by_status=counts,
-                model=model,
+                model=_first_model(db, session_id) if ran else None,
             )
     return out
 
@@ -69,17 +67,18 @@ def run_progress(home: Path, session_ids: Sequence[str]) -> dict[str, RunProgres
 _MODEL_BATCH = 16
 
 
-def _first_model(db: StateDB, session_id: str, started: list[str]) -> str | None:
+def _first_model(db: StateDB, session_id: str) -> str | None:
     """The model of the first started node that this session called, not replayed.
 
-    Statuses come first and details in small batches: decoding every detail of a long
-    run is the cost, and a resumed run's first nodes are often all replays.
+    Details come in small batches: decoding every detail of a long run is the cost, and
+    a resumed run's first nodes are often all replays.
     """
-    for at in range(0, len(started), _MODEL_BATCH):
-        keys = started[at : at + _MODEL_BATCH]
-        details = {r.node_key: r.detail or {} for r in db.list_nodes(session_id, keys=keys)}
-        for key in keys:
-            found = details.get(key) or {}
-            if found.get("model") and not found.get("replayed"):
+    offset = 0
+    while True:
+        batch = db.started_details(session_id, limit=_MODEL_BATCH, offset=offset)
+        for found in batch:
+            if isinstance(found, dict) and found.get("model") and not found.get("replayed"):
                 return str(found["model"])
-    return None
+        if len(batch) < _MODEL_BATCH:
+            return None
+        offset += _MODEL_BATCH
