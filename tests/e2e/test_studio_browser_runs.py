@@ -141,6 +141,14 @@ def test_runs_list_run_graph_and_timeline_at_desktop_and_phone_width(
         if _crosses(a, b, box)
     ]
     assert hits == [], hits
+    # Every bend is on the canvas (none routed off its edge).
+    width, height = page.eval_on_selector(
+        "svg.dag", "s => [+s.getAttribute('width'), +s.getAttribute('height')]"
+    )
+    off = [
+        (k, p) for k, pts in edges for p in pts if not (0 <= p[0] <= width and 0 <= p[1] <= height)
+    ]
+    assert off == [], off
     # parse -> report skips chart's layer: it bends around chart, not through it.
     (skip,) = [pts for key, pts in edges if key == "parse>report"]
     assert len(skip) >= 4

@@ -48,6 +48,10 @@ def _status(value: str | None) -> str:
     return f'<span class="status status-{known}" id="run-status">{esc(shown)}</span>'
 
 
+def _phase(view: RunView) -> str:
+    return (view.phase or "-") if view.status == "running" else "-"
+
+
 def _facts(rows: list[tuple[str, str]]) -> str:
     """A ``<dl>``; values are HTML already escaped by the caller."""
     return (
@@ -94,10 +98,10 @@ def _nodes_table(view: RunView) -> str:
             f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
         )
     return (
-        "<table><thead><tr><th>node</th><th>kind</th><th>status</th><th>model</th>"
-        "<th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
+        '<div class="wide"><table><thead><tr><th>node</th><th>kind</th><th>status</th>'
+        "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
         + "".join(rows)
-        + "</tbody></table>"
+        + "</tbody></table></div>"
     )
 
 
@@ -322,7 +326,8 @@ def run_page(
         _facts(
             [
                 ("status", _status(view.status)),
-                ("phase", f'<span id="run-phase">{esc(view.phase or "-")}</span>'),
+                # A phase is where a running flow is: a settled run has none left.
+                ("phase", f'<span id="run-phase">{esc(_phase(view))}</span>'),
                 ("kind", esc(view.kind or "-")),
                 ("session", f"<code>{esc(view.session_id or '-')}</code>"),
                 (

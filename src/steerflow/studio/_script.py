@@ -141,7 +141,7 @@ SCRIPT = """\
       setStatus(status, view.status, RUN);
     }
     var phase = document.getElementById("run-phase");
-    if (phase) { phase.textContent = view.phase || "-"; }
+    if (phase) { phase.textContent = view.status === "running" ? (view.phase || "-") : "-"; }
     var s = view.summary || {};
     var progress = document.getElementById("run-progress");
     if (progress) {

@@ -74,7 +74,10 @@ def layout(graph: RunGraph) -> tuple[dict[str, Point], dict[tuple[str, str], lis
         sug.init_all()
         sug.dw, sug.dh = 12, NODE_H  # dummies as tall as a box: a layer's band is uniform
         sug.draw()
-        left = min(v.view.xy[0] - v.view.w / 2 for v in component.sV)
+        # Dummy vertices (an edge's bends) may lie beside every box: bound them too.
+        bends = [x for e in component.sE for x, _ in e.view.points]
+        left = min([v.view.xy[0] - v.view.w / 2 for v in component.sV] + bends)
+        right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + bends)
         shift = offset - left
         for v in component.sV:
             x, y = v.view.xy
@@ -82,7 +85,7 @@ def layout(graph: RunGraph) -> tuple[dict[str, Point], dict[tuple[str, str], lis
             where[v.data] = (x + shift - NODE_W / 2, y + _PAD - NODE_H / 2)
         for e in component.sE:
             e.view.points = [(x + shift, y + _PAD) for x, y in e.view.points]
-        offset = max(v.view.xy[0] + v.view.w / 2 for v in component.sV) + _COMPONENT_GAP
+        offset = right + shift + _COMPONENT_GAP
     return where, {key: _route(e.view.points) for key, e in edges.items()}
 
 
@@ -140,7 +143,8 @@ def _edge(dep: str, node: GraphNode, points: list[Point]) -> str:
 def graph_svg(graph: RunGraph, *, base: str) -> str:
     """``<svg>`` of ``graph``; each node links to ``base + quote(node id)``."""
     where, routes = layout(graph) if graph.nodes else ({}, {})
-    width = max((x + NODE_W for x, _ in where.values()), default=0) + _PAD
+    bends = [x for points in routes.values() for x, _ in points]
+    width = max([x + NODE_W for x, _ in where.values()] + bends, default=0) + _PAD
     height = max((y + NODE_H for _, y in where.values()), default=0) + _PAD
     edges: list[str] = []
     shapes: list[str] = []
