@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from urllib.parse import parse_qs, quote, urlencode
@@ -37,6 +34,13 @@ from steerflow.errors import (
 )
 from steerflow.home import is_run_id
 from steerflow.plan import is_agent_id
+from steerflow.studio._actions import (
+    MODES,
+    Starter,
+    already_page,
+    resume_confirm_page,
+    stop_confirm_page,
+)
 from steerflow.studio._live import LiveRuns
 from steerflow.studio._pages import (
     CSS,
@@ -140,6 +144,7 @@ class _Pages:
         self.home = home
         self.csrf = csrf_token(token)
         self.answers = LiveRuns(home)
+        self.starter = Starter(home)
 
     def runs(self, request: Request) -> Response:
         query = _runs_query(request)
@@ -272,16 +277,51 @@ class _Pages:
         body = await _read_form(request)
         if body is None or not same_secret(_field(body, "csrf"), self.csrf):
             return HTMLResponse(error_page("refused", "missing or wrong CSRF token"), 403)
+        mode = _field(body, "mode") or "resume"
+        if not _is_target(target) or mode not in MODES:
+            return HTMLResponse(error_page("not found", "no such run or action"), 404)
+        try:
+            preflight = await run_in_threadpool(_preflight, self.home, target, mode)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        running = self.starter.running(preflight.run_id)
+        if running is not None:  # a second click: say what already runs
+            return HTMLResponse(already_page(preflight.run_id, running), 409)
+        if preflight.refusal is not None:
+            return HTMLResponse(error_page("refused", preflight.refusal.message), 409)
+        started, new = await run_in_threadpool(self.starter.start, preflight.run_id, mode)
+        if not new:
+            return HTMLResponse(already_page(preflight.run_id, started), 409)
+        return RedirectResponse(f"{run_href(preflight.run_id)}?resumed={started.pid}", 303)
+
+    def confirm_resume(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        mode = request.query_params.get("mode", "resume")
+        if not _is_target(target) or mode not in MODES:
+            return HTMLResponse(error_page("not found", "no such run or action"), 404)
+        try:
+            preflight = _preflight(self.home, target, mode)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        running = self.starter.running(preflight.run_id)
+        return HTMLResponse(
+            resume_confirm_page(preflight.run_id, mode, preflight, running, csrf=self.csrf)
+        )
+
+    def confirm_stop(self, request: Request) -> Response:
+        target = request.path_params["target"]
         if not _is_target(target):
             return HTMLResponse(error_page("not found", "no such run"), 404)
         try:
-            preflight = await run_in_threadpool(views.resume_preflight, self.home, target)
+            view = views.show_run(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
-        if preflight.refusal is not None:
-            return HTMLResponse(error_page("refused", preflight.refusal.message), 409)
-        pid = await run_in_threadpool(_start_resume, self.home, preflight.run_id)
-        return RedirectResponse(f"{run_href(preflight.run_id)}?resumed={pid}", 303)
+        now = request.query_params.get("now") == "1"
+        reason = request.query_params.get("reason", "")[:500]
+        return HTMLResponse(
+            stop_confirm_page(view, control, now=now, reason=reason, csrf=self.csrf)
+        )
 
     def stylesheet(self, request: Request) -> Response:
         return Response(CSS, media_type="text/css")
@@ -315,6 +355,8 @@ def build_app(
             Route("/runs/{target}", pages.run, methods=["GET"]),
             Route("/runs/{target}/nodes/{node}", pages.node, methods=["GET"]),
             Route("/runs/{target}/resume", pages.start_resume, methods=["POST"]),
+            Route("/runs/{target}/resume", pages.confirm_resume, methods=["GET"]),
+            Route("/runs/{target}/stop", pages.confirm_stop, methods=["GET"]),
             Route(
                 "/runs/{target}/nodes/{node}/artifacts/{path:path}", pages.artifact, methods=["GET"]
             ),
@@ -365,7 +407,8 @@ def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) ->
         return enqueue_control(home, session_id, "resume")
     if verb == "message":
         return enqueue_control(home, session_id, "message", _field(form, "text") or "")
-    return enqueue_control(home, session_id, "stop", _field(form, "reason") or None)
+    now = _field(form, "now") == "1"
+    return enqueue_control(home, session_id, "stop", _field(form, "reason") or None, now=now)
 
 
 def _runs_query(request: Request) -> RunsQuery:
@@ -384,25 +427,15 @@ def _is_target(target: str) -> bool:
     return is_run_id(target) or bool(_SESSION_ID.fullmatch(target))
 
 
-def _start_resume(home: Path, run_id: str) -> int:
-    """Start ``steerflow resume RUN`` detached from the studio; returns its pid.
-
-    Its output goes to ``<home>/studio/resume-<run>.log``; a thread reaps it when it ends.
-    """
-    logs = home / "studio"
-    logs.mkdir(mode=0o700, exist_ok=True)
-    log = logs / f"resume-{run_id}.log"
-    with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "steerflow", "--home", str(home), "resume", run_id],
-            stdin=subprocess.DEVNULL,
-            stdout=out,
-            stderr=out,
-            start_new_session=True,  # a Ctrl-C in the studio's terminal does not reach it
-            close_fds=True,
-        )
-    threading.Thread(target=proc.wait, name=f"reap-resume-{proc.pid}", daemon=True).start()
-    return proc.pid
+def _preflight(home: Path, target: str, mode: str) -> views.ResumePreflight:
+    """``resume --dry-run`` with the flags of recovery ``mode`` (see ``_actions.MODES``)."""
+    return views.resume_preflight(
+        home,
+        target,
+        retry_failed=mode == "retry_failed",
+        fork=mode == "fork",
+        rerun_unsettled=mode == "rerun_unsettled",
+    )
 
 
 def _chunks(fd: int, size: int = 1 << 20) -> Iterator[bytes]:

@@ -214,8 +214,14 @@ def _links(run: RunListing) -> str:
     return "; ".join(parts) or "-"
 
 
-def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
-    """Pause, Resume, Message and Stop forms for a running session (POST, with CSRF)."""
+def control_forms(
+    session_id: str, csrf: str, *, back: str = "/runs", target: str | None = None
+) -> str:
+    """Pause, Resume and Message forms (POST, with CSRF) and Stop, which confirms first.
+
+    Stop is a GET to the run's stop page (``target``: its run id, else the session id):
+    it says what is in flight before anything is sent.
+    """
     action = esc("/sessions/" + quote(session_id, safe="") + "/control")
     hidden = (
         f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
@@ -230,12 +236,18 @@ def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
         )
 
     text = '<input type="text" name="text" maxlength="65536" placeholder="message" required>'
+    stop = (
+        f'<form class="inline" method="get" action="{esc(run_href(target or session_id))}/stop">'
+        '<input type="text" name="reason" maxlength="500" placeholder="reason (optional)">'
+        '<label><input type="checkbox" name="now" value="1"> now</label>'
+        "<button>Stop…</button></form>"
+    )
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
-            button("stop", "Stop"),
+            stop,
         ]
     )
 
@@ -255,6 +267,8 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
     done = _counts(progress)
     model = progress.model if progress is not None else None
     status_class = run.status if run.status in STATUSES else "unknown"
+    running = run.status == "running"
+    forms = control_forms(run.session_id, csrf, target=run.run_id) if running else "-"
     return (
         f'<tr id="{esc("run-" + run_id)}" data-run="{esc(run.session_id)}" '
         f'data-status="{esc(run.status)}">'
@@ -268,7 +282,7 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f'<td class="nowrap">{esc(when(run.created_at))}</td>'
         f'<td class="num" data-field="duration">{esc(duration(run.duration_s))}</td>'
         f"<td>{_links(run)}</td>"
-        f"<td>{control_forms(run.session_id, csrf) if run.status == 'running' else '-'}</td></tr>"
+        f"<td>{forms}</td></tr>"
     )
 
 

@@ -287,24 +287,28 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
             f"{esc(preflight.refusal.code)}</strong> (exit {preflight.refusal.exit_code}): "
             f"{esc(preflight.refusal.message)}</p>"
         )
-        return "\n".join(lines)
-    replayed, to_run = preflight.replayed, preflight.to_run
-    lines.append(
-        '<p id="preflight-verdict">would replay '
-        f"{len(replayed)}: {esc(', '.join(replayed) or '-')}; would run {len(to_run)}: "
-        f"{esc(', '.join(to_run) or '-')}</p>"
-    )
+    else:
+        replayed, to_run = preflight.replayed, preflight.to_run
+        lines.append(
+            '<p id="preflight-verdict">would replay '
+            f"{len(replayed)}: {esc(', '.join(replayed) or '-')}; would run {len(to_run)}: "
+            f"{esc(', '.join(to_run) or '-')}</p>"
+        )
     if preflight.degraded_context:
         lines.append(f"<p>degraded context: {esc(', '.join(preflight.degraded_context))}</p>")
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
     lines += _stranded(preflight.stranded_messages)
-    action = esc(run_href(run_id) + "/resume")
-    lines.append(
-        f'<form method="post" action="{action}">'
-        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
-        "<button>Resume</button> (starts <code>steerflow resume</code> in the background)"
-        "</form>"
-    )
+    # Each mode confirms first: its own dry run, what it runs and what it pays again.
+    links = [
+        f'<a class="action" href="{esc(run_href(run_id) + "/resume?mode=" + mode)}">{label}…</a>'
+        for mode, label in (
+            ("resume", "Resume"),
+            ("retry_failed", "Retry failed"),
+            ("fork", "Fork"),
+            ("rerun_unsettled", "Rerun unsettled"),
+        )
+    ]
+    lines.append(f'<p id="recovery-actions">{" · ".join(links)}</p>')
     return "\n".join(lines)
 
 
@@ -346,7 +350,8 @@ def run_page(
     )
     if view.status == "running" and view.session_id:
         back = run_href(view.run_id)
-        body.append(f"<p>{control_forms(view.session_id, csrf, back=back)}</p>")
+        forms = control_forms(view.session_id, csrf, back=back, target=view.run_id)
+        body.append(f"<p>{forms}</p>")
     nodes_base = run_href(view.run_id) + "/nodes/"
     body.append(_errors(view))
     body.append('<h3>graph</h3><div class="graph">')
