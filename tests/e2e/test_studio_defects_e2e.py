@@ -165,3 +165,69 @@ def test_unreadable_state_db_is_a_clean_error_page_and_json(tmp_path: Path) -> N
         proc.terminate()
         proc.wait(timeout=30)
     assert "Traceback" not in err.read_text()
+
+
+def test_retry_failed_confirms_then_a_second_start_says_it_already_runs(tmp_path: Path) -> None:
+    import json
+    import os
+    import signal
+
+    from ctl_support import run_cli, write_yaml
+
+    home = tmp_path / "home"
+    plan = [{"agent_id": "a", "instruction": "one"},
+            {"agent_id": "b", "instruction": "two", "depends_on": ["a"]}]  # fmt: skip
+    write_yaml(tmp_path / "plan.yaml", {"name": "actions", "plan": plan})
+    script = write_yaml(tmp_path / "script.yaml", {"b": {"fail": "boom"}})
+    args = ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{script}", "--json"]
+    failed = run_cli(home, "flow", *args)
+    assert failed.returncode == 1, failed.stderr
+    run = json.loads(failed.stdout)["run_id"]
+    write_yaml(script, {"b": {"delay": 60}})  # the retried b holds the resume running
+    with studio(home) as s, s.client() as client:
+        plain = client.get(f"/runs/{run}/resume", params={"mode": "resume"}).text
+        assert "preflight-refusal" in plain  # a plain resume refuses a failed node
+        confirm = client.get(f"/runs/{run}/resume", params={"mode": "retry_failed"}).text
+        assert "steerflow resume " + run + " --retry-failed" in confirm
+        assert re.search(r'id="confirm-runs".*?b</p>', confirm)
+        assert re.search(r'id="confirm-repaid".*?b</p>', confirm)  # b ran, b pays again
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm)
+        assert csrf
+        form = {"csrf": csrf.group(1), "mode": "retry_failed"}
+        first = client.post(f"/runs/{run}/resume", data=form)
+        assert first.status_code == 303, first.text
+        pid = int(first.headers["location"].rsplit("=", 1)[1])
+        try:
+            again = client.post(f"/runs/{run}/resume", data=form)
+            assert again.status_code == 409
+            assert f"already running (pid {pid}" in again.text and "started" in again.text
+            shown = client.get(f"/runs/{run}/resume", params={"mode": "retry_failed"}).text
+            assert 'id="already-running"' in shown and "Start retry failed" not in shown
+        finally:
+            os.kill(pid, signal.SIGTERM)  # the resume this test started
+
+
+def test_stop_confirms_with_now_and_a_reason_and_is_not_queued_twice(tmp_path: Path) -> None:
+    home = _home(tmp_path)
+    with StateDB.open(home) as db:
+        row = db.create_session(kind="flow", run_id=RUN, phase="executing")
+        db.upsert_nodes(row.id, [NodeUpdate("a", "planned", "running",
+                                            detail={"started_at": time.time()})])  # fmt: skip
+    with studio(home) as s, s.client() as client:
+        confirm = client.get(f"/runs/{RUN}/stop", params={"now": "1", "reason": "wrong data"})
+        assert "cancels the calls in flight: a (" in confirm.text
+        assert "a resume runs them again" in confirm.text
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', confirm.text)
+        assert csrf and 'name="now" value="1"' in confirm.text
+        sent = client.post(
+            f"/sessions/{row.id}/control",
+            data={"csrf": csrf.group(1), "verb": "stop", "now": "1", "reason": "wrong data",
+                  "back": f"/runs/{RUN}"},
+        )  # fmt: skip
+        assert sent.status_code == 303
+        with StateDB.open(home, create=False) as db:
+            (stop,) = db.list_controls(row.id)
+        assert stop.payload == {"now": True, "reason": "wrong data"}
+        again = client.get(f"/runs/{RUN}/stop").text
+        assert f"a stop is already queued (control {stop.id}" in again
+        assert "<button>Stop" not in again

@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import quote
@@ -100,7 +101,7 @@ def _names(keys: list[str] | tuple[str, ...]) -> str:
     return esc(", ".join(keys) or "none")
 
 
-def _verdict(preflight: ResumePreflight) -> list[str]:
+def _verdict(preflight: ResumePreflight, ran: Sequence[str]) -> list[str]:
     """What the resume would do and what it may pay again, as ``resume --dry-run`` says."""
     lines = [
         f"<p>replayed from the checkpoint, not paid again ({len(preflight.replayed)}): "
@@ -109,8 +110,7 @@ def _verdict(preflight: ResumePreflight) -> list[str]:
         f"{_names(preflight.to_run)}</p>",
     ]
     again = [str(item.get("id")) for item in preflight.rerun_unsettled]
-    failed = [str(n.get("id")) for n in preflight.nodes if n.get("status") == "failed"]
-    repaid = [k for k in preflight.to_run if k in failed] + again
+    repaid = [k for k in preflight.to_run if k in ran] + again
     if repaid:
         lines.append(
             f'<p class="error" id="confirm-repaid"><strong>paid again</strong> (ran before '
@@ -129,8 +129,13 @@ def resume_confirm_page(
     running: Started | None,
     *,
     csrf: str,
+    ran: Sequence[str] = (),
 ) -> str:
-    """The confirmation of one recovery mode: the dry run's verdict, then Start."""
+    """The confirmation of one recovery mode: the dry run's verdict, then Start.
+
+    ``ran``: the nodes whose calls were made before (failed, interrupted): running them
+    again pays again.
+    """
     flags, label = MODES[mode]
     command = " ".join(["steerflow resume", run_id, *flags])
     body = [
@@ -144,7 +149,7 @@ def resume_confirm_page(
             f"{esc(preflight.refusal.code)}</strong>: {esc(preflight.refusal.message)}</p>"
         )
     else:
-        body += _verdict(preflight)
+        body += _verdict(preflight, ran)
     if running is not None:
         body.append(_already(running))
     elif preflight.refusal is None:

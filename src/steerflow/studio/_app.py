@@ -301,12 +301,15 @@ class _Pages:
             return HTMLResponse(error_page("not found", "no such run or action"), 404)
         try:
             preflight = _preflight(self.home, target, mode)
+            nodes = views.show_run(self.home, target).nodes
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
+        ran = [n.id for n in nodes if n.status in ("failed", "interrupted", "running")]
         running = self.starter.running(preflight.run_id)
-        return HTMLResponse(
-            resume_confirm_page(preflight.run_id, mode, preflight, running, csrf=self.csrf)
+        shown = resume_confirm_page(
+            preflight.run_id, mode, preflight, running, csrf=self.csrf, ran=ran
         )
+        return HTMLResponse(shown)
 
     def confirm_stop(self, request: Request) -> Response:
         target = request.path_params["target"]
