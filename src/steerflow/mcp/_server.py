@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 from pydantic import Strict
 
-from steerflow import __version__, views
+from steerflow import views
 from steerflow.control import Queued, enqueue_control, open_existing_db, session_target
 from steerflow.errors import SteerflowError, UsageError
 from steerflow.home import is_run_id
@@ -77,7 +77,7 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
         UsageError: The ``mcp`` SDK is not installed.
     """
     server = _sdk()(
-        name="steerflow", version=__version__, instructions=_INSTRUCTIONS, log_level="WARNING"
+        name="steerflow", version=_version(), instructions=_INSTRUCTIONS, log_level="WARNING"
     )
 
     def list_runs(limit: int = 20, status: str | None = None) -> dict[str, Any]:
@@ -130,6 +130,16 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
     if allow_control:
         _add_control_tools(server, home)
     return server
+
+
+def _version() -> str:
+    """The installed distribution's version (the facade is not imported from a layer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("steerflow")
+    except PackageNotFoundError:  # a source tree without metadata: still not empty
+        return "0+unknown"
 
 
 def _read_only() -> Any:
