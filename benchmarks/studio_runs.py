@@ -15,8 +15,11 @@ first; median and p99 wall time per request (server work plus one loopback round
   the first read after a commit is what the page pays).
 
 Baselines in the same run: ``GET /favicon.ico`` (204, no read: the round trip and the
-access gate alone) and ``steerflow.views.list_runs(limit=50)`` in this process (the list
-read without HTTP or rendering). Target: every page under 300 ms at 10,000 runs.
+access gate alone), ``GET /static/studio.css`` (a constant 4.6 KB body, no read: on this
+loopback a response with a body costs ~40 ms of TCP delayed-ACK wait between uvicorn and
+httpx, whatever the page does) and ``steerflow.views.list_runs(limit=50)`` in this
+process (the list read without HTTP or rendering). Target: every page under 300 ms at
+10,000 runs.
 
 The last line is ``STUDIO_RUNS runs=<n> runs_p50_ms=.. runs_p99_ms=.. worst_p99_ms=..``.
 """
@@ -125,6 +128,9 @@ def main() -> None:
                 client.get(url.removeprefix(base))
                 results["GET /favicon.ico (baseline)"] = timed(
                     lambda: client.get("/favicon.ico").raise_for_status(), args.repeat
+                )
+                results["GET /static/studio.css (baseline)"] = timed(
+                    lambda: client.get("/static/studio.css").raise_for_status(), args.repeat
                 )
                 for path in URLS:
                     results[f"GET {path}"] = timed(
