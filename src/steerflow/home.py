@@ -31,8 +31,11 @@ ALLOW_SHARED_HOME_ENV = "STEERFLOW_ALLOW_SHARED_HOME"
 RUN_ID_PATTERN = re.compile(r"^\d{8}T\d{6}-[0-9a-f]{6}$")
 
 
-def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
+def resolve_home(explicit: str | os.PathLike[str] | None = None, *, create: bool = True) -> Path:
     """The home: ``--home``, else ``STEERFLOW_HOME``, else ``~/.steerflow``; created 0700.
+
+    With ``create`` False a missing home is returned as a path and not made (a reader
+    such as the MCP server must not leave a home behind where none was).
 
     An existing home may be a symlink to a directory. It must be ours, not writable by
     group or others, and writable by us (see :func:`check_home`); its mode is not changed.
@@ -44,7 +47,7 @@ def resolve_home(explicit: str | os.PathLike[str] | None = None) -> Path:
     raw = explicit or os.environ.get("STEERFLOW_HOME") or "~/.steerflow"
     home = Path(raw).expanduser().absolute()
     if not os.path.lexists(home):
-        return ensure_private_dir(home)
+        return ensure_private_dir(home) if create else home
     check_home(home)  # an existing home keeps its mode: refused if unsafe, never re-moded
     return home
 

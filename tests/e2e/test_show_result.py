@@ -124,7 +124,7 @@ def test_completed_run_node_detail_result_and_listing(home: Path, tmp_path: Path
 
     listing = run_cli(home, "runs")
     first, second = listing.stdout.splitlines()[:2]
-    assert first.split() == ["RUN", "STATUS", "KIND", "DURATION", "SESSION"]
+    assert first.split() == ["RUN", "STATUS", "KIND", "DURATION", "SESSION", "NAME"]
     assert second.startswith(run) and second.split()[3].endswith("s")
     assert run_cli(home, "runs", "--json").json["runs"][0]["duration_s"] >= 0
 

@@ -230,7 +230,7 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         expect(row.locator(".status")).to_have_text("running")
         _shot(page, tmp_path / "runs.png")
 
-        row.get_by_role("link", name=run).click()
+        row.locator(f'a[href="/runs/{run}"]').first.click()  # its name, linked
         expect(page).to_have_url(s.base + f"/runs/{run}")
         expect(_node(page, "a")).to_have_text("running")
         _mark_live(page)
@@ -274,7 +274,12 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         _shot(node, tmp_path / "node.png")
         node.close()
 
+        page.get_by_role("button", name="Stop").click()  # a confirmation page first
+        expect(page.locator("h2")).to_contain_text("stop run")
         page.get_by_role("button", name="Stop").click()
+        expect(page).to_have_url(
+            s.base + f"/runs/{run}?" + "queued=" + controls(home, sid)[-1].id + "&verb=stop"
+        )
         wait_for(lambda: controls(home, sid)[-1].result == "applied", what="the stop applied in c")
         _release(home, "c")  # graceful: the in-flight c finishes, d never starts
         expect(page.locator("#run-status")).to_have_text("stopped")
@@ -314,7 +319,9 @@ def test_interrupted_run_preflight_resume_and_follow(tmp_path: Path, watched: Wa
         assert [n["status"] for n in dry["nodes"]] == ["completed", "pending", "pending"]
         _shot(page, tmp_path / "recovery.png")
 
-        recovery.get_by_role("button", name="Resume").click()
+        recovery.get_by_role("link", name="Resume…").click()  # the confirmation first
+        expect(page.locator("#confirm-runs")).to_contain_text("b, c")
+        page.get_by_role("button", name="Start resume").click()
         expect(page.locator("p.notice")).to_contain_text("steerflow resume started")
         # The page reloads itself when the new run appears, with the link to it.
         link = page.locator("#run-resumes a")
@@ -370,14 +377,14 @@ def test_requests_without_token_or_csrf_are_refused(tmp_path: Path, watched: Wat
             expect(page.locator("body")).to_contain_text("open the URL printed")
         assert watched.context.cookies(s.base) == []
 
-        page.goto(s.url.replace("/?", f"/runs/{run}?"))
-        form = page.locator("#recovery form")
+        page.goto(s.url.replace("/?", f"/runs/{run}/resume?mode=resume&"))
+        form = page.locator("form")
         csrf = form.locator("input[name=csrf]").get_attribute("value")
         assert csrf and re.fullmatch(r"[0-9a-f]{64}", csrf)
         # A tampered CSRF field: the studio refuses and starts nothing.
         form.locator("input[name=csrf]").evaluate("el => { el.value = '0'.repeat(64); }")
         with page.expect_response(re.compile(r"/resume$")) as refused:
-            form.get_by_role("button", name="Resume").click()
+            form.get_by_role("button", name="Start resume").click()
         assert refused.value.status == 403
         expect(page.locator("p.error")).to_contain_text("missing or wrong CSRF token")
         _shot(page, tmp_path / "refused.png")

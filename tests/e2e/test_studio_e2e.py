@@ -187,7 +187,7 @@ def test_runs_page_lists_newest_first_escapes_and_filters(tmp_path: Path) -> Non
         live = client.get("/api/runs")
         rows = live.json()["runs"]
         assert [(r["run_id"], r["status"], r["progress"]) for r in rows] == [
-            (runs[0], "failed", "2/2"), (runs[1], "completed", "2/2")
+            (runs[0], "failed", "2/2 (1 failed)"), (runs[1], "completed", "2/2")
         ]  # fmt: skip
         unchanged = client.get("/api/runs", headers={"if-none-match": live.headers["etag"]})
         assert unchanged.status_code == 304
@@ -241,10 +241,11 @@ def test_run_and_node_pages_agree_with_show_and_stay_inert(tmp_path: Path) -> No
             kind = node["kind"]
             assert f'class="node status-{status} kind-{kind}" data-node="{key}"' in page.text
         assert [n["id"] for n in shown["nodes"]] == ["a", "b", "c", "s1"]
-        assert page.text.count("<line ") == 3 and page.text.count('"edge spawn-edge"') == 1
+        assert page.text.count("<polyline ") == 3 and page.text.count('"edge spawn-edge"') == 1
         assert 'id="recovery"' not in page.text  # a completed run has nothing to recover
         api = client.get(f"/api/runs/{run}")
-        assert api.json() == shown
+        # show --json plus the control count the page's control log follows.
+        assert api.json() == {**shown, "control_count": 0}
         # Nothing changed: the page's poll is answered 304 without a new read.
         again = client.get(f"/api/runs/{run}", headers={"if-none-match": api.headers["etag"]})
         assert again.status_code == 304 and again.content == b""

@@ -52,6 +52,13 @@ def verify(ctx: click.Context, target: str, accept_checkpoint_contract: bool, as
     )
 
 
+def _one_line(name: object) -> str:
+    """A run's name for a terminal line: control characters shown as ``?``, never raw."""
+    if not isinstance(name, str) or not name:
+        return "-"
+    return "".join(c if c.isprintable() else "?" for c in name)
+
+
 @click.command(epilog=RUNS_EPILOG)
 @click.option("--all", "show_all", is_flag=True, help="List every run, not only the 20 newest.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
@@ -68,13 +75,14 @@ def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
     else:
         from steerflow.cli._reading import fmt_duration
 
-        header = f"{'RUN':<24} {'STATUS':<12} {'KIND':<5} {'DURATION':>9}  SESSION"
+        header = f"{'RUN':<24} {'STATUS':<12} {'KIND':<5} {'DURATION':>9}  {'SESSION':<32}  NAME"
         emit_text(
             "\n".join(
                 [header]
                 + [
                     f"{r['run_id'] or '-':<24} {r['status']:<12} {r['kind']:<5} "
-                    f"{fmt_duration(r.get('duration_s')):>9}  {r['session_id']}"
+                    f"{fmt_duration(r.get('duration_s')):>9}  {r['session_id']:<32}  "
+                    f"{_one_line(r.get('name'))}"
                     + (f"  ({links})" if (links := resume_links(r)) else "")
                     for r in view["runs"]
                 ]
@@ -116,6 +124,7 @@ def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: 
     lines = [
         f"run: {view['run_id']}  session: {view['session_id'] or '(none recorded)'}",
         f"status: {view['status'] or 'unknown'}  phase: {view['phase'] or 'unknown'}",
+        f"name: {_one_line(view.get('name'))}",
     ]
     if links := resume_links(view):
         lines.append(links)

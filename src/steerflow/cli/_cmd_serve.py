@@ -37,7 +37,7 @@ def mcp_command(ctx: click.Context, allow_control: bool) -> int:
     """
     from steerflow.mcp import serve
 
-    serve(home_of(ctx), allow_control=allow_control)
+    serve(home_of(ctx, create=False), allow_control=allow_control)
     return 0
 
 

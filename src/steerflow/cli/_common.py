@@ -187,6 +187,6 @@ def compact_options(func: F) -> F:
     )(func)
 
 
-def home_of(ctx: click.Context) -> Path:
-    """The home the root group's ``--home`` (or the environment) names."""
-    return resolve_home(ctx.obj.get("home") if ctx.obj else None)
+def home_of(ctx: click.Context, *, create: bool = True) -> Path:
+    """The home the root group's ``--home`` (or the environment) names (see resolve_home)."""
+    return resolve_home(ctx.obj.get("home") if ctx.obj else None, create=create)

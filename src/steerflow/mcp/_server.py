@@ -4,11 +4,14 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+from pydantic import Strict
 
 from steerflow import views
-from steerflow.control import Queued, enqueue_control
+from steerflow.control import Queued, enqueue_control, open_existing_db, session_target
 from steerflow.errors import SteerflowError, UsageError
+from steerflow.home import is_run_id
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -22,6 +25,8 @@ CONTROL_TOOLS = ("pause", "resume", "message", "stop")
 INSTALL_HINT = "pip install 'steerflow[mcp]'"
 
 T = TypeVar("T")
+#: A JSON boolean only: pydantic's lax mode would read "yes" or 1 as true.
+Flag = Annotated[bool, Strict()]
 
 _INSTRUCTIONS = (
     "Read steerflow runs: list_runs (newest first), show_run (status, phase, every node), "
@@ -71,10 +76,16 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
     Raises:
         UsageError: The ``mcp`` SDK is not installed.
     """
-    server = _sdk()(name="steerflow", instructions=_INSTRUCTIONS, log_level="WARNING")
+    server = _sdk()(
+        name="steerflow", version=_version(), instructions=_INSTRUCTIONS, log_level="WARNING"
+    )
 
     def list_runs(limit: int = 20, status: str | None = None) -> dict[str, Any]:
-        """Runs, newest first: at most `limit` (0: all), only those with `status` if given."""
+        """Runs, newest first: at most `limit` (0: all), only those with `status` if given.
+
+        The status filter applies before the limit; an unknown status or a negative limit
+        is an error.
+        """
         runs = _answer(lambda: views.list_runs(home, limit=limit or None, status=status))
         return {"runs": [r.to_json() for r in runs]}
 
@@ -92,11 +103,11 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
 
     def resume_preflight(
         target: str,
-        retry_failed: bool = False,
-        allow_degraded_context: bool = False,
-        fork: bool = False,
-        rerun_unsettled: bool = False,
-        redeliver_claimed: bool = False,
+        retry_failed: Flag = False,
+        allow_degraded_context: Flag = False,
+        fork: Flag = False,
+        rerun_unsettled: Flag = False,
+        redeliver_claimed: Flag = False,
     ) -> dict[str, Any]:
         """What `steerflow resume TARGET --dry-run` would replay and run, or why it refuses.
 
@@ -121,6 +132,16 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
     return server
 
 
+def _version() -> str:
+    """The installed distribution's version (the facade is not imported from a layer)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("steerflow")
+    except PackageNotFoundError:  # a source tree without metadata: still not empty
+        return "0+unknown"
+
+
 def _read_only() -> Any:
     from mcp.types import ToolAnnotations
 
@@ -130,22 +151,32 @@ def _read_only() -> Any:
 def _add_control_tools(server: MCPServer[Any], home: Path) -> None:
     def pause(target: str) -> dict[str, Any]:
         """Queue `ctl pause`: hold every operation of a running flow that has not started."""
-        return _queued(_answer(lambda: enqueue_control(home, target, "pause")))
+        return _queued(_answer(lambda: _enqueue(home, target, "pause")))
 
     def resume(target: str) -> dict[str, Any]:
         """Queue `ctl resume`: release a paused flow (not a resume from a checkpoint)."""
-        return _queued(_answer(lambda: enqueue_control(home, target, "resume")))
+        return _queued(_answer(lambda: _enqueue(home, target, "resume")))
 
     def message(target: str, text: str) -> dict[str, Any]:
         """Queue `ctl msg`: a correction rendered into the flow's next operation, once."""
-        return _queued(_answer(lambda: enqueue_control(home, target, "message", text)))
+        return _queued(_answer(lambda: _enqueue(home, target, "message", text)))
 
-    def stop(target: str, now: bool = False, reason: str | None = None) -> dict[str, Any]:
+    def stop(target: str, now: Flag = False, reason: str | None = None) -> dict[str, Any]:
         """Queue `ctl stop`: admit nothing new, persist, exit 75 (resumable)."""
-        return _queued(_answer(lambda: enqueue_control(home, target, "stop", reason, now=now)))
+        return _queued(_answer(lambda: _enqueue(home, target, "stop", reason, now=now)))
 
     for tool in (pause, resume, message, stop):
         server.add_tool(tool, name=tool.__name__)
+
+
+def _enqueue(
+    home: Path, target: str, verb: Any, text: str | None = None, *, now: bool = False
+) -> Queued:
+    """``enqueue_control`` with a run id also taken, as the server's instructions promise."""
+    if is_run_id(target):
+        with open_existing_db(home) as db:
+            target = session_target(db, target)
+    return enqueue_control(home, target, verb, text, now=now)
 
 
 def serve(home: Path, *, allow_control: bool = False) -> None:

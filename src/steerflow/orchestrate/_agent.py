@@ -45,7 +45,7 @@ from steerflow.orchestrate._agent_options import (
     TurnOutcome,
 )
 from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, turn_members
-from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage
+from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._stranded import redeliver_stranded
@@ -274,7 +274,14 @@ class AgentRun:
             "agent": self._meta(turn=None),
         }
         session, _ = await create_session(
-            db, self.home, run_dir, kind=AGENT_KIND, prompt=self.task, metadata=metadata, seed=seed
+            db,
+            self.home,
+            run_dir,
+            kind=AGENT_KIND,
+            prompt=self.task,
+            metadata=metadata,
+            seed=seed,
+            name=run_name(None, None, self.task),
         )
         invocation = await asyncio.to_thread(
             lambda: db.create_invocation(session_id=session.id, kind=AGENT_KIND)

@@ -18,7 +18,26 @@ __all__ = [
     "lineage",
     "preflight_claim",
     "resume_claim",
+    "run_name",
 ]
+
+#: The longest name a run is listed under (CONTRACT §11).
+NAME_CHARS = 80
+
+
+def run_name(plan_name: str | None, playbook: str | None, prompt: str | None) -> str | None:
+    """A run's name: the plan's ``name``, else the playbook's, else the prompt's first line.
+
+    At most :data:`NAME_CHARS` characters, surrounding blanks dropped; None when all are
+    empty.
+    """
+    for candidate in (plan_name, playbook, prompt):
+        if isinstance(candidate, str):
+            line = next((x.strip() for x in candidate.splitlines() if x.strip()), "")
+            if line:
+                return line[:NAME_CHARS]
+    return None
+
 
 #: The checkpoint ``config`` key where a resumed run records the run it resumed, so the
 #: claim it holds can be registered again from files (``db rebuild``).
@@ -98,6 +117,7 @@ async def create_session(
     prompt: str | None,
     metadata: dict[str, Any],
     seed: Seed | None,
+    name: str | None = None,
 ) -> tuple[SessionRow, bool]:
     """Insert a run's session row, taking its resume claim in the same insert.
 
@@ -126,6 +146,7 @@ async def create_session(
                 node_metadata=metadata,
                 owner=Owner.current(),
                 resume=claim,
+                name=name,
             )
         )
     except SteerflowError:

@@ -56,6 +56,8 @@ class NodeInfo:
     depends_on: list[str] = field(default_factory=list)
     parent: str | None = None
     entry: PlannedEntry | SpawnedEntry | None = None  # the checkpoint entry, when recorded
+    #: dependency key -> ``{when, if_contains}`` for the edges that carry a condition.
+    conditions: dict[str, dict[str, Any]] = field(default_factory=dict)
     row_status: NodeStatus | None = None
     call: dict[str, Any] = field(default_factory=dict)  # session_nodes.detail
 
@@ -152,6 +154,22 @@ def read_run(home: Path, target: str, *, node: str | None = None) -> RunRecord:
     return record
 
 
+def _conditions(
+    plan: list[dict[str, Any]], indices: list[Any], stored: object
+) -> dict[str, dict[str, Any]]:
+    """Dependency key -> its ``dep_conditions`` member, for the conditional edges only."""
+    out: dict[str, dict[str, Any]] = {}
+    if not isinstance(stored, list):
+        return out
+    for index, cond in zip(indices, stored, strict=False):
+        if not (isinstance(index, int) and 0 <= index < len(plan) and isinstance(cond, dict)):
+            continue
+        when, contains = cond.get("when", "completed"), cond.get("if_contains")
+        if when != "completed" or contains is not None:
+            out[str(plan[index].get("agent_id"))] = {"when": when, "if_contains": contains}
+    return out
+
+
 def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
     # Plan items are not entries: a viewer reads them as far as they are readable.
     plan = [i for i in state.plan if isinstance(i, dict)]
@@ -161,11 +179,13 @@ def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
         key = str(item.get("agent_id"))
         if isinstance(item.get("node_id"), str):
             keys_by_id[item["node_id"]] = key
+        indices = item.get("dep_indices") or []
         deps = [
             str(plan[i].get("agent_id"))
-            for i in item.get("dep_indices") or []
+            for i in indices
             if isinstance(i, int) and 0 <= i < len(plan)
         ]
+        conditions = _conditions(plan, indices, item.get("dep_conditions"))
         nodes.append(
             NodeInfo(
                 key=key,
@@ -175,6 +195,7 @@ def _checkpoint_nodes(state: CheckpointState) -> list[NodeInfo]:
                 instruction=item.get("instruction"),
                 depends_on=deps,
                 entry=state.ops.get(key),
+                conditions=conditions,
             )
         )
     for entry in state.spawned:

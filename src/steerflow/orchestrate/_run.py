@@ -36,7 +36,7 @@ from steerflow.executor import (
     build_graph,
 )
 from steerflow.home import RunDir, allocate_run_dir
-from steerflow.orchestrate._claim import create_session, lineage
+from steerflow.orchestrate._claim import create_session, lineage, run_name
 from steerflow.orchestrate._consent import check_agent_worker_consent, check_python_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
@@ -415,7 +415,8 @@ class FlowRun:
         seed = self.options.resume
         root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
-        row = await self._open_session(db, run_dir, prompt, source, settings)
+        name = run_name(plan.name if plan is not None else None, settings.playbook, prompt)
+        row = await self._open_session(db, run_dir, prompt, source, settings, name)
         session_id = self.session_id = row.id
         self.run_id = run_dir.run_id
         lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
@@ -472,7 +473,13 @@ class FlowRun:
             )
 
     async def _open_session(
-        self, db: StateDB, run_dir: RunDir, prompt: str, source: str, settings: RunSettings
+        self,
+        db: StateDB,
+        run_dir: RunDir,
+        prompt: str,
+        source: str,
+        settings: RunSettings,
+        name: str | None,
     ) -> SessionRow:
         """Insert the session row (and its invocation and play); the row."""
         seed = self.options.resume
@@ -480,7 +487,14 @@ class FlowRun:
         if seed is not None and seed.degraded:
             metadata["degraded_context"] = seed.degraded
         session, claimed = await create_session(
-            db, self.home, run_dir, kind=settings.kind, prompt=prompt, metadata=metadata, seed=seed
+            db,
+            self.home,
+            run_dir,
+            kind=settings.kind,
+            prompt=prompt,
+            metadata=metadata,
+            seed=seed,
+            name=name,
         )
         if claimed:
             _faults.seam("resume-claim", "after")

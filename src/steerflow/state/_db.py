@@ -422,8 +422,11 @@ class StateDB:
         phase: Phase = "planning",
         resume: ResumeClaim | None = None,
         lease_s: float | None = None,
+        name: str | None = None,
     ) -> SessionRow:
         """Insert a ``running`` session owned by ``owner`` (default: this process).
+
+        ``name`` is the run's name as lists show it (see ``orchestrate.run_name``).
 
         A ``run_id`` is also mirrored into ``node_metadata["run_id"]``. With
         ``resume``, the claim on the source run is checked and taken in the same
@@ -460,10 +463,10 @@ class StateDB:
             tx.execute(
                 "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
                 " node_metadata, prompt, run_id, owner_host, owner_pid, owner_started,"
-                f" heartbeat_at, lease_epoch, lease_expires) VALUES (?, ?, 'running', ?, ?, ?,"
-                f" ?, ?, ?, ?, ?, ?, ?, ?, {clock} + ?)",
+                " heartbeat_at, lease_epoch, name, lease_expires) VALUES (?, ?, 'running', ?,"
+                f" ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, {clock} + ?)",
                 (sid, kind, phase, now, now, dump_json(meta), prompt, run_id,
-                 who.host, who.pid, who.started_at, now, epoch, duration),
+                 who.host, who.pid, who.started_at, now, epoch, name, duration),
             )  # fmt: skip
             if resume is not None and check is not None:
                 take_over(tx, takeover, sid, epoch, now, clock)
@@ -471,7 +474,7 @@ class StateDB:
             expires = tx.query("SELECT lease_expires FROM sessions WHERE id = ?", (sid,))
         return SessionRow(sid, kind, "running", phase, now, now, meta, None, prompt, run_id,
                           who.host, who.pid, who.started_at, now, epoch,
-                          float(expires[0]["lease_expires"]))  # fmt: skip
+                          float(expires[0]["lease_expires"]), None, name)  # fmt: skip
 
     def get_session(self, session_id: str) -> SessionRow | None:
         """The session with exactly this id, or ``None``."""
@@ -503,13 +506,40 @@ class StateDB:
         )
         return SessionRow.from_mapping(rows[0]) if rows else None
 
-    def list_sessions(self, *, limit: int | None = 20) -> list[SessionRow]:
-        """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all."""
-        sql = "SELECT * FROM sessions ORDER BY created_at DESC, id DESC"
-        params: tuple[object, ...] = ()
-        if limit is not None:
-            sql, params = sql + " LIMIT ?", (max(0, int(limit)),)
-        return [SessionRow.from_mapping(r) for r in self.backend.query(sql, params)]
+    def list_sessions(
+        self,
+        *,
+        limit: int | None = 20,
+        offset: int = 0,
+        stored: Sequence[str] | None = None,
+        text: str | None = None,
+    ) -> list[SessionRow]:
+        """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all.
+
+        ``stored``: only sessions whose stored status is one of these; ``text``: only those
+        whose name or run id contains it (case-insensitive); ``offset`` skips that many
+        rows first (a page of a long list).
+        """
+        where: list[str] = []
+        params: list[object] = []
+        if stored is not None:
+            marks = ", ".join("?" for _ in stored)
+            where.append(f"status IN ({marks})" if stored else "0=1")
+            params += list(stored)
+        if text:
+            pattern = "%" + re.sub(r"([\\%_])", r"\\\1", text.lower()) + "%"
+            where.append(
+                "(LOWER(COALESCE(name, '')) LIKE ? ESCAPE '\\'"
+                " OR LOWER(COALESCE(run_id, '')) LIKE ? ESCAPE '\\')"
+            )
+            params += [pattern, pattern]
+        sql = "SELECT * FROM sessions" + (" WHERE " + " AND ".join(where) if where else "")
+        sql += " ORDER BY created_at DESC, id DESC"
+        if limit is not None or offset:
+            sql += " LIMIT ? OFFSET ?"
+            # Both backends take a large bound; PostgreSQL refuses SQLite's LIMIT -1.
+            params += [2**62 if limit is None else max(0, int(limit)), max(0, int(offset))]
+        return [SessionRow.from_mapping(r) for r in self.backend.query(sql, tuple(params))]
 
     def _write(self, sql: str, params: Sequence[object]) -> int:
         """Run one statement in its own write transaction; return the row count."""
@@ -969,6 +999,40 @@ class StateDB:
                     (session_id, node.node_key, node.kind, node.node_id, node.assignee,
                      node.status, now, None if node.detail is None else dump_json(node.detail)),
                 )  # fmt: skip
+
+    def node_counts(self, session_ids: Sequence[str]) -> dict[str, dict[str, int]]:
+        """Session id -> node status -> how many published nodes have it (one query)."""
+        if not session_ids:
+            return {}
+        marks = ", ".join("?" for _ in session_ids)
+        rows = self.backend.query(
+            "SELECT session_id, status, COUNT(*) AS n FROM session_nodes"
+            f" WHERE session_id IN ({marks}) GROUP BY session_id, status",
+            tuple(session_ids),
+        )
+        out: dict[str, dict[str, int]] = {}
+        for r in rows:
+            out.setdefault(str(r["session_id"]), {})[str(r["status"])] = int(r["n"])
+        return out
+
+    def started_details(
+        self, session_id: str, *, limit: int, offset: int = 0
+    ) -> list[dict[str, Any]]:
+        """Details of the session's started nodes (not pending or paused), by ``node_key``."""
+        rows = self.backend.query(
+            "SELECT detail FROM session_nodes WHERE session_id = ?"
+            " AND status NOT IN ('pending', 'paused') ORDER BY node_key LIMIT ? OFFSET ?",
+            (session_id, limit, offset),
+        )
+        return [load_json(r["detail"]) or {} for r in rows]
+
+    def last_node_update(self, session_id: str) -> float | None:
+        """When a node of the session was last published, None when none was."""
+        rows = self.backend.query(
+            "SELECT MAX(updated_at) AS at FROM session_nodes WHERE session_id = ?", (session_id,)
+        )
+        at = rows[0]["at"] if rows else None
+        return None if at is None else float(at)
 
     def list_nodes(
         self,

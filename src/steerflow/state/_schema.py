@@ -254,6 +254,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         description="sessions.lease_epoch, lease_expires, lease_taken_by: leases with fencing",
         statements=LEASE_COLUMNS_DDL,
     ),
+    Migration(
+        version=5,
+        description="sessions.name: the run's name (plan, playbook or prompt line)",
+        statements=("ALTER TABLE sessions ADD COLUMN name TEXT",),
+    ),
 )
 """Every migration, oldest first."""
 
@@ -324,6 +329,7 @@ class SessionRow:
         lease_epoch: The fencing token of the session's lease; a takeover raises it.
         lease_expires: When the lease runs out, in the database's clock (epoch seconds).
         lease_taken_by: The session that took the lease over, if one did.
+        name: The run's name: plan ``name``, playbook name, else the prompt's first line.
     """
 
     id: str
@@ -343,6 +349,8 @@ class SessionRow:
     lease_epoch: int = 1
     lease_expires: float | None = None
     lease_taken_by: str | None = None
+    #: The run's name (``run_name``); None for a row written before migration 5.
+    name: str | None = None
 
     @property
     def artifact_contract(self) -> Any:

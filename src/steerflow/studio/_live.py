@@ -27,7 +27,7 @@ from pathlib import Path
 from steerflow import views
 from steerflow.home import is_run_id
 from steerflow.state import StateDB, db_exists
-from steerflow.studio._pages import runs_live
+from steerflow.studio._pages import RunsQuery, runs_live
 
 __all__ = ["LiveRuns"]
 
@@ -87,25 +87,32 @@ class LiveRuns:
         digest = hashlib.blake2b("|".join(parts).encode(), digest_size=12).hexdigest()
         return f'W/"{digest}"'
 
-    def runs_tag(self, status: str | None) -> str | None:
-        """The change tag of the runs list (the state DB alone holds it)."""
+    def runs_tag(self, query: RunsQuery) -> str | None:
+        """The change tag of one page of the runs list (the state DB alone holds it)."""
         version = self._version()
         if version is None:
             return None
-        recheck = self._recheck(f"runs?{status}")
-        digest = hashlib.blake2b(f"runs|{status}|{version}|{recheck}".encode(), digest_size=12)
+        key = "runs?" + query.params()
+        recheck = self._recheck(key)
+        digest = hashlib.blake2b(f"{key}|{version}|{recheck}".encode(), digest_size=12)
         return f'W/"{digest.hexdigest()}"'
 
-    def runs_answer(self, status: str | None, limit: int) -> tuple[str | None, bytes]:
+    def runs_answer(self, query: RunsQuery, limit: int) -> tuple[str | None, bytes]:
         """``(tag, the Runs page's live JSON)``, read again only after a commit."""
-        key = f"runs?{status}"
-        tag = self.runs_tag(status)
+        key = "runs?" + query.params()
+        tag = self.runs_tag(query)
         if tag is not None:
             with self._lock:
                 cached = self._cache.get(key)
                 if cached is not None and cached[0] == tag:
                     return cached
-        listed = views.list_runs(self.home, limit=limit, status=status)
+        listed = views.list_runs(
+            self.home,
+            limit=limit,
+            offset=query.page * limit,
+            status=query.status,
+            text=query.text,
+        )
         progress = views.run_progress(self.home, [r.session_id for r in listed])
         body = json.dumps(runs_live(listed, progress)).encode()
         if tag is not None:
@@ -143,7 +150,14 @@ class LiveRuns:
                     self._cache.move_to_end(target)
                     return cached
         view = views.show_run(self.home, target)
-        body = json.dumps(view.to_json(), default=str).encode()
+        shown = view.to_json()
+        # The page reloads its control log when this moves (a control sent from anywhere).
+        shown["control_count"] = (
+            len(views.control_status(self.home, view.session_id).controls)
+            if view.session_id and view.has_session
+            else 0
+        )
+        body = json.dumps(shown, default=str).encode()
         if tag is not None:
             self._remember(target, tag, body, running=view.status == "running")
         return tag, body

@@ -9,8 +9,10 @@ inline script and there is no script to load yet).
 from __future__ import annotations
 
 import html
+import re
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
@@ -18,7 +20,9 @@ from steerflow.views import RunListing, RunProgress
 
 __all__ = [
     "CSS",
+    "PAGE_SIZE",
     "STATUSES",
+    "RunsQuery",
     "control_forms",
     "duration",
     "error_page",
@@ -27,6 +31,7 @@ __all__ = [
     "run_href",
     "runs_live",
     "runs_page",
+    "visible",
     "when",
 ]
 
@@ -64,31 +69,101 @@ svg.dag .status-paused rect { fill: #fff0c2; stroke: #b08900; }
 svg.dag .status-skipped rect { fill: #f3f3f3; stroke: #bbb; }
 svg.dag .kind-spawned rect { stroke-dasharray: 4 2; }
 svg.dag .escalation rect { stroke-width: 2; stroke: #8b5cf6; }
-svg.dag line.edge { stroke: #999; }
-svg.dag line.spawn-edge { stroke-dasharray: 3 3; }
+svg.dag .edge polyline { fill: none; stroke: #8a8a90; stroke-width: 1.3; }
+svg.dag .arrowhead { fill: #8a8a90; }
+svg.dag .spawn-edge polyline { stroke-dasharray: 3 3; }
+svg.dag .edge-failed polyline { stroke: #d23c2f; stroke-dasharray: 6 3; }
+svg.dag .edge-always polyline { stroke: #8b5cf6; stroke-dasharray: 6 3; }
+svg.dag .edge-contains polyline { stroke: #b08900; stroke-dasharray: 2 3; }
+svg.timeline text { font: 11px system-ui, sans-serif; fill: #1d1d1f; }
+svg.timeline .axis { stroke: #999; }
+svg.timeline .bar { fill: #ccc; }
+svg.timeline .bar.status-running { fill: #3b82f6; }
+svg.timeline .bar.status-completed { fill: #2e9a48; }
+svg.timeline .bar.status-failed { fill: #d23c2f; }
+svg.timeline .bar.status-interrupted, svg.timeline .bar.status-paused { fill: #b08900; }
+#failures ul { margin: .2rem 0; padding-left: 1.2rem; }
+svg.dag text.edge-label { font-size: 10px; fill: #6a6a70; }
+svg.dag .edge-failed text.edge-label { fill: #d23c2f; }
 dl.facts { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
 dl.facts dt { font-weight: bold; }
+:root { color-scheme: light dark; }
+.nowrap, td.num { white-space: nowrap; }
+.wide { overflow-x: auto; max-width: 100%; }
+nav.filters, nav.pager { margin: .4rem 0; line-height: 2; }
+input[type=search] { width: 14rem; max-width: 60vw; }
+svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
+@media (max-width: 700px) {
+  body { margin: .6rem; font-size: 13px; }
+  th, td { padding: .25rem .3rem; }
+  dl.facts { grid-template-columns: auto; }
+  dl.facts dd { margin: 0 0 .3rem; }
+}
+@media (prefers-color-scheme: dark) {
+  body { background: #17171a; color: #e6e6e9; }
+  a { color: #8ab4ff; } a:visited { color: #c3a6ff; }
+  th, td { border-bottom-color: #333; }
+  .status { background: #333; }
+  .status-running { background: #1d3a5f; } .status-completed { background: #1e4a2a; }
+  .status-failed { background: #5a221e; } .status-interrupted, .status-timed_out,
+  .status-stopped { background: #4d3d10; }
+  .notice { background: #1a2a3d; border-color: #345; }
+  .error { background: #3d1a1a; border-color: #633; }
+  pre { background: #222226; border-color: #3a3a40; }
+  mark.steer { background: #5a4c10; color: inherit; }
+  .graph { border-color: #3a3a40; }
+  svg.dag text { fill: #e6e6e9; }
+  svg.dag rect { fill: #2a2a2e; stroke: #777; }
+  svg.dag .status-running rect { fill: #1d3a5f; }
+  svg.dag .status-completed rect { fill: #1e4a2a; }
+  svg.dag .status-failed rect { fill: #5a221e; }
+  svg.dag .status-paused rect, svg.dag .status-interrupted rect { fill: #4d3d10; }
+  svg.dag .status-skipped rect { fill: #242427; }
+  svg.dag .edge polyline { stroke: #9a9aa0; } svg.dag .arrowhead { fill: #9a9aa0; }
+  svg.dag text.edge-label { fill: #b0b0b8; }
+  svg.timeline text { fill: #e6e6e9; }
+}
 """
 
 
+#: Bidirectional embedding, override and isolate controls: shown as they are they reorder
+#: the text around them (a reason that reads as something else), so each is named.
+_BIDI = re.compile("[\u202a-\u202e\u2066-\u2069\u200e\u200f\u061c]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each bidi control written as ``<U+XXXX>`` (before escaping)."""
+    return _BIDI.sub(lambda m: f"<U+{ord(m.group()):04X}>", text)
+
+
 def esc(value: object) -> str:
-    """``value`` as HTML text or attribute content (quotes escaped too)."""
-    return html.escape("" if value is None else str(value), quote=True)
+    """``value`` as HTML text or attribute content (quotes escaped, bidi controls named)."""
+    return html.escape(visible("" if value is None else str(value)), quote=True)
 
 
-def page(title: str, body: str, *, live: str | None = None, live_kind: str = "run") -> str:
+def page(
+    title: str,
+    body: str,
+    *,
+    live: str | None = None,
+    live_kind: str = "run",
+    data: Mapping[str, str] | None = None,
+) -> str:
     """A whole page; ``live`` is the JSON the script polls to update it (no inline script).
 
-    ``live_kind`` tells the script which page it updates: ``run`` or ``runs``.
+    ``live_kind`` tells the script which page it updates: ``run``, ``runs`` or ``node``;
+    ``data`` are more ``data-*`` attributes of the body the script reads.
     """
+    attrs = "".join(f' data-{esc(k)}="{esc(v)}"' for k, v in (data or {}).items())
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
+        '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title>"
         '<link rel="stylesheet" href="/static/studio.css">'
         + ('<script src="/static/studio.js" defer></script>' if live else "")
         + "</head>\n"
         + (
-            f'<body data-live="{esc(live)}" data-live-kind="{esc(live_kind)}">'
+            f'<body data-live="{esc(live)}" data-live-kind="{esc(live_kind)}"{attrs}>'
             if live
             else "<body>"
         )
@@ -139,8 +214,14 @@ def _links(run: RunListing) -> str:
     return "; ".join(parts) or "-"
 
 
-def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
-    """Pause, Resume, Message and Stop forms for a running session (POST, with CSRF)."""
+def control_forms(
+    session_id: str, csrf: str, *, back: str = "/runs", target: str | None = None
+) -> str:
+    """Pause, Resume and Message forms (POST, with CSRF) and Stop, which confirms first.
+
+    Stop is a GET to the run's stop page (``target``: its run id, else the session id):
+    it says what is in flight before anything is sent.
+    """
     action = esc("/sessions/" + quote(session_id, safe="") + "/control")
     hidden = (
         f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
@@ -155,35 +236,59 @@ def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
         )
 
     text = '<input type="text" name="text" maxlength="65536" placeholder="message" required>'
+    stop = (
+        f'<form class="inline" method="get" action="{esc(run_href(target or session_id))}/stop">'
+        '<input type="text" name="reason" maxlength="500" placeholder="reason (optional)">'
+        '<label><input type="checkbox" name="now" value="1"> now</label>'
+        "<button>Stop…</button></form>"
+    )
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
-            button("stop", "Stop"),
+            stop,
         ]
     )
 
 
+def _counts(progress: RunProgress | None) -> str:
+    """Settled of all published nodes, with the failed and running ones named."""
+    if progress is None:
+        return "-"
+    text = f"{progress.done}/{progress.total}"
+    extra = [f"{progress.by_status[k]} {k}" for k in ("running", "failed")
+             if progress.by_status.get(k)]  # fmt: skip
+    return text + (f" ({', '.join(extra)})" if extra else "")
+
+
 def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
     run_id = run.run_id or ""
-    done = f"{progress.done}/{progress.total}" if progress is not None else "-"
+    done = _counts(progress)
     model = progress.model if progress is not None else None
     status_class = run.status if run.status in STATUSES else "unknown"
+    running = run.status == "running"
+    forms = control_forms(run.session_id, csrf, target=run.run_id) if running else "-"
     return (
         f'<tr id="{esc("run-" + run_id)}" data-run="{esc(run.session_id)}" '
         f'data-status="{esc(run.status)}">'
-        f'<td><a href="{esc(run_href(run_id or run.session_id))}">{esc(run_id or "-")}</a>'
-        f"<br><small>{esc(run.kind)} {esc(run.session_id)}</small></td>"
+        f'<td><a href="{esc(run_href(run_id or run.session_id))}">{esc(run.name or run_id or "-")}'
+        f'</a><br><small><span class="nowrap">{esc(run_id or "-")}</span> {esc(run.kind)} '
+        f"{esc(run.session_id)}</small></td>"
         f'<td><span class="status status-{status_class}">{esc(run.status)}</span></td>'
-        f'<td data-field="phase">{esc(run.phase or "-")}</td>'
+        f'<td data-field="phase">{esc(_phase(run))}</td>'
         f'<td class="num" data-field="progress">{esc(done)}</td>'
         f"<td>{esc(model or '-')}</td>"
-        f"<td>{esc(when(run.created_at))}</td>"
+        f'<td class="nowrap">{esc(when(run.created_at))}</td>'
         f'<td class="num" data-field="duration">{esc(duration(run.duration_s))}</td>'
         f"<td>{_links(run)}</td>"
-        f"<td>{control_forms(run.session_id, csrf) if run.status == 'running' else '-'}</td></tr>"
+        f"<td>{forms}</td></tr>"
     )
+
+
+def _phase(run: RunListing) -> str:
+    """A phase is where a running flow is: a settled run has none left to show."""
+    return (run.phase or "-") if run.status == "running" else "-"
 
 
 def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -> dict[str, Any]:
@@ -196,43 +301,94 @@ def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -
                 "session_id": run.session_id,
                 "run_id": run.run_id,
                 "status": run.status,
-                "phase": run.phase or "-",
-                "progress": f"{done.done}/{done.total}" if done is not None else "-",
+                "phase": _phase(run),
+                "progress": _counts(done),
                 "duration": duration(run.duration_s),
             }
         )
     return {"runs": out}
 
 
+#: Runs one page of the list shows.
+PAGE_SIZE = 50
+
+
+@dataclass(frozen=True)
+class RunsQuery:
+    """What the Runs page lists: a status, a text to find, and which page (from 0)."""
+
+    status: str | None = None
+    text: str = ""
+    page: int = 0
+
+    def params(self, **change: object) -> str:
+        """This query (with ``change``) as a URL query string, empty members left out."""
+        values: dict[str, object] = {"status": self.status, "q": self.text, "page": self.page}
+        values.update({("q" if k == "text" else k): v for k, v in change.items()})
+        return urlencode({k: v for k, v in values.items() if v})
+
+
+def _filters(query: RunsQuery) -> str:
+    links = ['<a href="/runs"' + ("" if query.status else ' class="on"') + ">all</a>"]
+    for name in STATUSES:
+        href = esc(
+            "/runs?" + urlencode({"status": name, **({"q": query.text} if query.text else {})})
+        )
+        on = ' class="on"' if name == query.status else ""
+        links.append(f'<a href="{href}"{on}>{esc(name)}</a>')
+    kept = (
+        f'<input type="hidden" name="status" value="{esc(query.status)}">' if query.status else ""
+    )
+    find = (
+        f'<form class="inline" method="get" action="/runs">{kept}'
+        f'<input type="search" name="q" value="{esc(query.text)}" maxlength="200" '
+        'placeholder="name or run id"><button>Find</button></form>'
+    )
+    return f'<nav class="filters">status: {" ".join(links)} {find}</nav>'
+
+
+def _pager(query: RunsQuery, shown: int, more: bool) -> str:
+    parts = []
+    if query.page:
+        parts.append(f'<a rel="prev" href="{esc("/runs?" + query.params(page=query.page - 1))}">'
+                     "newer</a>")  # fmt: skip
+    first = query.page * PAGE_SIZE + (1 if shown else 0)
+    parts.append(f"runs {first}-{query.page * PAGE_SIZE + shown}")
+    if more:
+        parts.append(f'<a rel="next" href="{esc("/runs?" + query.params(page=query.page + 1))}">'
+                     "older</a>")  # fmt: skip
+    return '<nav class="pager">' + " · ".join(parts) + "</nav>"
+
+
 def runs_page(
-    runs: Iterable[RunListing],
+    runs: Sequence[RunListing],
     progress: Mapping[str, RunProgress],
     *,
-    status: str | None,
+    query: RunsQuery,
     csrf: str,
+    more: bool = False,
     notice: str | None = None,
 ) -> str:
-    """The Runs page: newest first, filtered by ``status`` when given."""
-    filters = ['<a href="/runs"' + ("" if status else ' class="on"') + ">all</a>"]
-    for name in STATUSES:
-        href = esc("/runs?" + urlencode({"status": name}))
-        on = ' class="on"' if name == status else ""
-        filters.append(f'<a href="{href}"{on}>{esc(name)}</a>')
+    """The Runs page: newest first, filtered by status and text, one page of them."""
     rows = [_row(r, progress.get(r.session_id), csrf) for r in runs]
-    body = [f"<nav>status: {' '.join(filters)}</nav>"]
+    body = [_filters(query)]
     if notice:
         body.append(f'<p class="notice">{esc(notice)}</p>')
     if rows:
         body.append(
-            '<table class="runs"><thead><tr><th>run</th><th>status</th><th>phase</th>'
-            "<th>progress</th><th>model</th><th>started</th><th>duration</th>"
+            '<div class="wide"><table class="runs"><thead><tr><th>run</th><th>status</th>'
+            "<th>phase</th><th>nodes</th><th>model</th><th>started</th><th>duration</th>"
             "<th>resumes</th><th>controls</th></tr></thead>\n<tbody>\n"
             + "\n".join(rows)
-            + "\n</tbody></table>"
+            + "\n</tbody></table></div>"
         )
     else:
-        body.append("<p>no runs" + (f" with status {esc(status)}" if status else "") + "</p>")
-    live = "/api/runs" + (f"?{urlencode({'status': status})}" if status else "")
+        what = f" with status {esc(query.status)}" if query.status else ""
+        body.append(
+            f"<p>no runs{what}" + (f" matching {esc(query.text)}" if query.text else "") + "</p>"
+        )
+    body.append(_pager(query, len(rows), more))
+    live = "/api/runs" + (f"?{query.params()}" if query.params() else "")
     return page("steerflow studio: runs", "\n".join(body), live=live, live_kind="runs")
 
 

@@ -18,6 +18,7 @@ from steerflow.studio._pages import (
     when,
 )
 from steerflow.studio._svg import graph_svg
+from steerflow.studio._timeline import timeline_svg
 from steerflow.views import (
     CheckpointReport,
     ControlStatus,
@@ -27,7 +28,15 @@ from steerflow.views import (
     RunView,
 )
 
-__all__ = ["RECOVERABLE", "node_page", "run_page", "steer_marked"]
+__all__ = [
+    "RECOVERABLE",
+    "history",
+    "history_table",
+    "node_page",
+    "readable_result",
+    "run_page",
+    "steer_marked",
+]
 
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
@@ -37,6 +46,10 @@ def _status(value: str | None) -> str:
     shown = value or "unknown"
     known = shown if shown in STATUSES else "unknown"
     return f'<span class="status status-{known}" id="run-status">{esc(shown)}</span>'
+
+
+def _phase(view: RunView) -> str:
+    return (view.phase or "-") if view.status == "running" else "-"
 
 
 def _facts(rows: list[tuple[str, str]]) -> str:
@@ -78,46 +91,150 @@ def _nodes_table(view: RunView) -> str:
             f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
             f"<td>{esc(node.kind)}</td>"
             f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
-            f"<td>{esc(node.model or '-')}</td>"
-            f'<td class="num">{esc(duration(node.duration_s))}</td>'
+            f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
+            f'<td class="num" data-node-duration="{esc(node.id)}">'
+            f"{esc(duration(node.duration_s))}</td>"
             f"<td>{esc(node.assignee or '-')}</td>"
             f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
         )
     return (
-        "<table><thead><tr><th>node</th><th>kind</th><th>status</th><th>model</th>"
-        "<th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
+        '<div class="wide"><table><thead><tr><th>node</th><th>kind</th><th>status</th>'
+        "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
         + "".join(rows)
-        + "</tbody></table>"
+        + "</tbody></table></div>"
     )
 
 
 def _control_log(status: ControlStatus | None) -> str:
+    # The count lets the script reload once a control is sent from anywhere (ctl, MCP).
+    count = len(status.controls) if status is not None else 0
+    head = f'<div id="control-log" data-count="{count}">'
     if status is None or not status.controls:
-        return "<p>no controls sent</p>"
+        return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.payload))}</td><td>{esc(when(c.created_at))}</td>" + _result(c.result)
+        f"<td>{esc(_payload(c.verb, c.payload))}</td><td>{esc(when(c.created_at))}</td>"
+        f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
     ]
     return (
-        "<table><thead><tr><th>control</th><th>verb</th><th>payload</th><th>sent</th>"
-        "<th>result</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table>"
+        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>sent</th>"
+        "<th>applied</th><th>result</th></tr></thead><tbody>"
+        + "".join(rows)
+        + "</tbody></table></div>"
+    )
+
+
+def _errors(view: RunView) -> str:
+    """The failed nodes and their errors, first thing under the facts (not a click away)."""
+    failed = [n for n in view.nodes if n.status == "failed"]
+    if not failed:
+        return ""
+    items = "".join(
+        f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
+        f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
+        for n in failed
+    )
+    return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+
+
+def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
+    """``(when, what, detail)`` of the run's events, in time order.
+
+    Controls queued and applied (with the node that took each operator message), node
+    starts and ends, resumes and forks, and the checkpoint's last save.
+    """
+    events: list[tuple[float, str, str]] = []
+    took: dict[str, list[str]] = {}
+    for node in view.nodes:
+        detail = node.detail or {}
+        for control_id in detail.get("steers") or []:
+            took.setdefault(str(control_id), []).append(node.id)
+        start, end = detail.get("started_at"), detail.get("ended_at")
+        if isinstance(start, (int, float)):
+            events.append((float(start), "node started", node.id))
+        if isinstance(end, (int, float)):
+            events.append((float(end), f"node {node.status}", node.id))
+    for c in control.controls if control is not None else ():
+        what = f"{c.verb} {c.id[:8]}"
+        events.append((c.created_at, "control queued", f"{what}: {_payload(c.verb, c.payload)}"))
+        if c.applied_at is not None:
+            by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
+            result = readable_result(c.result or "")
+            events.append((c.applied_at, "control applied", f"{what}: {result}{by}"))
+    for item in view.resumed_by:
+        at = item.get("created_at")
+        if isinstance(at, (int, float)):
+            how = "forked" if item.get("fork") else "resumed"
+            events.append(
+                (float(at), how, f"by run {item.get('run_id') or item.get('session_id')}")
+            )
+    if view.checkpoint_exists:
+        try:
+            saved = view.checkpoint_path.stat().st_mtime
+        except OSError:
+            saved = None
+        if saved is not None:
+            events.append((saved, "checkpoint saved", f"v{view.checkpoint_version} (last save)"))
+    return sorted(events, key=lambda e: e[0])
+
+
+def history_table(view: RunView, control: ControlStatus | None) -> str:
+    """The run's :func:`history` as a table."""
+    rows = [
+        f'<tr><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
+        f"<td>{esc(detail)}</td></tr>"
+        for at, what, detail in history(view, control)
+    ]
+    if not rows:
+        return "<p>nothing recorded yet</p>"
+    return (
+        '<div class="wide"><table id="history"><thead><tr><th>when</th><th>event</th>'
+        "<th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
     )
 
 
 def _result(result: str | None) -> str:
     if result:
-        return f"<td>{esc(result)}</td></tr>"
+        return f"<td>{esc(readable_result(result))}</td></tr>"
     # The script reloads the page once the flow stamps a pending row (a changed answer).
     return "<td data-control-pending>pending</td></tr>"
 
 
-def _payload(payload: object) -> str:
+def readable_result(result: str) -> str:
+    """A stored control result (CONTRACT §7) in words; the claimant's host and pid kept."""
+    head, _, rest = result.partition(":")
+    if head == "applying":
+        host, _, tail = rest.partition(":")
+        pid = tail.partition(":")[0]
+        return f"being applied by the flow on {host}" + (f" (pid {pid})" if pid else "")
+    if head == "rejected":
+        return "rejected: " + (rest.replace("-", " ") if rest else "no reason given")
+    if head == "abandoned":
+        return "abandoned" + (f" (resolved by {rest})" if rest else "")
+    return result
+
+
+def _payload(verb: str, payload: object) -> str:
+    """What the operator asked for, in words (never a Python repr of the stored row)."""
     if payload is None:
         return "-"
     if isinstance(payload, dict):
-        return ", ".join(f"{k}: {v}" for k, v in payload.items())
+        if verb == "stop":
+            how = "stop now (cancel calls in flight)" if payload.get("now") else "stop when idle"
+            reason = payload.get("reason")
+            return how + (f"; reason: {reason}" if reason else "")
+        text = payload.get("text")
+        if isinstance(text, str):
+            return text
+        return "; ".join(f"{k}: {_word(v)}" for k, v in payload.items() if v is not None) or "-"
     return str(payload)
+
+
+def _word(value: object) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    return str(value)
 
 
 def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
@@ -170,24 +287,28 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
             f"{esc(preflight.refusal.code)}</strong> (exit {preflight.refusal.exit_code}): "
             f"{esc(preflight.refusal.message)}</p>"
         )
-        return "\n".join(lines)
-    replayed, to_run = preflight.replayed, preflight.to_run
-    lines.append(
-        '<p id="preflight-verdict">would replay '
-        f"{len(replayed)}: {esc(', '.join(replayed) or '-')}; would run {len(to_run)}: "
-        f"{esc(', '.join(to_run) or '-')}</p>"
-    )
+    else:
+        replayed, to_run = preflight.replayed, preflight.to_run
+        lines.append(
+            '<p id="preflight-verdict">would replay '
+            f"{len(replayed)}: {esc(', '.join(replayed) or '-')}; would run {len(to_run)}: "
+            f"{esc(', '.join(to_run) or '-')}</p>"
+        )
     if preflight.degraded_context:
         lines.append(f"<p>degraded context: {esc(', '.join(preflight.degraded_context))}</p>")
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
     lines += _stranded(preflight.stranded_messages)
-    action = esc(run_href(run_id) + "/resume")
-    lines.append(
-        f'<form method="post" action="{action}">'
-        f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
-        "<button>Resume</button> (starts <code>steerflow resume</code> in the background)"
-        "</form>"
-    )
+    # Each mode confirms first: its own dry run, what it runs and what it pays again.
+    links = [
+        f'<a class="action" href="{esc(run_href(run_id) + "/resume?mode=" + mode)}">{label}…</a>'
+        for mode, label in (
+            ("resume", "Resume"),
+            ("retry_failed", "Retry failed"),
+            ("fork", "Fork"),
+            ("rerun_unsettled", "Rerun unsettled"),
+        )
+    ]
+    lines.append(f'<p id="recovery-actions">{" · ".join(links)}</p>')
     return "\n".join(lines)
 
 
@@ -209,7 +330,8 @@ def run_page(
         _facts(
             [
                 ("status", _status(view.status)),
-                ("phase", f'<span id="run-phase">{esc(view.phase or "-")}</span>'),
+                # A phase is where a running flow is: a settled run has none left.
+                ("phase", f'<span id="run-phase">{esc(_phase(view))}</span>'),
                 ("kind", esc(view.kind or "-")),
                 ("session", f"<code>{esc(view.session_id or '-')}</code>"),
                 (
@@ -228,13 +350,20 @@ def run_page(
     )
     if view.status == "running" and view.session_id:
         back = run_href(view.run_id)
-        body.append(f"<p>{control_forms(view.session_id, csrf, back=back)}</p>")
+        forms = control_forms(view.session_id, csrf, back=back, target=view.run_id)
+        body.append(f"<p>{forms}</p>")
+    nodes_base = run_href(view.run_id) + "/nodes/"
+    body.append(_errors(view))
     body.append('<h3>graph</h3><div class="graph">')
-    body.append(graph_svg(graph, base=run_href(view.run_id) + "/nodes/"))
+    body.append(graph_svg(graph, base=nodes_base))
+    body.append('</div><h3>timeline</h3><div class="wide">')
+    body.append(timeline_svg(view, base=nodes_base))
     body.append("</div><h3>nodes</h3>")
     body.append(_nodes_table(view))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
+    body.append("<h3>history</h3>")
+    body.append(history_table(view, control))
     if recovery is not None:
         body.append('<section id="recovery"><h2>recovery</h2>')
         body.append(_recovery(view.run_id, *recovery, csrf=csrf))
@@ -335,4 +464,11 @@ def node_page(detail: NodeDetail) -> str:
         )
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
-    return page(f"steerflow studio: {detail.id} of {run}", "\n".join(body))
+    # The node page reloads when the node's status moves (its response or error lands).
+    return page(
+        f"steerflow studio: {detail.id} of {run}",
+        "\n".join(body),
+        live="/api/runs/" + quote(run, safe=""),
+        live_kind="node",
+        data={"node": detail.id, "node-status": detail.status},
+    )

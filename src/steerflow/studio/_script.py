@@ -19,7 +19,17 @@ SCRIPT = """\
   var source = document.body.getAttribute("data-live");
   if (!source) { return; }
   var kind = document.body.getAttribute("data-live-kind");
-  var NODE = ["pending", "running", "paused", "completed", "failed", "skipped"];
+  var NODE = ["pending", "running", "paused", "completed", "failed", "skipped",
+              "interrupted"];
+  // As the server's duration(): the same text whether rendered or updated.
+  function duration(s) {
+    if (s === null || s === undefined) { return "-"; }
+    if (s < 60) { return s.toFixed(1) + "s"; }
+    var m = Math.floor(s / 60), rest = Math.floor(s) % 60, h = Math.floor(m / 60);
+    m = m % 60;
+    function two(n) { return (n < 10 ? "0" : "") + n; }
+    return h ? h + "h" + two(m) + "m" : m + "m" + two(rest) + "s";
+  }
   var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped"];
   function setStatus(el, status, known) {
     var keep = (el.getAttribute("class") || "").split(/\\s+/).filter(function (c) {
@@ -62,7 +72,28 @@ SCRIPT = """\
   var resumes = document.getElementById("run-resumes");
   var resumeCount = resumes ? resumes.getAttribute("data-count") : null;
   var answers = 0;
+  var log = document.getElementById("control-log");
+  var logCount = log ? log.getAttribute("data-count") : null;
+  var nodeStatus = document.body.getAttribute("data-node-status");
+  var DONE = ["completed", "failed", "skipped"];
+  var baseline = null;
   function stale(view) {
+    if (kind === "node") {
+      var key = document.body.getAttribute("data-node");
+      var mine = (view.nodes || []).filter(function (n) { return n.id === key; })[0];
+      if (!mine) { return false; }
+      // Against the first answer, not the page: the two readers may name a dead run's
+      // node differently, and a reload must not loop. An end missed since load reloads.
+      if (baseline === null) {
+        baseline = mine.status;
+        return DONE.indexOf(mine.status) >= 0 && DONE.indexOf(nodeStatus) < 0;
+      }
+      return mine.status !== baseline;
+    }
+    if (logCount !== null && view.control_count !== undefined &&
+        String(view.control_count) !== logCount) {
+      return true;
+    }
     // Only an end reloads: a cached "running" answer must not bounce a fresh page.
     if (rendered && view.status && view.status !== rendered && view.status !== "running") {
       return true;
@@ -76,7 +107,9 @@ SCRIPT = """\
   function apply(view) {
     answers += 1;
     if (stale(view) && !typing()) { window.location.reload(); return; }
+    if (kind === "node") { return; }
     var byId = {};
+    var byNode = {};
     var drawn = {};
     document.querySelectorAll("g[data-node]").forEach(function (g) {
       drawn[g.getAttribute("data-node")] = g;
@@ -84,6 +117,7 @@ SCRIPT = """\
     var missing = false;
     (view.nodes || []).forEach(function (n) {
       byId[n.id] = n.status;
+      byNode[n.id] = n;
       if (drawn[n.id]) { setStatus(drawn[n.id], n.status, NODE); } else { missing = true; }
     });
     if (missing) { window.location.reload(); return; }
@@ -91,19 +125,57 @@ SCRIPT = """\
       var s = byId[td.getAttribute("data-node-status")];
       if (s) { td.textContent = s; }
     });
+    // Durations and models move after load: a node that started or ended since.
+    document.querySelectorAll("[data-node-duration]").forEach(function (td) {
+      var n = byNode[td.getAttribute("data-node-duration")];
+      if (n && "duration_s" in n) { td.textContent = duration(n.duration_s); }
+    });
+    document.querySelectorAll("[data-node-model]").forEach(function (td) {
+      var n = byNode[td.getAttribute("data-node-model")];
+      if (n && n.model) { td.textContent = n.model; }
+    });
+    timeline(view.nodes || []);
     var status = document.getElementById("run-status");
     if (status && view.status) {
       status.textContent = view.status;
       setStatus(status, view.status, RUN);
     }
     var phase = document.getElementById("run-phase");
-    if (phase) { phase.textContent = view.phase || "-"; }
+    if (phase) { phase.textContent = view.status === "running" ? (view.phase || "-") : "-"; }
     var s = view.summary || {};
     var progress = document.getElementById("run-progress");
     if (progress) {
       progress.textContent = s.completed + " completed, " + s.failed + " failed, " +
         s.running + " running of " + s.total;
     }
+  }
+  // The Gantt bars from the live answer: a running node ends at start + duration_s (the
+  // server's clock, not this browser's), then every bar is scaled to the new span.
+  function timeline(nodes) {
+    var svg = document.querySelector("svg.timeline");
+    if (!svg) { return; }
+    var x0 = parseFloat(svg.getAttribute("data-x0")), w = parseFloat(svg.getAttribute("data-w"));
+    var times = {}, t0 = null, t1 = null;
+    nodes.forEach(function (n) {
+      var d = n.detail || {};
+      if (typeof d.started_at !== "number") { return; }
+      var end = typeof d.ended_at === "number" ? d.ended_at :
+        d.started_at + (typeof n.duration_s === "number" ? n.duration_s : 0);
+      times[n.id] = [d.started_at, end, n.status];
+      t0 = t0 === null ? d.started_at : Math.min(t0, d.started_at);
+      t1 = t1 === null ? end : Math.max(t1, end);
+    });
+    if (t0 === null) { return; }
+    var span = Math.max(t1 - t0, 0.001);
+    svg.querySelectorAll("rect[data-bar]").forEach(function (bar) {
+      var t = times[bar.getAttribute("data-bar")];
+      if (!t) { return; }
+      bar.setAttribute("x", (x0 + (t[0] - t0) / span * w).toFixed(1));
+      bar.setAttribute("width", Math.max(2, (t[1] - t[0]) / span * w).toFixed(1));
+      setStatus(bar, t[2], NODE);
+    });
+    var end = document.getElementById("timeline-end");
+    if (end) { end.textContent = duration(span); }
   }
   var tag = null;
   function tick() {

@@ -1,51 +1,159 @@
-"""The run's DAG as SVG, drawn on the server: layered by dependency, coloured by class.
+"""The run's DAG as SVG, drawn on the server: laid out by grandalf's Sugiyama layout.
+
+grandalf (decision 201) ranks the nodes top-down, orders each layer to cut crossings and
+puts a dummy vertex on every layer an edge skips, so an edge from ``parse`` to ``report``
+past ``chart`` runs through the gap grandalf kept for it instead of through ``chart``'s
+box. Each edge is drawn as a polyline: down from the source's bottom edge, through each
+of its dummies vertically (the layer's height, clear of the boxes beside it), into the
+target's top edge, ending in an arrowhead.
 
 No inline style (the CSP forbids it): colours come from the stylesheet through classes
-(``status-<status>``, ``kind-spawned``, ``escalation``). Every id is escaped; links are
-built with :func:`urllib.parse.quote`.
+(``status-<status>``, ``kind-spawned``, ``escalation``, ``edge-failed``...). Every id and
+label is escaped; links are built with :func:`urllib.parse.quote`.
 """
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
 from steerflow.studio._pages import esc
-from steerflow.views import RunGraph
+from steerflow.views import GraphNode, RunGraph
 
-__all__ = ["NODE_H", "NODE_W", "graph_svg"]
+__all__ = ["NODE_H", "NODE_W", "graph_svg", "layout"]
 
 NODE_W, NODE_H = 150, 26
-_GAP_X, _GAP_Y, _PAD = 50, 12, 8
-_NODE_STATUSES = ("pending", "running", "paused", "completed", "failed", "skipped")
+_PAD, _X_SPACE, _Y_SPACE, _COMPONENT_GAP = 12, 24, 44, 40
+_NODE_STATUSES = ("pending", "running", "paused", "completed", "failed", "skipped", "interrupted")
 _LABEL_CHARS = 20
+_CONDITION_CHARS = 24
+
+Point = tuple[float, float]
 
 
-def _label(text: str) -> str:
-    return text if len(text) <= _LABEL_CHARS else text[: _LABEL_CHARS - 1] + "…"
+class _View:
+    """What grandalf reads and writes on a vertex: its size, then its centre."""
+
+    def __init__(self, w: float, h: float) -> None:
+        self.w, self.h = w, h
+        self.xy: Point = (0.0, 0.0)
+
+
+class _EdgeView:
+    def __init__(self) -> None:
+        self.points: list[Point] = []
+
+    def setpath(self, pts: list[Point]) -> None:
+        self.points = list(pts)
+
+
+def _label(text: str, limit: int = _LABEL_CHARS) -> str:
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def layout(graph: RunGraph) -> tuple[dict[str, Point], dict[tuple[str, str], list[Point]]]:
+    """Node id -> top-left corner, and (dependency, node) -> the edge's polyline."""
+    from grandalf.graphs import Edge, Graph, Vertex
+    from grandalf.layouts import SugiyamaLayout
+
+    vertices = {n.id: Vertex(n.id) for n in graph.nodes}
+    for v in vertices.values():
+        v.view = _View(NODE_W, NODE_H)
+    edges: dict[tuple[str, str], Any] = {}
+    for node in graph.nodes:
+        for dep in node.depends_on:
+            if dep in vertices and dep != node.id and (dep, node.id) not in edges:
+                edge = Edge(vertices[dep], vertices[node.id])
+                edge.view = _EdgeView()
+                edges[(dep, node.id)] = edge
+    where: dict[str, Point] = {}
+    offset = float(_PAD)
+    for component in Graph(list(vertices.values()), list(edges.values())).C:
+        sug = SugiyamaLayout(component)
+        sug.xspace, sug.yspace = _X_SPACE, _Y_SPACE
+        sug.init_all()
+        sug.dw, sug.dh = 12, NODE_H  # dummies as tall as a box: a layer's band is uniform
+        sug.draw()
+        # Dummy vertices (an edge's bends) may lie beside every box: bound them too.
+        bends = [x for e in component.sE for x, _ in e.view.points]
+        left = min([v.view.xy[0] - v.view.w / 2 for v in component.sV] + bends)
+        right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + bends)
+        shift = offset - left
+        for v in component.sV:
+            x, y = v.view.xy
+            v.view.xy = (x + shift, y + _PAD)
+            where[v.data] = (x + shift - NODE_W / 2, y + _PAD - NODE_H / 2)
+        for e in component.sE:
+            e.view.points = [(x + shift, y + _PAD) for x, y in e.view.points]
+        offset = right + shift + _COMPONENT_GAP
+    return where, {key: _route(e.view.points) for key, e in edges.items()}
+
+
+def _route(centres: list[Point]) -> list[Point]:
+    """Bottom of the source, vertically through each dummy's layer, top of the target."""
+    if len(centres) < 2:
+        return []
+    (sx, sy), (tx, ty) = centres[0], centres[-1]
+    if ty < sy:  # an edge grandalf inverted to break a cycle: drawn as it is stored
+        return [(sx, sy - NODE_H / 2), (tx, ty + NODE_H / 2)]
+    out = [(sx, sy + NODE_H / 2)]
+    for dx, dy in centres[1:-1]:
+        out += [(dx, dy - NODE_H / 2), (dx, dy + NODE_H / 2)]
+    out.append((tx, ty - NODE_H / 2))
+    return out
+
+
+def _edge_label(condition: dict[str, Any] | None) -> str | None:
+    if condition is None:
+        return None
+    when = condition.get("when") or "completed"
+    parts = {"failed": ["on failure"], "always": ["always"]}.get(str(when), [])
+    contains = condition.get("if_contains")
+    if isinstance(contains, str):
+        parts.append(f"if contains “{_label(contains, _CONDITION_CHARS)}”")
+    return ", ".join(parts) or None
+
+
+def _edge(dep: str, node: GraphNode, points: list[Point]) -> str:
+    condition = node.condition(dep)
+    classes = ["edge"]
+    if dep == node.parent:
+        classes.append("spawn-edge")
+    if condition is not None:
+        classes.append(f"edge-{condition.get('when') or 'completed'}")
+        if condition.get("if_contains") is not None:
+            classes.append("edge-contains")
+    path = " ".join(f"{x:.1f},{y:.1f}" for x, y in points)
+    label = _edge_label(condition)
+    text = ""
+    if label is not None:
+        # Midway along the last segment: just above the target, where the edge is its own.
+        (x0, y0), (x1, y1) = points[-2], points[-1]
+        text = (
+            f'<text class="edge-label" x="{(x0 + x1) / 2 + 4:.1f}" y="{(y0 + y1) / 2:.1f}">'
+            f"{esc(label)}</text>"
+        )
+    return (
+        f'<g class="{" ".join(classes)}" data-edge="{esc(dep)}>{esc(node.id)}">'
+        f"<title>{esc(dep)} → {esc(node.id)}{esc(': ' + label if label else '')}</title>"
+        f'<polyline points="{path}" marker-end="url(#arrow)"/>{text}</g>'
+    )
 
 
 def graph_svg(graph: RunGraph, *, base: str) -> str:
     """``<svg>`` of ``graph``; each node links to ``base + quote(node id)``."""
-    layers = graph.layers()
-    where: dict[str, tuple[int, int]] = {}
-    for col, nodes in enumerate(layers):
-        for row, node in enumerate(nodes):
-            where[node.id] = (_PAD + col * (NODE_W + _GAP_X), _PAD + row * (NODE_H + _GAP_Y))
-    width = _PAD * 2 + max(len(layers), 1) * (NODE_W + _GAP_X) - _GAP_X
-    height = _PAD * 2 + max((len(n) for n in layers), default=1) * (NODE_H + _GAP_Y) - _GAP_Y
+    where, routes = layout(graph) if graph.nodes else ({}, {})
+    bends = [x for points in routes.values() for x, _ in points]
+    width = max([x + NODE_W for x, _ in where.values()] + bends, default=0) + _PAD
+    height = max((y + NODE_H for _, y in where.values()), default=0) + _PAD
     edges: list[str] = []
     shapes: list[str] = []
     for node in graph.nodes:
         x, y = where[node.id]
         for dep in node.depends_on:
-            if dep not in where:
-                continue
-            dx, dy = where[dep]
-            kind = " spawn-edge" if dep == node.parent else ""
-            edges.append(
-                f'<line class="edge{kind}" x1="{dx + NODE_W}" y1="{dy + NODE_H // 2}" '
-                f'x2="{x}" y2="{y + NODE_H // 2}"/>'
-            )
+            points = routes.get((dep, node.id))
+            if points:
+                edges.append(_edge(dep, node, points))
         status = node.status if node.status in _NODE_STATUSES else "unknown"
         classes = f"node status-{status} kind-{'spawned' if node.kind == 'spawned' else 'planned'}"
         if node.escalated_from:
@@ -54,11 +162,16 @@ def graph_svg(graph: RunGraph, *, base: str) -> str:
         shapes.append(
             f'<a href="{href}"><g class="{classes}" data-node="{esc(node.id)}">'
             f"<title>{esc(node.id)} ({esc(node.status)})</title>"
-            f'<rect x="{x}" y="{y}" width="{NODE_W}" height="{NODE_H}" rx="4"/>'
-            f'<text x="{x + 6}" y="{y + NODE_H - 8}">{esc(_label(node.id))}</text></g></a>'
+            f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="4"/>'
+            f'<text x="{x + 6:.1f}" y="{y + NODE_H - 8:.1f}">{esc(_label(node.id))}</text></g></a>'
         )
+    marker = (
+        '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" '
+        'markerHeight="7" orient="auto-start-reverse"><path class="arrowhead" '
+        'd="M0,0 L10,5 L0,10 z"/></marker></defs>'
+    )
     return (
-        f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width}" '
-        f'height="{height}" viewBox="0 0 {width} {height}" role="img" '
-        f'aria-label="dependency graph">' + "".join(edges) + "".join(shapes) + "</svg>"
+        f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
+        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'aria-label="dependency graph">' + marker + "".join(edges) + "".join(shapes) + "</svg>"
     )

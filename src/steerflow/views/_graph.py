@@ -28,6 +28,13 @@ class GraphNode:
     #: The node an escalation retry (``<agent_id>.esc<N>``) retries, else None.
     escalated_from: str | None
     layer: int
+    #: Dependency id -> ``{when, if_contains}`` for its conditional edges (plan
+    #: ``depends_on: [{id, when, if_contains}]``); an unconditional edge is not listed.
+    conditions: tuple[tuple[str, dict[str, Any]], ...] = ()
+
+    def condition(self, dep: str) -> dict[str, Any] | None:
+        """The condition on the edge from ``dep``, None when it is unconditional."""
+        return next((c for d, c in self.conditions if d == dep), None)
 
     def to_json(self) -> dict[str, Any]:
         """A JSON object of the same members."""
@@ -39,6 +46,7 @@ class GraphNode:
             "parent": self.parent,
             "escalated_from": self.escalated_from,
             "layer": self.layer,
+            "conditions": {d: dict(c) for d, c in self.conditions},
         }
 
 
@@ -84,6 +92,7 @@ def run_graph(home: Path, target: str) -> RunGraph:
                 parent=node.parent,
                 escalated_from=_str(node.extra("escalated_from")),
                 layer=layers[node.key],
+                conditions=tuple(sorted(node.conditions.items())),
             )
             for node in record.nodes
         ),

@@ -27,7 +27,8 @@ class RunProgress:
     done: int
     total: int
     by_status: dict[str, int]
-    #: The model of the first published call, None before any node ran.
+    #: The model of the first call this session made (a node a resume replayed made
+    #: none here); None before any node ran.
     model: str | None
 
     def to_json(self) -> dict[str, Any]:
@@ -47,23 +48,37 @@ def run_progress(home: Path, session_ids: Sequence[str]) -> dict[str, RunProgres
         return {}
     out: dict[str, RunProgress] = {}
     with StateDB.open(home, create=False) as db:
+        # One grouped count for the page, then a few details per run that ran nodes.
+        all_counts = db.node_counts(list(session_ids))
         for session_id in session_ids:
-            rows = db.list_nodes(session_id, detail=False)
-            counts: dict[str, int] = {}
-            for row in rows:
-                counts[row.status] = counts.get(row.status, 0) + 1
-            model = None
-            # Statuses first, then one row's detail: decoding every detail is the cost.
-            started = [r.node_key for r in rows if r.status not in ("pending", "paused")]
-            if started:
-                detail = db.list_nodes(session_id, keys=started[:1])
-                found = detail[0].detail if detail else None
-                model = str(found["model"]) if found and found.get("model") else None
+            counts = all_counts.get(session_id, {})
+            ran = any(status not in ("pending", "paused") for status in counts)
             out[session_id] = RunProgress(
                 session_id=session_id,
                 done=sum(n for status, n in counts.items() if status in _DONE),
-                total=len(rows),
+                total=sum(counts.values()),
                 by_status=counts,
-                model=model,
+                model=_first_model(db, session_id) if ran else None,
             )
     return out
+
+
+#: Details decoded per query while looking for the first call this session made.
+_MODEL_BATCH = 16
+
+
+def _first_model(db: StateDB, session_id: str) -> str | None:
+    """The model of the first started node that this session called, not replayed.
+
+    Details come in small batches: decoding every detail of a long run is the cost, and
+    a resumed run's first nodes are often all replays.
+    """
+    offset = 0
+    while True:
+        batch = db.started_details(session_id, limit=_MODEL_BATCH, offset=offset)
+        for found in batch:
+            if isinstance(found, dict) and found.get("model") and not found.get("replayed"):
+                return str(found["model"])
+        if len(batch) < _MODEL_BATCH:
+            return None
+        offset += _MODEL_BATCH

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, get_args
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
-from steerflow.errors import CheckpointRecoveryError
+from steerflow.errors import CheckpointRecoveryError, UsageError, quote_input
 from steerflow.orchestrate._agent_state import ordered_keys
 from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.resume import resolve_run_target
-from steerflow.state import NodeRow, SessionRow, StateDB, db_exists
+from steerflow.state import NodeRow, SessionRow, SessionStatus, StateDB, db_exists
 
 __all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
 
@@ -38,12 +38,15 @@ class RunListing:
     resumed_from_run: str | None
     #: Every resume of this run, oldest first (``ResumedBy.to_json`` objects).
     resumed_by: tuple[dict[str, Any], ...] = ()
+    #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
+    name: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``runs --json`` row."""
         return {
             "session_id": self.session_id,
             "run_id": self.run_id,
+            "name": self.name,
             "kind": self.kind,
             "status": self.status,
             "created_at": self.created_at,
@@ -55,44 +58,102 @@ class RunListing:
         }
 
 
-def list_runs(home: Path, *, limit: int | None = 20, status: str | None = None) -> list[RunListing]:
+#: What a status filter may name: the stored vocabulary (a dead run reads ``interrupted``).
+STATUSES: tuple[str, ...] = get_args(SessionStatus)
+#: Rows read per query while a status filter drops dead-or-alive ``running`` rows.
+_BATCH = 500
+
+
+def list_runs(
+    home: Path,
+    *,
+    limit: int | None = 20,
+    status: str | None = None,
+    offset: int = 0,
+    text: str | None = None,
+) -> list[RunListing]:
     """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
 
-    ``status`` filters on the effective status (a dead run reads as ``interrupted``), so
-    a filtered list may hold fewer than ``limit`` rows although more runs exist.
+    ``text``: only runs whose name or run id contains it (case-insensitive).
+
+    ``status`` filters on the effective status (a dead run reads as ``interrupted``)
+    before ``limit`` cuts: the list holds ``limit`` rows whenever that many match.
+    ``offset`` skips that many matching runs first (a page of the list).
+
+    Raises:
+        UsageError: ``status`` is not a session status, or ``limit``/``offset`` is
+            negative.
     """
+    if status is not None and status not in STATUSES:
+        raise UsageError(
+            f"unknown status {quote_input(status)}: expected one of {', '.join(STATUSES)}"
+        )
+    if (limit is not None and limit < 0) or offset < 0:
+        raise UsageError("limit and offset must not be negative")
     if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
-        rows = db.list_sessions(limit=limit)
+        rows = _matching_sessions(db, status, limit, offset, text or None)
         by = db.resumed_by([r.run_id for r in rows if r.run_id])
-        out = []
-        for r in rows:
-            effective = db.effective_status(r)
-            if status is not None and effective != status:
-                continue
-            out.append(
-                RunListing(
-                    session_id=r.id,
-                    run_id=r.run_id,
-                    kind=r.kind,
-                    status=effective,
-                    created_at=r.created_at,
-                    phase=r.phase,
-                    duration_s=_run_duration(r, effective),
-                    resumed_from=r.node_metadata.get("resumed_from"),
-                    resumed_from_run=r.node_metadata.get("resumed_from_run"),
-                    resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
-                )
-            )
-        return out
+        return [_listing(db, r, by) for r in rows]
 
 
-def _run_duration(row: SessionRow, status: str) -> float | None:
-    """Start to finish; a live run to now; a dead one to its last heartbeat."""
+def _matching_sessions(
+    db: StateDB, status: str | None, limit: int | None, offset: int, text: str | None
+) -> list[SessionRow]:
+    """Sessions whose effective status is ``status``, newest first, sliced in SQL if it can.
+
+    Only a stored ``running`` row can read otherwise (``interrupted`` once its owner is
+    dead), so the other statuses are one indexed query; ``running`` and ``interrupted``
+    read stored-running rows in batches and judge each.
+    """
+    if status is None or status not in ("running", "interrupted"):
+        stored = None if status is None else [status]
+        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text)
+    wanted = None if limit is None else offset + limit
+    out: list[SessionRow] = []
+    start = 0
+    while wanted is None or len(out) < wanted:
+        batch = db.list_sessions(
+            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text
+        )
+        out += [r for r in batch if db.effective_status(r) == status]
+        if len(batch) < _BATCH:
+            break
+        start += _BATCH
+    return out[offset:wanted]
+
+
+def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing:
+    effective = db.effective_status(r)
+    return RunListing(
+        session_id=r.id,
+        run_id=r.run_id,
+        kind=r.kind,
+        status=effective,
+        created_at=r.created_at,
+        phase=r.phase,
+        duration_s=_run_duration(r, effective, db),
+        resumed_from=r.node_metadata.get("resumed_from"),
+        resumed_from_run=r.node_metadata.get("resumed_from_run"),
+        resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
+        name=r.name,
+    )
+
+
+def _run_duration(row: SessionRow, status: str, db: StateDB | None = None) -> float | None:
+    """Start to finish; a live run to now; a dead one to the last sign of life.
+
+    A run killed before its first heartbeat still published its nodes: the latest node
+    publication counts as a sign of life too, so it does not read 0.0 s.
+    """
     if status == "running":
         return elapsed(row.created_at, None, running=True)
-    end = row.node_metadata.get("finished_at") or row.heartbeat_at or row.updated_at
+    end = row.node_metadata.get("finished_at")
+    if end is None:
+        end = max(row.heartbeat_at or 0.0, row.updated_at or 0.0)
+        if db is not None and status in ("interrupted", "stopped", "failed", "timed_out"):
+            end = max(end, db.last_node_update(row.id) or 0.0)
     return elapsed(row.created_at, end, running=False)
 
 
@@ -162,6 +223,8 @@ class RunView:
     reachable: bool = True
     #: The host that ran it (the session's ``owner_host``); None when unknown.
     owner_host: str | None = None
+    #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
+    name: str | None = None
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -172,6 +235,7 @@ class RunView:
         out: dict[str, Any] = {
             "session_id": self.session_id,
             "run_id": self.run_id,
+            "name": self.name,
             "run_dir": str(self.run_dir),
             "status": self.status,
             "phase": self.phase,
@@ -219,7 +283,7 @@ def show_run(home: Path, target: str) -> RunView:
             state, report = load_state(ckpt_path, v2_lenient=True)
         except CheckpointRecoveryError as exc:
             report = exc.report
-    status = phase = kind = owner_host = None
+    status = phase = kind = owner_host = name = None
     meta: dict[str, Any] = {}
     nodes: list[NodeState] = []
     has_session = False
@@ -229,9 +293,10 @@ def show_run(home: Path, target: str) -> RunView:
             if session is not None:
                 has_session = True
                 status, phase, kind = db.effective_status(session), session.phase, session.kind
-                owner_host = session.owner_host
+                owner_host, name = session.owner_host, session.name
                 meta = dict(session.node_metadata)
-                nodes = [_live_node(n) for n in db.list_nodes(run.session_id)]
+                settled = None if status == "running" else _last_life(session, db)
+                nodes = [_live_node(n, settled) for n in db.list_nodes(run.session_id)]
     if state is not None:
         from_checkpoint = checkpoint_nodes(state)
         if not nodes:
@@ -262,22 +327,40 @@ def show_run(home: Path, target: str) -> RunView:
         has_session=has_session,
         reachable=run.reachable,
         owner_host=owner_host or run.owner_host,
+        name=name,
     )
 
 
-def _live_node(n: NodeRow) -> NodeState:
-    """One ``session_nodes`` row as ``show`` lists it."""
+def _last_life(session: SessionRow, db: StateDB) -> float:
+    """The last moment a settled run was seen alive (its end, heartbeat or publication)."""
+    end = session.node_metadata.get("finished_at")
+    if isinstance(end, (int, float)):
+        return float(end)
+    beats = (session.heartbeat_at or 0.0, session.updated_at or 0.0)
+    return max(*beats, db.last_node_update(session.id) or 0.0)
+
+
+def _live_node(n: NodeRow, settled_at: float | None = None) -> NodeState:
+    """One ``session_nodes`` row as ``show`` lists it.
+
+    ``settled_at``: the run is not running any more (it ended or its owner died) and was
+    last alive then. A node still published ``running`` was in flight when it died: it
+    reads ``interrupted``, its duration up to that moment rather than growing (decision
+    200).
+    """
+    detail = n.detail or {}
+    in_flight = n.status == "running"
+    interrupted = in_flight and settled_at is not None
+    ended = detail.get("ended_at")
+    if interrupted and ended is None:
+        ended = settled_at
     return NodeState(
         id=n.node_key,
         kind=n.kind,
-        status=n.status,
+        status="interrupted" if interrupted else n.status,
         assignee=n.assignee,
-        model=(n.detail or {}).get("model"),
-        duration_s=elapsed(
-            (n.detail or {}).get("started_at"),
-            (n.detail or {}).get("ended_at"),
-            running=n.status == "running",
-        ),
+        model=detail.get("model"),
+        duration_s=elapsed(detail.get("started_at"), ended, running=in_flight and not interrupted),
         # The rendered instruction can be large: node_detail has it.
         detail={k: v for k, v in n.detail.items() if k != "instruction"} if n.detail else None,
     )

@@ -1,0 +1,226 @@
+"""Actions with care: every recovery and a stop go through a confirmation page first.
+
+Resume, retry failed (``--retry-failed``), fork (``--fork``) and rerun unsettled
+(``--rerun-unsettled``) each show ``resume --dry-run``'s verdict for exactly those flags
+(``views.resume_preflight``): which nodes are replayed from the checkpoint (free), which
+run (paid), which completed nodes run again (paid again). Stop shows which calls are in
+flight: with "now" they are cancelled, and a resume runs them again. Only the page's POST
+(with the CSRF token) acts. A second start while the first still runs, or a second stop
+while one is queued, is answered with what is already under way, never "started" twice.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.parse import quote
+
+from steerflow.studio._pages import duration, esc, page, run_href, when
+from steerflow.views import ControlStatus, ResumePreflight, RunView
+
+__all__ = [
+    "MODES",
+    "Started",
+    "Starter",
+    "already_page",
+    "resume_confirm_page",
+    "stop_confirm_page",
+]
+
+#: Recovery modes: the ``resume`` flags each adds, and the button's words.
+MODES: dict[str, tuple[tuple[str, ...], str]] = {
+    "resume": ((), "Resume"),
+    "retry_failed": (("--retry-failed",), "Retry failed"),
+    "fork": (("--fork",), "Fork"),
+    "rerun_unsettled": (("--rerun-unsettled",), "Rerun unsettled"),
+}
+
+
+@dataclass
+class Started:
+    """A ``steerflow resume`` the studio started and has not seen end."""
+
+    pid: int
+    mode: str
+    started_at: float
+    proc: subprocess.Popen[bytes]
+
+
+class Starter:
+    """Starts ``steerflow resume`` detached, at most one at a time per run."""
+
+    def __init__(self, home: Path) -> None:
+        self.home = home
+        self._lock = threading.Lock()
+        self._running: dict[str, Started] = {}
+
+    def running(self, run_id: str) -> Started | None:
+        """The resume of ``run_id`` this studio started that is still running, if any."""
+        with self._lock:
+            found = self._running.get(run_id)
+            if found is not None and found.proc.poll() is not None:
+                del self._running[run_id]
+                found = None
+            return found
+
+    def start(self, run_id: str, mode: str) -> tuple[Started, bool]:
+        """``(the resume, whether this call started it)``: a running one is returned as is.
+
+        Its output goes to ``<home>/studio/resume-<run>.log``; a thread reaps it.
+        """
+        with self._lock:
+            found = self._running.get(run_id)
+            if found is not None and found.proc.poll() is None:
+                return found, False
+            logs = self.home / "studio"
+            logs.mkdir(mode=0o700, exist_ok=True)
+            log = logs / f"resume-{run_id}.log"
+            flags = MODES[mode][0]
+            with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "steerflow", "--home", str(self.home), "resume",
+                     run_id, *flags],
+                    stdin=subprocess.DEVNULL,
+                    stdout=out,
+                    stderr=out,
+                    start_new_session=True,  # a Ctrl-C in the studio's terminal stays there
+                    close_fds=True,
+                )  # fmt: skip
+            started = self._running[run_id] = Started(proc.pid, mode, time.time(), proc)
+        threading.Thread(target=proc.wait, name=f"reap-resume-{proc.pid}", daemon=True).start()
+        return started, True
+
+
+def _names(keys: list[str] | tuple[str, ...]) -> str:
+    return esc(", ".join(keys) or "none")
+
+
+def _verdict(preflight: ResumePreflight, ran: Sequence[str]) -> list[str]:
+    """What the resume would do and what it may pay again, as ``resume --dry-run`` says."""
+    lines = [
+        f"<p>replayed from the checkpoint, not paid again ({len(preflight.replayed)}): "
+        f"{_names(preflight.replayed)}</p>",
+        f'<p id="confirm-runs"><strong>runs, paid ({len(preflight.to_run)})</strong>: '
+        f"{_names(preflight.to_run)}</p>",
+    ]
+    again = [str(item.get("id")) for item in preflight.rerun_unsettled]
+    repaid = [k for k in preflight.to_run if k in ran] + again
+    if repaid:
+        lines.append(
+            f'<p class="error" id="confirm-repaid"><strong>paid again</strong> (ran before '
+            f"and their side effects may repeat): {_names(repaid)}</p>"
+        )
+    if preflight.degraded_context:
+        lines.append(f"<p>degraded context: {_names(preflight.degraded_context)}</p>")
+    lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
+    return lines
+
+
+def resume_confirm_page(
+    run_id: str,
+    mode: str,
+    preflight: ResumePreflight,
+    running: Started | None,
+    *,
+    csrf: str,
+    ran: Sequence[str] = (),
+) -> str:
+    """The confirmation of one recovery mode: the dry run's verdict, then Start.
+
+    ``ran``: the nodes whose calls were made before (failed, interrupted): running them
+    again pays again.
+    """
+    flags, label = MODES[mode]
+    command = " ".join(["steerflow resume", run_id, *flags])
+    body = [
+        f'<h2>{esc(label)}: run <a href="{esc(run_href(run_id))}">{esc(run_id)}</a></h2>',
+        f"<p>this runs <code>{esc(command)}</code> in the background. What "
+        f"<code>{esc(command)} --dry-run</code> says:</p>",
+    ]
+    if preflight.refusal is not None:
+        body.append(
+            f'<p class="error" id="preflight-refusal"><strong>refused: '
+            f"{esc(preflight.refusal.code)}</strong>: {esc(preflight.refusal.message)}</p>"
+        )
+    else:
+        body += _verdict(preflight, ran)
+    if running is not None:
+        body.append(_already(running))
+    elif preflight.refusal is None:
+        action = esc(run_href(run_id) + "/resume")
+        body.append(
+            f'<form method="post" action="{action}">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<input type="hidden" name="mode" value="{esc(mode)}">'
+            f"<button>Start {esc(label.lower())}</button></form>"
+        )
+    body.append(f'<p><a href="{esc(run_href(run_id))}">back to the run</a></p>')
+    return page(f"steerflow studio: {label.lower()} {run_id}", "\n".join(body))
+
+
+def _already(running: Started) -> str:
+    return (
+        f'<p class="notice" id="already-running">a {esc(MODES[running.mode][1].lower())} of '
+        f"this run is already running (pid {running.pid}, started {esc(when(running.started_at))}"
+        "): it is not started twice; its new run is listed under resumes once it has a "
+        "session</p>"
+    )
+
+
+def already_page(run_id: str, running: Started) -> str:
+    """What a second Start says while the first still runs."""
+    return page(
+        f"steerflow studio: {run_id}",
+        _already(running) + f'<p><a href="{esc(run_href(run_id))}">back to the run</a></p>',
+    )
+
+
+def stop_confirm_page(
+    view: RunView, control: ControlStatus | None, *, now: bool, reason: str, csrf: str
+) -> str:
+    """The confirmation of a stop: what is in flight and what a resume would run again."""
+    run = view.run_id
+    flying = [n for n in view.nodes if n.status == "running"]
+    body = [f'<h2>stop run <a href="{esc(run_href(run))}">{esc(run)}</a></h2>']
+    listed = ", ".join(f"{n.id} ({duration(n.duration_s)})" for n in flying) or "none"
+    if now:
+        body.append(
+            f'<p class="error" id="confirm-repaid"><strong>stop now</strong> cancels the calls '
+            f"in flight: {esc(listed)}. They were paid for and a resume runs them again.</p>"
+        )
+    else:
+        body.append(
+            f"<p>stop when idle: nothing new starts; the calls in flight finish and are kept "
+            f"({esc(listed)}).</p>"
+        )
+    body.append("<p>the run exits 75 (resumable); the checkpoint keeps what completed.</p>")
+    pending = [
+        c for c in (control.controls if control is not None else ()) if c.verb == "stop"
+        and not c.result
+    ]  # fmt: skip
+    if pending or view.status != "running" or not view.session_id:
+        body.append(
+            f'<p class="notice" id="already-running">a stop is already queued (control '
+            f"{esc(pending[0].id)}, not yet applied): it is not sent twice</p>"
+            if pending
+            else f'<p class="notice">the run is {esc(view.status or "-")}: nothing to stop</p>'
+        )
+    else:
+        action = esc("/sessions/" + quote(view.session_id, safe="") + "/control")
+        body.append(
+            f'<form method="post" action="{action}">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<input type="hidden" name="back" value="{esc(run_href(run))}">'
+            '<input type="hidden" name="verb" value="stop">'
+            f'<input type="hidden" name="now" value="{"1" if now else ""}">'
+            f'<input type="hidden" name="reason" value="{esc(reason)}">'
+            f"<button>{'Stop now' if now else 'Stop'}</button></form>"
+        )
+    body.append(f'<p><a href="{esc(run_href(run))}">back to the run</a></p>')
+    return page(f"steerflow studio: stop {run}", "\n".join(body))

@@ -1,0 +1,82 @@
+"""The recovery actions: each mode's confirmation page, then the POST that starts it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Route
+
+from steerflow import views
+from steerflow.errors import AmbiguousIdError, UnknownIdError
+from steerflow.studio._actions import MODES, already_page, resume_confirm_page
+from steerflow.studio._pages import error_page, run_href
+from steerflow.studio._routing import Page, StudioState, field_of, is_target, read_form
+from steerflow.studio._security import same_secret
+
+__all__ = ["routes"]
+
+
+class ActionsPage(Page):
+    """``/runs/{target}/resume``: GET confirms, POST starts."""
+
+    async def start_resume(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        body = await read_form(request)
+        if body is None or not same_secret(field_of(body, "csrf"), self.csrf):
+            return HTMLResponse(error_page("refused", "missing or wrong CSRF token"), 403)
+        mode = field_of(body, "mode") or "resume"
+        if not is_target(target) or mode not in MODES:
+            return HTMLResponse(error_page("not found", "no such run or action"), 404)
+        try:
+            preflight = await run_in_threadpool(_preflight, self.home, target, mode)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        running = self.starter.running(preflight.run_id)
+        if running is not None:  # a second click: say what already runs
+            return HTMLResponse(already_page(preflight.run_id, running), 409)
+        if preflight.refusal is not None:
+            return HTMLResponse(error_page("refused", preflight.refusal.message), 409)
+        started, new = await run_in_threadpool(self.starter.start, preflight.run_id, mode)
+        if not new:
+            return HTMLResponse(already_page(preflight.run_id, started), 409)
+        return RedirectResponse(f"{run_href(preflight.run_id)}?resumed={started.pid}", 303)
+
+    def confirm_resume(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        mode = request.query_params.get("mode", "resume")
+        if not is_target(target) or mode not in MODES:
+            return HTMLResponse(error_page("not found", "no such run or action"), 404)
+        try:
+            preflight = _preflight(self.home, target, mode)
+            nodes = views.show_run(self.home, target).nodes
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        ran = [n.id for n in nodes if n.status in ("failed", "interrupted", "running")]
+        running = self.starter.running(preflight.run_id)
+        shown = resume_confirm_page(
+            preflight.run_id, mode, preflight, running, csrf=self.csrf, ran=ran
+        )
+        return HTMLResponse(shown)
+
+
+def routes(state: StudioState) -> list[Route]:
+    """The recovery actions' routes."""
+    page = ActionsPage(state)
+    return [
+        Route("/runs/{target}/resume", page.start_resume, methods=["POST"]),
+        Route("/runs/{target}/resume", page.confirm_resume, methods=["GET"]),
+    ]
+
+
+def _preflight(home: Path, target: str, mode: str) -> views.ResumePreflight:
+    """``resume --dry-run`` with the flags of recovery ``mode`` (see ``_actions.MODES``)."""
+    return views.resume_preflight(
+        home,
+        target,
+        retry_failed=mode == "retry_failed",
+        fork=mode == "fork",
+        rerun_unsettled=mode == "rerun_unsettled",
+    )

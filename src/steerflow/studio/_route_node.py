@@ -1,0 +1,75 @@
+"""The Node page and the download of a node's recorded artifacts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, Response, StreamingResponse
+from starlette.routing import Route
+
+from steerflow import views
+from steerflow.errors import AmbiguousIdError, RefusedError, UnknownIdError
+from steerflow.plan import is_agent_id
+from steerflow.studio._pages import error_page
+from steerflow.studio._routing import Page, StudioState, is_target
+from steerflow.studio._run_pages import node_page
+
+__all__ = ["routes"]
+
+
+class NodePage(Page):
+    """``/runs/{target}/nodes/{node}`` and its artifacts."""
+
+    def node(self, request: Request) -> Response:
+        target, key = request.path_params["target"], request.path_params["node"]
+        if not is_target(target) or not is_agent_id(key):
+            return HTMLResponse(error_page("not found", "no such node"), 404)
+        try:
+            detail = views.node_detail(self.home, target, key)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        return HTMLResponse(node_page(detail))
+
+    def artifact(self, request: Request) -> Response:
+        target, key = request.path_params["target"], request.path_params["node"]
+        path = request.path_params["path"]
+        if not is_target(target) or not is_agent_id(key):
+            return HTMLResponse(error_page("not found", "no such node"), 404)
+        try:
+            opened = views.open_artifact(self.home, target, key, path)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        except RefusedError as exc:
+            return HTMLResponse(error_page("refused", str(exc)), 409)
+        name = path.rsplit("/", 1)[-1]
+        return StreamingResponse(
+            _chunks(opened.fd),
+            media_type="application/octet-stream",
+            headers={
+                # Never rendered in the studio's origin: an artifact is data, not a page.
+                "content-disposition": f"attachment; filename*=UTF-8''{quote(name, safe='')}",
+                "content-length": str(opened.size),
+                "x-steerflow-recorded-digest": str(opened.record.get("digest") or ""),
+            },
+        )
+
+
+def routes(state: StudioState) -> list[Route]:
+    """The Node page's routes."""
+    page = NodePage(state)
+    return [
+        Route("/runs/{target}/nodes/{node}", page.node, methods=["GET"]),
+        Route("/runs/{target}/nodes/{node}/artifacts/{path:path}", page.artifact, methods=["GET"]),
+    ]
+
+
+def _chunks(fd: int, size: int = 1 << 20) -> Iterator[bytes]:
+    """The file's bytes (Starlette iterates this in a worker thread); closes ``fd``."""
+    try:
+        while chunk := os.read(fd, size):
+            yield chunk
+    finally:
+        os.close(fd)

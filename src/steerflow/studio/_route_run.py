@@ -1,0 +1,87 @@
+"""The Run page: facts, graph, timeline, nodes, controls, history; its live JSON; Stop."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import HTMLResponse, JSONResponse, Response
+from starlette.routing import Route
+
+from steerflow import views
+from steerflow.errors import AmbiguousIdError, UnknownIdError
+from steerflow.studio._actions import stop_confirm_page
+from steerflow.studio._pages import error_page
+from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target
+from steerflow.studio._run_pages import RECOVERABLE, run_page
+
+__all__ = ["routes"]
+
+
+class RunPage(Page):
+    """``/runs/{target}``, ``/api/runs/{target}`` and the stop confirmation."""
+
+    def run(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        if not is_target(target):
+            return HTMLResponse(error_page("not found", "no such run"), 404)
+        try:
+            view = views.show_run(self.home, target)
+            graph = views.run_graph(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
+            recovery = None
+            if view.status in RECOVERABLE:
+                recovery = (
+                    views.checkpoint_report(self.home, target),
+                    views.resume_preflight(self.home, target),
+                )
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        notice = None
+        started = request.query_params.get("resumed", "")
+        if started.isdigit():
+            notice = (
+                f"steerflow resume started (pid {started}): the new run is listed under "
+                "resumes once it has a session"
+            )
+        queued = request.query_params.get("queued", "")
+        if SESSION_ID.fullmatch(queued):
+            # The page reloads itself once the flow stamps the row: say where to look.
+            notice = f"queued control {queued}: the flow applies it (result in the control log)"
+        return HTMLResponse(run_page(view, graph, control, recovery, csrf=self.csrf, notice=notice))
+
+    def live(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        if not is_target(target):
+            return JSONResponse({"error": "no such run"}, 404)
+        seen = request.headers.get("if-none-match")
+        if seen is not None and seen == self.answers.tag(target):
+            return Response(status_code=304, headers={"etag": seen})
+        try:
+            tag, body = self.answers.answer(target)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return JSONResponse({"error": str(exc)}, 404)
+        return Response(body, media_type="application/json", headers={"etag": tag} if tag else {})
+
+    def confirm_stop(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        if not is_target(target):
+            return HTMLResponse(error_page("not found", "no such run"), 404)
+        try:
+            view = views.show_run(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        now = request.query_params.get("now") == "1"
+        reason = request.query_params.get("reason", "")[:500]
+        return HTMLResponse(
+            stop_confirm_page(view, control, now=now, reason=reason, csrf=self.csrf)
+        )
+
+
+def routes(state: StudioState) -> list[Route]:
+    """The Run page's routes."""
+    page = RunPage(state)
+    return [
+        Route("/runs/{target}", page.run, methods=["GET"]),
+        Route("/api/runs/{target}", page.live, methods=["GET"]),
+        Route("/runs/{target}/stop", page.confirm_stop, methods=["GET"]),
+    ]
