@@ -421,6 +421,13 @@ if cfg.get("wait_for"):  # held until the test creates this file (at most 60 s)
 if cfg.get("hang"):
     while True:  # hung until a signal kills it (pause returns after a handled one)
         signal.pause()
+for index, line in enumerate(cfg.get("lines", [])):  # printed one by one, flushed
+    if cfg.get("hold_file") and index == cfg.get("hold_after", 1):
+        due = time.monotonic() + 60
+        while not os.path.exists(cfg["hold_file"]) and time.monotonic() < due:
+            time.sleep(0.02)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 sys.stdout.write(cfg.get("stdout", ""))
 sys.stderr.write(cfg.get("stderr", ""))
 sys.exit(cfg.get("exit", 0))
