@@ -199,6 +199,11 @@ class LiveCursor:
     _pending: bytes = b""
 
     @property
+    def position(self) -> tuple[int, int]:
+        """Where the next :meth:`read` starts, for a reader that keeps no cursor (the Studio)."""
+        return self.segment, max(0, self.offset - len(self._pending))
+
+    @property
     def ended(self) -> bool:
         """Whether the writer marked the call ended (read once more to get the rest)."""
         return (self.directory / END_MARK).exists()

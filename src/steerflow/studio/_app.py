@@ -37,6 +37,7 @@ from steerflow.errors import (
 )
 from steerflow.home import is_run_id
 from steerflow.plan import is_agent_id
+from steerflow.studio import _node_live
 from steerflow.studio._live import LiveRuns
 from steerflow.studio._pages import CSS, STATUSES, error_page, run_href, runs_page
 from steerflow.studio._run_pages import RECOVERABLE, node_page, run_page
@@ -275,6 +276,12 @@ class _Pages:
     def stylesheet(self, request: Request) -> Response:
         return Response(CSS, media_type="text/css")
 
+    def node_output(self, request: Request) -> Response:
+        return _node_live.node_output(self.home, request)
+
+    def last_lines(self, request: Request) -> Response:
+        return _node_live.last_lines(self.home, request)
+
     def script(self, request: Request) -> Response:
         return Response(SCRIPT, media_type="text/javascript")
 
@@ -308,6 +315,10 @@ def build_app(
             ),
             Route("/api/runs", pages.runs_live, methods=["GET"]),
             Route("/api/runs/{target}", pages.live, methods=["GET"]),
+            # Live output of running nodes (issue 31): studio/_node_live.py.
+            Route("/api/runs/{target}/nodes/{node}/output", pages.node_output, methods=["GET"]),
+            Route("/api/runs/{target}/last-lines", pages.last_lines, methods=["GET"]),
+            Route("/static/node-live.js", _node_live.script, methods=["GET"]),
             Route("/sessions/{session_id}/control", pages.control, methods=["POST"]),
             Route("/static/studio.css", pages.stylesheet, methods=["GET"]),
             Route("/static/studio.js", pages.script, methods=["GET"]),

@@ -17,6 +17,7 @@ from steerflow.studio._pages import (
     run_href,
     when,
 )
+from steerflow.studio._node_live import lines_section, live_section
 from steerflow.studio._svg import graph_svg
 from steerflow.views import (
     CheckpointReport,
@@ -233,6 +234,8 @@ def run_page(
     body.append(graph_svg(graph, base=run_href(view.run_id) + "/nodes/"))
     body.append("</div><h3>nodes</h3>")
     body.append(_nodes_table(view))
+    if view.status == "running":  # each running node's last line (issue 31)
+        body.append(lines_section(f"/api/runs/{quote(view.run_id, safe='')}/last-lines", esc))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
     if recovery is not None:
@@ -333,6 +336,9 @@ def node_page(detail: NodeDetail) -> str:
         body.append(
             f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
         )
+    # The call's output as it comes (issue 31); the script stops once the node ended.
+    output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
+    body.append(live_section(output, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
     return page(f"steerflow studio: {detail.id} of {run}", "\n".join(body))
