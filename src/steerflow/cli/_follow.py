@@ -31,6 +31,11 @@ def _view(home: Path, target: str) -> dict[str, Any]:
     return show_run(home, target).to_json()
 
 
+def _run_dir(view: dict[str, Any]) -> Path:
+    """The run's directory; a run on another host has none here and follows as status only."""
+    return Path(view["run_dir"]) if view.get("run_dir") else Path("/nonexistent/steerflow")
+
+
 def _status(view: dict[str, Any], key: str) -> str | None:
     return next((n["status"] for n in view["nodes"] if n["id"] == key), None)
 
@@ -41,7 +46,7 @@ def follow_node(home: Path, target: str, node: str) -> int:
 
     key = node_detail(home, target, node)["id"]
     view = _view(home, target)
-    cursor = LiveCursor(live_dir(Path(view["run_dir"]), key))
+    cursor = LiveCursor(live_dir(_run_dir(view), key))
     try:
         return _follow_one(home, target, key, cursor, view)
     except KeyboardInterrupt:
@@ -89,7 +94,7 @@ def _final_line(key: str, status: str | None, view: dict[str, Any]) -> str:
 def follow_run(home: Path, target: str) -> int:
     """Every running node's output, each line prefixed with its node id, until the run ends."""
     view = _view(home, target)
-    run_dir = Path(view["run_dir"])
+    run_dir = _run_dir(view)
     cursors: dict[str, LiveCursor] = {}
     partial: dict[str, str] = {}
     width = max((len(n["id"]) for n in view["nodes"]), default=4)

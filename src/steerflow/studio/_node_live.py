@@ -117,7 +117,7 @@ def live_section(output_url: str, esc: Any) -> str:
     return (
         f'<section id="live-output" data-output="{esc(output_url)}">'
         '<h3>live output <span id="live-state">…</span></h3>'
-        '<pre id="live-text" class="response"></pre></section>'
+        '<pre id="live-text" class="live"></pre></section>'
         '<script src="/static/node-live.js" defer></script>'
     )
 

@@ -336,9 +336,10 @@ def node_page(detail: NodeDetail) -> str:
         body.append(
             f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
         )
-    # The call's output as it comes (issue 31); the script stops once the node ended.
-    output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
-    body.append(live_section(output, esc))
+    if detail.status in ("pending", "running", "paused"):
+        # The call's output as it comes (issue 31); the script stops once the node ended.
+        output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
+        body.append(live_section(output, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
     return page(f"steerflow studio: {detail.id} of {run}", "\n".join(body))
