@@ -21,9 +21,9 @@ from test_providers_e2e import (
     scenario_planned_by_model,
     scenario_retry_429,
     scenario_server_error_fails_only_that_node,
-    scenario_stream_cut_is_retried,
     scenario_spawn,
     scenario_steer_reaches_next_request,
+    scenario_stream_cut_is_retried,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))

@@ -52,7 +52,9 @@ class Follower:
     def wait_text(self, needle: str, timeout: float = 30.0) -> str:
         with self._cond:
             ok = self._cond.wait_for(lambda: needle in self._out.decode(), timeout)
-        assert ok, f"follower never printed {needle!r}; got {self.text!r}, {self.err_path.read_text()}"
+        assert ok, (
+            f"follower never printed {needle!r}; got {self.text!r}, {self.err_path.read_text()}"
+        )
         return self.text
 
     def finish(self, timeout: float = 60.0) -> int:
@@ -160,7 +162,7 @@ def test_sigkill_mid_stream_then_resume_records_the_whole_response(tmp_path: Pat
     assert follower.text.endswith("(run interrupted)\n")
     old = home / "runs" / flow.run_id / "live" / "s"
     assert (old / "0.txt").read_text() == "one two\n"  # what it had produced, kept
-    (home / f"hold-stream-s").unlink()
+    (home / "hold-stream-s").unlink()
     resumed = run_cli(home, "resume", flow.run_id, "--json")
     assert resumed.returncode == 0, resumed.stderr
     new_run = json.loads(resumed.stdout)["run_id"]

@@ -25,7 +25,9 @@ def test_node_page_streams_the_running_node_and_the_run_page_shows_its_last_line
     home = tmp_path / "home"
     home.mkdir(mode=0o700)
     (home / "hold-stream-s").write_text("2")
-    write_yaml(tmp_path / "plan.yaml", {"name": "live", "plan": [{"agent_id": "s", "instruction": "go"}]})
+    write_yaml(
+        tmp_path / "plan.yaml", {"name": "live", "plan": [{"agent_id": "s", "instruction": "go"}]}
+    )
     script = write_yaml(tmp_path / "script.yaml", {"s": {"stream": CHUNKS, "response": "done"}})
     args = ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{script}"]
     argv = [sys.executable, str(GATED_CLI), "--home", str(home), "flow", *args, "--json"]

@@ -350,9 +350,9 @@ class FakeLLMServer:
                             self.wfile.flush()
                             self.close_connection = True
                             return  # no terminating chunk: the body is cut
-                        if is_delta and reply.hold is not None and sent == reply.hold_after:
-                            if not server._await_gate(reply.hold):
-                                return
+                        held = is_delta and reply.hold is not None and sent == reply.hold_after
+                        if held and not server._await_gate(reply.hold):  # type: ignore[arg-type]
+                            return
                         self._chunk(_sse(server.flavour, event))
                         sent += is_delta
                     if server.flavour == "openai":

@@ -28,7 +28,9 @@ CLAUDE_EVENTS = [
     },
     {
         "type": "user",
-        "message": {"content": [{"type": "tool_result", "content": "total 8\nfoo", "is_error": False}]},
+        "message": {
+            "content": [{"type": "tool_result", "content": "total 8\nfoo", "is_error": False}]
+        },
     },
     {
         "type": "result",

@@ -55,9 +55,7 @@ def follow_node(home: Path, target: str, node: str) -> int:
         cursor.close()
 
 
-def _follow_one(
-    home: Path, target: str, key: str, cursor: LiveCursor, view: dict[str, Any]
-) -> int:
+def _follow_one(home: Path, target: str, key: str, cursor: LiveCursor, view: dict[str, Any]) -> int:
     checked = time.monotonic()
     ended_at: float | None = None
     wrote_newline = True

@@ -65,7 +65,9 @@ def render_claude_event(event: Mapping[str, Any]) -> str:
             out.append(str(block.get("text", "")).rstrip("\n") + "\n")
         elif block.get("type") == "tool_use":
             args = block.get("input")
-            out.append(_tool_use(str(block.get("name", "tool")), args if isinstance(args, dict) else {}))
+            out.append(
+                _tool_use(str(block.get("name", "tool")), args if isinstance(args, dict) else {})
+            )
         elif block.get("type") == "tool_result":
             out.append(_tool_result(block))
     return "".join(out)

@@ -15,7 +15,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
-
 from steerflow.providers._base import (
     Message,
     PlanReply,

@@ -38,6 +38,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._agent_events import render_claude_event, render_codex_event
 from steerflow.providers._base import (
     Message,
     PlanReply,
@@ -55,7 +56,6 @@ from steerflow.providers._conventions import (
     split_history,
     system_with_spawn,
 )
-from steerflow.providers._agent_events import render_claude_event, render_codex_event
 from steerflow.providers._env import env_float
 from steerflow.providers._paths import ensure_leg_dir
 
@@ -257,6 +257,7 @@ async def run_process(
         timeout_s: Wall-clock limit of the run.
         grace_s: Time between SIGTERM and SIGKILL when stopping it.
         label: Prefix of error messages.
+        on_line: Called with each stdout line (without its newline) as it is read.
 
     Returns:
         Decoded stdout, decoded stderr and the exit code (negative: signal).

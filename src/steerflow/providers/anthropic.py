@@ -130,7 +130,6 @@ class AnthropicProvider(SDKProvider):
             raise ProviderError(f"{self.spec}: the model refused the request")
         return text, _usage(getattr(reply, "usage", None))
 
-
     async def _streamed(
         self,
         messages: list[MessageParam],

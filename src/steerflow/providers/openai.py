@@ -126,7 +126,6 @@ class OpenAIProvider(SDKProvider):
             content = ""
         return str(content), _usage(getattr(completion, "usage", None))
 
-
     async def _streamed(
         self, messages: list[ChatCompletionMessageParam], per_call: float, emit: Emit
     ) -> tuple[str, Usage | None]:
@@ -165,9 +164,7 @@ class OpenAIProvider(SDKProvider):
                 raise ProviderError(f"{self.spec}: the model refused: {refusal}")
             return "".join(parts), usage
 
-        result: tuple[str, Usage | None] = await self._retried(
-            openai, attempt, timeout_s=per_call
-        )
+        result: tuple[str, Usage | None] = await self._retried(openai, attempt, timeout_s=per_call)
         return result
 
 

@@ -63,8 +63,8 @@ def node_output(home: Path, request: Request) -> Response:
     """
     target, key = request.path_params["target"], request.path_params["node"]
     view = _view(home, target) if is_agent_id(key) else None
-    status = None if view is None else next(
-        (n["status"] for n in view["nodes"] if n["id"] == key), None
+    status = (
+        None if view is None else next((n["status"] for n in view["nodes"] if n["id"] == key), None)
     )
     if view is None or status is None:
         return JSONResponse({"error": "no such node"}, 404)

@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
+from steerflow.studio._node_live import lines_section, live_section
 from steerflow.studio._pages import (
     STATUSES,
     control_forms,
@@ -17,7 +18,6 @@ from steerflow.studio._pages import (
     run_href,
     when,
 )
-from steerflow.studio._node_live import lines_section, live_section
 from steerflow.studio._svg import graph_svg
 from steerflow.views import (
     CheckpointReport,
