@@ -105,3 +105,34 @@ async def test_codex_events_are_rendered_readably(
     response = await CodexProvider("gpt-5").invoke(make_request(live=seen.append))
     assert response.text == "Fixed."
     assert "".join(seen) == "$ pytest -q\n  ↳ exit 0\n✎ update a.py\nFixed.\n"
+
+
+def test_unknown_or_odd_events_render_as_nothing_and_long_values_are_cut() -> None:
+    from steerflow.providers._agent_events import render_claude_event, render_codex_event
+
+    assert render_claude_event({"type": "stream_event", "event": {}}) == ""
+    assert render_claude_event({"type": "assistant", "message": "not a mapping"}) == ""
+    assert render_codex_event({"type": "thread.started", "thread_id": "t"}) == ""
+    assert render_codex_event({"type": "item.started", "item": {"type": "agent_message"}}) == ""
+    line = render_claude_event(
+        {
+            "type": "assistant",
+            "message": {
+                "content": [{"type": "tool_use", "name": "Bash", "input": {"command": "x" * 500}}]
+            },
+        }
+    )
+    assert line.startswith("$ x") and len(line) <= 205 and line.endswith("…\n")
+    failed = render_claude_event(
+        {
+            "type": "user",
+            "message": {
+                "content": [{"type": "tool_result", "content": "boom\nmore", "is_error": True}]
+            },
+        }
+    )
+    assert failed == "  ↳ error: boom\n"
+    assert (
+        render_codex_event({"type": "turn.failed", "error": {"message": "quota"}})
+        == "[error: quota]\n"
+    )
