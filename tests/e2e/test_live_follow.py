@@ -170,3 +170,21 @@ def test_sigkill_mid_stream_then_resume_records_the_whole_response(tmp_path: Pat
     assert shown["status"] == "completed" and shown["response"] == "whole"
     again = home / "runs" / new_run / "live" / "s" / "0.txt"
     assert again.read_text() == "".join(CHUNKS)
+
+
+def test_agent_turns_stream_too_and_a_finished_node_follows_from_its_kept_file(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    script = write_yaml(
+        tmp_path / "s.yaml", {"turn-1": {"stream": ["x\n", "y\n"], "response": "r"}}
+    )
+    done = run_cli(home, "agent", "task", "--model", f"script:{script}", "--json")
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    assert (home / "runs" / run_id / "live" / "turn-1" / "0.txt").read_text() == "x\ny\n"
+    # The file is kept once the outcome is acknowledged (decision 190): following a
+    # finished node prints what it produced, then its status, and returns at once.
+    follower = Follower(home, run_id, "turn-1")
+    assert follower.finish() == 0
+    assert follower.text == "x\ny\n[turn-1] completed\n"
