@@ -38,6 +38,7 @@ LIVE_DIR = "live"
 END_MARK = "end"
 MAX_BYTES_ENV = "STEERFLOW_LIVE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1 << 20
+_BATCH = 4096  # queue items written per wake-up at most
 _ELIDED = "\n[… output not kept: only the head and the tail are …]\n"
 
 
@@ -114,21 +115,47 @@ class LiveWriter:
         self._queue.put((key, text))
 
     def _run(self) -> None:
-        while True:
-            key, text = self._queue.get()
-            if not key:
-                break
-            try:
-                if text is None:
-                    self._finish(key)
-                else:
-                    self._write(key, text.encode("utf-8", errors="replace"))
-            except OSError:
-                # A full disk or a removed run directory costs the view, never the run.
-                self._nodes.pop(key, None)
+        running = True
+        while running:
+            # Everything queued since the last wake-up, one write per node: under a burst
+            # (100 calls streaming at once) that is a few syscalls, not one per chunk.
+            batch = [self._queue.get()]
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < _BATCH:
+                    batch.append(self._queue.get_nowait())
+            running = self._apply(batch)
         for key in list(self._nodes):
             with contextlib.suppress(OSError):
                 self._finish(key)
+
+    def _apply(self, batch: list[tuple[str, str | None]]) -> bool:
+        """Write one batch in order; False once the stop item is reached."""
+        pending: dict[str, list[str]] = {}
+        for key, text in batch:
+            if key and text is not None:
+                pending.setdefault(key, []).append(text)
+                continue
+            self._flush(pending)
+            if not key:
+                return False
+            self._guarded(key, None)
+        self._flush(pending)
+        return True
+
+    def _flush(self, pending: dict[str, list[str]]) -> None:
+        for key, parts in pending.items():
+            self._guarded(key, "".join(parts))
+        pending.clear()
+
+    def _guarded(self, key: str, text: str | None) -> None:
+        try:
+            if text is None:
+                self._finish(key)
+            else:
+                self._write(key, text.encode("utf-8", errors="replace"))
+        except OSError:
+            # A full disk or a removed run directory costs the view, never the run.
+            self._nodes.pop(key, None)
 
     def _open(self, node: _Node) -> int:
         if node.fd is None:
