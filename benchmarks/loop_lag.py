@@ -21,6 +21,11 @@ and pooled, the sample count, p50, p99 and max lag, and the completion→acknowl
 latency (provider return to hook return). A repetition with fewer than ``MIN_SAMPLES``
 samples is flagged. Target p99 < 25 ms is reported, never asserted.
 
+``--stream`` makes every call stream (issue 31): 50 chunks of 1,024 bytes, one per
+millisecond of its 50 ms, to the run's ``LiveWriter`` (one writer thread appending to
+each node's live file), so the sampled window also holds the streams of the calls
+still running. Compare its pooled p99 with the row without it.
+
 ``--lease`` adds the run's lease (issue 27): a session in a real SQLite state DB under
 the run's home, its ``LeaseKeeper`` renewing it, and the keeper as the executor's and the
 recorder's fence, so every call and every record checks it (run with and without to see
@@ -54,6 +59,8 @@ COMPLETIONS = 100
 SIZE = 65_536
 CADENCE = 0.0001  # seconds between injected callbacks
 MIN_SAMPLES = 1000
+STREAM_CHUNKS = 50  # with --stream: one 1,024-byte chunk per millisecond of the call
+CHUNK = "x" * 1023 + "\n"
 REPETITIONS = 10
 
 
@@ -133,13 +140,23 @@ class Completion(Provider):
     spec = "lag"
     needs_artifact_dir = False  # writes nothing (an older tree ignores the attribute)
 
-    def __init__(self, seed: int, context: SharedContext, sampler: Sampler) -> None:
+    def __init__(
+        self, seed: int, context: SharedContext, sampler: Sampler, stream: bool = False
+    ) -> None:
         self.rng = random.Random(seed)
         self.context, self.sampler = context, sampler
         self.finished: dict[str, float] = {}
+        self.stream = stream
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
-        await asyncio.sleep(0.05 + self.rng.uniform(0, 0.02))
+        jitter = self.rng.uniform(0, 0.02)
+        if self.stream:
+            for _ in range(STREAM_CHUNKS):
+                await asyncio.sleep(0.05 / STREAM_CHUNKS)
+                request.emit(CHUNK)
+            await asyncio.sleep(jitter)
+        else:
+            await asyncio.sleep(0.05 + jitter)
         self.sampler.active = True
         i = int(request.node_key.removeprefix("op-"))
         self.context.content["nested"]["entries"].append(text("item", i))
@@ -161,7 +178,7 @@ def _keeper(home: Path) -> object:
 
 
 async def one_repetition(
-    tmp: Path, seed: int, cadence: float, lease: bool = False
+    tmp: Path, seed: int, cadence: float, lease: bool = False, stream: bool = False
 ) -> tuple[list[float], list[float], float]:
     home = tmp / "home"
     home.mkdir(mode=0o700)
@@ -173,7 +190,7 @@ async def one_repetition(
     graph = build_graph(plan)
     context = SharedContext({"nested": {"entries": []}})
     sampler = Sampler(asyncio.get_running_loop(), cadence)
-    provider = Completion(seed, context, sampler)
+    provider = Completion(seed, context, sampler, stream)
     executor = FlowExecutor(
         graph,
         provider_for=lambda op: provider,
@@ -183,6 +200,11 @@ async def one_repetition(
         concurrency=COMPLETIONS,
         context=context,
     )
+    live = None
+    if stream:
+        from steerflow._live import LiveWriter
+
+        live = executor.live = LiveWriter(run_dir.path)
     writer = CheckpointWriter(
         run_dir.checkpoint_path,
         session_id="0" * 32,
@@ -211,6 +233,8 @@ async def one_repetition(
             t0 = time.perf_counter()
             await executor.run()
             outcome = await recorder.close()
+            if live is not None:
+                await asyncio.to_thread(live.close)
             sampler.active = False
             elapsed = time.perf_counter() - t0
         stop.set()
@@ -242,6 +266,7 @@ def main() -> None:
         "--cadence-ms", type=float, default=CADENCE * 1e3, help="between callback requests"
     )
     parser.add_argument("--lease", action="store_true", help="with the run's lease as fence")
+    parser.add_argument("--stream", action="store_true", help="every call streams (issue 31)")
     args = parser.parse_args()
     base = os.path.realpath(args.dir or tempfile.gettempdir())
     cadence = args.cadence_ms / 1e3
@@ -264,7 +289,7 @@ def main() -> None:
     for rep in range(args.repetitions):
         with tempfile.TemporaryDirectory(dir=base) as tmp:
             lags, acks, elapsed = asyncio.run(
-                one_repetition(Path(tmp), rep, cadence, lease=args.lease)
+                one_repetition(Path(tmp), rep, cadence, lease=args.lease, stream=args.stream)
             )
         pooled += lags
         short = "" if len(lags) >= MIN_SAMPLES else f"  (fewer than {MIN_SAMPLES} samples)"

@@ -18,8 +18,8 @@ SRC = Path(steerflow.__file__).parent
 
 LAYERS: list[set[str]] = [
     # _faults: test fault hooks; _lazy: the packages' import-on-first-access namespaces;
-    # neither imports anything of ours
-    {"errors", "home", "plan", "_faults", "_lazy"},
+    # neither imports anything of ours; _live: the live-output files (decision 190)
+    {"errors", "home", "plan", "_faults", "_lazy", "_live"},
     {"state", "checkpoint", "providers", "artifacts"},
     {"control", "resume"},
     {"executor"},

@@ -5,6 +5,10 @@ except that a ``script:`` node whose file ``HOME/gate-<node>`` exists when it is
 first creates ``HOME/started-<node>``, then waits until ``HOME/release-<node>`` exists (at
 most 60 s) before it logs its invocation and responds. A test can so keep a call in flight
 across a deadline or a ``ctl stop`` for exactly as long as it needs, with no timing guess.
+
+Mid-stream (issue 31): a node with a ``stream:`` entry whose file ``HOME/hold-stream-<node>``
+holds a number N emits its first N chunks, creates ``HOME/streamed-<node>``, then waits for
+``HOME/release-<node>`` before it emits the rest.
 """
 
 from __future__ import annotations
@@ -33,7 +37,26 @@ async def _held_invoke(self: script.ScriptProvider, request: ProviderRequest) ->
     return await _original_invoke(self, request)
 
 
+_original_stream = script._stream
+
+
+async def _held_stream(request: ProviderRequest, chunks: list[str], delay: float) -> None:
+    hold = request.home / f"hold-stream-{request.node_key}"
+    if not hold.exists():
+        return await _original_stream(request, chunks, delay)
+    first = int(hold.read_text())
+    for chunk in chunks[:first]:
+        request.emit(chunk)
+    (request.home / f"streamed-{request.node_key}").touch()
+    release = request.home / f"release-{request.node_key}"
+    await wait_until_async(release.exists, timeout=HOLD_S, what=str(release))
+    for chunk in chunks[first:]:
+        request.emit(chunk)
+    return None
+
+
 script.ScriptProvider.invoke = _held_invoke  # type: ignore[method-assign]
+script._stream = _held_stream
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -176,8 +176,9 @@ def test_claude_code_run_collects_artifacts_per_node(
     for run, key in ((analyze, "analyze"), (build, "build")):
         assert Path(run["cwd"]) == artifacts / key
         assert run["argv"][0] == str(claude.path)
+        # In a run the call is watched, so claude streams its events (decision 193).
         assert run["argv"][1:] == [
-            "-p", "--output-format", "json", "--model", "sonnet",
+            "-p", "--output-format", "stream-json", "--verbose", "--model", "sonnet",
             "--permission-mode", "acceptEdits", "--append-system-prompt", CODER_SYSTEM,
         ]  # fmt: skip
         assert pid_gone(run["pid"])

@@ -23,6 +23,7 @@ from test_providers_e2e import (
     scenario_server_error_fails_only_that_node,
     scenario_spawn,
     scenario_steer_reaches_next_request,
+    scenario_stream_cut_is_retried,
 )
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "providers"))
@@ -85,6 +86,12 @@ def test_spawn_request_in_reply_runs_the_spawned_node(
 
 def test_429_then_200_is_retried(home: Path, tmp_path: Path, server: FakeLLMServer) -> None:
     scenario_retry_429(ANTHROPIC, server, home, tmp_path)
+
+
+def test_stream_cut_mid_way_is_retried_without_a_partial_response(
+    home: Path, tmp_path: Path, server: FakeLLMServer
+) -> None:
+    scenario_stream_cut_is_retried(ANTHROPIC, server, home, tmp_path)
 
 
 def test_server_error_fails_only_that_node(

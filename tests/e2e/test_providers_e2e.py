@@ -320,6 +320,34 @@ def scenario_retry_429(
     return out
 
 
+def scenario_stream_cut_is_retried(
+    vendor: Vendor, server: FakeLLMServer, home: Path, tmp_path: Path
+) -> dict[str, Any]:
+    """A stream cut mid-way on one node (issue 31): retried, and only the whole reply recorded.
+
+    The live file shows the cut attempt's chunks, the restart marker and the whole reply;
+    the recorded response and usage are the second attempt's alone.
+    """
+    server.route(
+        "GAMMA",
+        Reply(chunks=["HALF-", "SEEN-", "NEVER"], cut_after=2),
+        Reply(chunks=["side ", "streamed ", "whole"], input_tokens=5, output_tokens=3),
+    )
+    result = vendor.flow(server, home, "--plan", three_node_plan(tmp_path / "p.yaml"))
+    assert result.returncode == 0, result.explain()
+    out = result.json
+    assert node_status(out) == {"research": "completed", "draft": "completed", "side": "completed"}
+    assert len(server.matching("GAMMA")) == 2
+    assert all(server.requests[i].body["stream"] is True for i in server.matching("GAMMA"))
+    shown = run_cli(home, "show", out["run_id"], "side", "--json")
+    assert json.loads(shown.stdout)["response"] == "side streamed whole"
+    assert out["usage"]["input_tokens"] == 11 + 11 + 5  # the cut attempt counts nothing
+    live = (Path(out["run_dir"]) / "live" / "side" / "0.txt").read_text()
+    assert live.startswith("HALF-SEEN-") and live.endswith("side streamed whole")
+    assert "calling again" in live and "NEVER" not in live
+    return out
+
+
 def scenario_server_error_fails_only_that_node(
     vendor: Vendor, server: FakeLLMServer, home: Path, tmp_path: Path
 ) -> dict[str, Any]:
@@ -491,6 +519,12 @@ def test_spawn_request_in_reply_runs_the_spawned_node(
 
 def test_429_then_200_is_retried(home: Path, tmp_path: Path, server: FakeLLMServer) -> None:
     scenario_retry_429(OPENAI, server, home, tmp_path)
+
+
+def test_stream_cut_mid_way_is_retried_without_a_partial_response(
+    home: Path, tmp_path: Path, server: FakeLLMServer
+) -> None:
+    scenario_stream_cut_is_retried(OPENAI, server, home, tmp_path)
 
 
 def test_server_error_fails_only_that_node(

@@ -51,6 +51,53 @@ class Reply:
     output_tokens: int = 7
     usage_extra: dict[str, Any] = field(default_factory=dict)
     gate: threading.Event | None = None
+    #: For a streamed request (``"stream": true``): the text deltas sent (default: ``text``
+    #: in three pieces); ``cut_after`` closes the connection after that many deltas with
+    #: no terminating chunk (HTTP/1.1 chunked, so the client sees a cut body);
+    #: ``hold`` holds the stream after ``hold_after`` deltas until it is set.
+    chunks: list[str] | None = None
+    cut_after: int | None = None
+    hold: threading.Event | None = None
+    hold_after: int = 1
+
+
+def _pieces(text: str) -> list[str]:
+    third = max(1, len(text) // 3)
+    return [text[i : i + third] for i in range(0, len(text), third)] or [""]
+
+
+def openai_events(reply: Reply, model: str) -> list[dict[str, Any]]:
+    """The SSE ``data:`` objects of a streamed chat completion: deltas, finish, usage."""
+    base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
+    deltas = [
+        {**base, "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": None}]}
+        for c in (reply.chunks if reply.chunks is not None else _pieces(reply.text))
+    ]
+    finish = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
+    usage = openai_body(reply, model)["usage"]
+    return [*deltas, finish, {**base, "choices": [], "usage": usage}]
+
+
+def anthropic_events(reply: Reply, model: str) -> list[dict[str, Any]]:
+    """The SSE events of a streamed Messages reply (each object carries its ``type``)."""
+    start_usage = {"input_tokens": reply.input_tokens, "output_tokens": 1, **reply.usage_extra}
+    message = {**anthropic_body(reply, model), "content": [], "stop_reason": None}
+    deltas = [
+        {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}}
+        for c in (reply.chunks if reply.chunks is not None else _pieces(reply.text))
+    ]
+    return [
+        {"type": "message_start", "message": {**message, "usage": start_usage}},
+        {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
+        *deltas,
+        {"type": "content_block_stop", "index": 0},
+        {
+            "type": "message_delta",
+            "delta": {"stop_reason": "end_turn", "stop_sequence": None},
+            "usage": {"output_tokens": reply.output_tokens},
+        },
+        {"type": "message_stop"},
+    ]
 
 
 @dataclass
@@ -258,6 +305,10 @@ class FakeLLMServer:
                     return
                 if reply.gate is not None and not server._await_gate(reply.gate):
                     return
+                if isinstance(body, dict) and body.get("stream") and reply.status < 400:
+                    model = str(body.get("model", "?"))
+                    self._stream(reply, model)
+                    return
                 if reply.body is not None:
                     payload: object = reply.body
                 elif reply.status >= 400:
@@ -283,10 +334,57 @@ class FakeLLMServer:
                 except OSError:
                     pass  # the client gave up (timeout test): nothing to report
 
+            def _stream(self, reply: Reply, model: str) -> None:
+                build = openai_events if server.flavour == "openai" else anthropic_events
+                events = build(reply, model)
+                sent = 0
+                self.protocol_version = "HTTP/1.1"  # chunked: a cut is visible as one
+                try:
+                    self.send_response(200)
+                    self.send_header("content-type", "text/event-stream")
+                    self.send_header("transfer-encoding", "chunked")
+                    self.end_headers()
+                    for event in events:
+                        is_delta = _is_text_delta(event)
+                        if is_delta and reply.cut_after is not None and sent >= reply.cut_after:
+                            self.wfile.flush()
+                            self.close_connection = True
+                            return  # no terminating chunk: the body is cut
+                        held = is_delta and reply.hold is not None and sent == reply.hold_after
+                        if held and not server._await_gate(reply.hold):  # type: ignore[arg-type]
+                            return
+                        self._chunk(_sse(server.flavour, event))
+                        sent += is_delta
+                    if server.flavour == "openai":
+                        self._chunk(b"data: [DONE]\n\n")
+                    self.wfile.write(b"0\r\n\r\n")
+                    self.wfile.flush()
+                except OSError:
+                    pass
+                self.close_connection = True
+
+            def _chunk(self, data: bytes) -> None:
+                self.wfile.write(f"{len(data):x}\r\n".encode() + data + b"\r\n")
+                self.wfile.flush()
+
             def log_message(self, format: str, *args: Any) -> None:
                 pass
 
         return Handler
+
+
+def _is_text_delta(event: dict[str, Any]) -> bool:
+    if event.get("type") == "content_block_delta":
+        return True
+    choices = event.get("choices") or []
+    return bool(choices) and "content" in choices[0].get("delta", {})
+
+
+def _sse(flavour: Flavour, event: dict[str, Any]) -> bytes:
+    data = json.dumps(event)
+    if flavour == "anthropic":
+        return f"event: {event['type']}\ndata: {data}\n\n".encode()
+    return f"data: {data}\n\n".encode()
 
 
 # --------------------------------------------------------------------- agent CLIs
@@ -323,6 +421,13 @@ if cfg.get("wait_for"):  # held until the test creates this file (at most 60 s)
 if cfg.get("hang"):
     while True:  # hung until a signal kills it (pause returns after a handled one)
         signal.pause()
+for index, line in enumerate(cfg.get("lines", [])):  # printed one by one, flushed
+    if cfg.get("hold_file") and index == cfg.get("hold_after", 1):
+        due = time.monotonic() + 60
+        while not os.path.exists(cfg["hold_file"]) and time.monotonic() < due:
+            time.sleep(0.02)
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
 sys.stdout.write(cfg.get("stdout", ""))
 sys.stderr.write(cfg.get("stderr", ""))
 sys.exit(cfg.get("exit", 0))

@@ -421,3 +421,43 @@ def test_unknown_script_key_exits_2_through_the_cli(tmp_path: Path) -> None:
     assert not (tmp_path / "home" / "runs").exists() or not any(
         (tmp_path / "home" / "runs").iterdir()
     )
+
+
+async def test_script_stream_emits_chunks_in_order_with_the_delay_between_them(
+    tmp_path: Path,
+) -> None:
+    from steerflow.providers._base import ProviderRequest
+    from steerflow.providers.script import ScriptProvider
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        yaml.safe_dump({"n": {"stream": ["a", "b", "c"], "delay": 0.2, "response": "r"}})
+    )
+    home = tmp_path / "home"
+    home.mkdir()
+    stamps: list[tuple[str, float]] = []
+    request = ProviderRequest(
+        run_id="20250101T000000-abcdef",
+        node_key="n",
+        node_id="0" * 32,
+        kind="planned",
+        assignee=None,
+        instruction="go",
+        history=(),
+        artifact_dir=home / "legs" / "n",
+        home=home,
+        live=lambda text: stamps.append((text, time.monotonic())),
+    )
+    response = await ScriptProvider(f"script:{path}").invoke(request)
+    assert response.text == "r"  # the response, not the stream
+    assert [text for text, _ in stamps] == ["a", "b", "c"]
+    assert stamps[2][1] - stamps[0][1] >= 0.2  # the delay lies between first and last
+
+
+def test_script_stream_must_be_a_list_of_strings(tmp_path: Path) -> None:
+    from steerflow.providers.script import load_script
+
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"n": {"stream": "not a list"}}))
+    with pytest.raises(UsageError, match="stream"):
+        load_script(path)

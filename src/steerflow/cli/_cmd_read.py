@@ -100,14 +100,34 @@ def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
     is_flag=True,
     help="With NODE: print only the node's response, byte for byte (for pipes).",
 )
+@click.option(
+    "--follow",
+    "-f",
+    is_flag=True,
+    help="Print the running node's output so far, then each new chunk until it ends; "
+    "without NODE every running node's, each line prefixed with its id.",
+)
 @click.pass_context
-def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: bool) -> int:
+def show(
+    ctx: click.Context, target: str, node: str | None, as_json: bool, raw: bool, follow: bool
+) -> int:
     """Show a run: status, phase and every node's live status; or one NODE in full.
 
     NODE is a planned agent_id or a spawned node's spawn_id (or an unambiguous prefix):
     its status, model, times, usage, the instruction exactly as the provider received it,
     the response, error, artifacts and spawn links. Works while the run is still going.
+    With --follow: the live output of a run on this host, as it comes (Ctrl-C stops
+    only the follower, exit 130).
     """
+    if follow:
+        if as_json or raw:
+            raise UsageError("--follow prints live text: it takes neither --json nor --raw")
+        # Only now: the follower's readers must not weigh on plain ``show``.
+        from steerflow.cli._follow import follow_node, follow_run
+
+        if node is not None:
+            return follow_node(home_of(ctx), target, node)
+        return follow_run(home_of(ctx), target)
     if node is not None:
         from steerflow.cli._reading import show_node
 

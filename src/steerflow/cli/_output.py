@@ -8,7 +8,7 @@ import sys
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
-__all__ = ["emit_json", "emit_raw", "emit_text", "printable", "warn"]
+__all__ = ["emit_chunk", "emit_json", "emit_raw", "emit_text", "printable", "warn"]
 
 # C0 controls except tab and newline, DEL, and C1 controls: the bytes a terminal acts on
 # (ESC sequences clear the screen or set the title; OSC/CSI can hide or forge text).
@@ -56,6 +56,12 @@ def emit_text(text: str) -> None:
     :func:`printable` so that an embedded newline cannot forge a line of its own.
     """
     sys.stdout.write(printable(text.rstrip("\n"), keep_newlines=True) + "\n")
+    sys.stdout.flush()
+
+
+def emit_chunk(text: str) -> None:
+    """Print live output as it came (no newline added), control characters escaped."""
+    sys.stdout.write(printable(text, keep_newlines=True))
     sys.stdout.flush()
 
 

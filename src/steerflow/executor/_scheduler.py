@@ -18,6 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from steerflow._live import LiveWriter
 from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._events import EventBus, EventType, FlowEvent
@@ -89,6 +90,7 @@ class FlowExecutor:
         call_timeout_s: float | None = None,
         role_artifacts: Callable[[str | None], Sequence[str]] = lambda assignee: (),
         escalation: Callable[[str | None], Sequence[str]] = lambda assignee: (),
+        live: LiveWriter | None = None,
     ) -> None:
         if concurrency < 1:
             raise ValueError("concurrency must be >= 1")
@@ -110,6 +112,8 @@ class FlowExecutor:
         self._call_timeout_s = call_timeout_s
         self._role_artifacts = role_artifacts
         self._escalation = escalation
+        #: Where calls' output goes while they run (decision 190); None: nowhere.
+        self.live = live
         # One future per node, resolved when it stops: lighter than an Event (no waiter
         # deque), which at 10,000 nodes was ~7 MB (decision 65).
         self._done: dict[str, asyncio.Future[None]] = {}
@@ -368,6 +372,7 @@ class FlowExecutor:
             allow_spawn=self.reactive.allows(op.assignee) and op is not self.graph.synthesis,
             timeout_s=self._call_timeout_s,
             dependencies=_dependency_results(op, self.graph),
+            live=self.live.sink(op.key) if self.live is not None else None,
         )
         try:
             if not is_leg_key(op.key):
@@ -388,6 +393,8 @@ class FlowExecutor:
                     response = await self._call(op, provider, request)
             finally:
                 self._inflight.pop(op.node_id, None)
+                if self.live is not None:
+                    self.live.end(op.key)
             if response is None:
                 # Cancelled by close_admission, or never started (the fence): the node
                 # stays pending (it reruns on resume); keep a note of what a cancelled

@@ -28,11 +28,12 @@ import signal
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from steerflow import _faults
+from steerflow._live import LiveWriter
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
@@ -120,6 +121,11 @@ class _Live:
     poller: ControlPoller
     writer: CheckpointWriter
     lease: LeaseKeeper
+    #: Each turn's output as it comes, beside the run (decision 190).
+    output: LiveWriter = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.output = LiveWriter(self.run_dir.path)
 
 
 class AgentRun:
@@ -243,7 +249,10 @@ class AgentRun:
                         db, seed.stranded, session_id, claimed=seed.redeliver_claimed
                     )
                 live = _Live(db, session_id, invocation_id, run_dir, poller, writer, lease)
-                result = await self._under_deadline(live, provider)
+                try:
+                    result = await self._under_deadline(live, provider)
+                finally:
+                    await asyncio.to_thread(live.output.close)
             except Exception as exc:  # re-raised below as itself, not in an ExceptionGroup
                 error = exc
             finally:
@@ -446,6 +455,7 @@ class AgentRun:
             artifact_dir=s.run_dir.leg_artifact_dir(LEG_KEY),
             home=self.home,
             conversation=self.conversation,
+            live=s.output.sink(turn_key(number)),
         )
 
     async def _run_turn(
@@ -485,6 +495,7 @@ class AgentRun:
             error = str(exc) or type(exc).__name__
         finally:
             self._scope = None
+            s.output.end(key)
         detail["ended_at"] = time.time()
         if scope.cancelled_by is not None:
             await self._cut_short(s, key, number, detail, scope.cancelled_by)

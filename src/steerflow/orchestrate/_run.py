@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from steerflow import _faults
+from steerflow._live import LiveWriter
 from steerflow.artifacts import ContractError
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller
@@ -534,11 +535,14 @@ class FlowRun:
         keeper, settings = await self._persist_contract(s, graph, settings)
         writer = await self._open_writer(s, graph, plan, prompt, settings, max_spawn)
         publisher = self._start_publisher(s, graph)
+        # Chunks of calls in flight, beside the run and never in its checkpoint (decision 190).
+        live = LiveWriter(s.run_dir.path)
         try:
             recorder = CheckpointRecorder(writer, graph, s.run_dir, self.context, self.bus)
             await recorder.flush()
             await self._redeliver_stranded(s)
             executor = self._build_executor(s.run_dir, graph, settings, max_spawn, recorder)
+            executor.live = live
             # Before the checkpoint's pending intent: a spawned leg's declaration is on
             # record before anything of it runs.
             executor.spawn_observers.insert(0, keeper.add_spawned)
@@ -546,6 +550,7 @@ class FlowRun:
             checkpoint = await recorder.close()
         finally:
             await publisher.close()
+            await asyncio.to_thread(live.close)
         return await self._conclude(s, graph, executor, checkpoint)
 
     async def _redeliver_stranded(self, s: _Session) -> None:

@@ -8,6 +8,7 @@ of whole nodes on resume); a provider only talks to its model.
 from __future__ import annotations
 
 import abc
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
@@ -84,6 +85,18 @@ class ProviderRequest:
     #: The dependencies' results rendered into ``instruction`` (for the synthesis: every
     #: worker's), in the same order; for providers that want them as data.
     dependencies: tuple[DependencyResult, ...] = ()
+    #: Where the call's text goes as it is produced (the run's live file: decision 190);
+    #: None when nobody records it. Call :meth:`emit`, never this directly.
+    live: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+
+    def emit(self, text: str) -> None:
+        """Hand a chunk of output produced so far to the live view; cheap, never blocks.
+
+        What is emitted is only watched, never recorded: the response the call returns is
+        what counts, so a call that fails after emitting records nothing of it.
+        """
+        if self.live is not None and text:
+            self.live(text)
 
     def ensure_artifact_dir(self) -> Path:
         """Make (0700, no symlink followed) and return ``artifact_dir``; blocking I/O.

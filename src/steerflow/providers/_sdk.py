@@ -32,9 +32,49 @@ from steerflow.providers._conventions import (
     split_history,
     system_with_spawn,
 )
-from steerflow.providers._retry import RetryPolicy, call_with_retry, classify_sdk_error
+from steerflow.providers._retry import Failure, RetryPolicy, call_with_retry, classify_sdk_error
 
-__all__ = ["SDKProvider"]
+__all__ = ["SDKProvider", "StreamCut", "restarted"]
+
+
+class StreamCut(Exception):  # noqa: N818 - a condition, named as the retry policy reports it
+    """A streamed reply that ended before the server said it was complete.
+
+    Transient: the attempt is retried whole, and nothing of it is returned, so a cut
+    stream is never recorded as a (partial) response.
+    """
+
+
+_RESTART = "\n[… the stream was cut; calling again …]\n"
+
+
+def restarted(emit: Callable[[str], None], attempt: int) -> None:
+    """Tell the live view that attempt ``attempt`` (1-based) starts over."""
+    if attempt > 1:
+        emit(_RESTART)
+
+
+def _classify(sdk: ModuleType, exc: BaseException) -> Failure | None:
+    """The SDK's errors, plus a stream cut by the server or the network mid-way."""
+    if isinstance(exc, StreamCut):
+        return Failure(transient=True, message=f"stream cut: {exc}")
+    if _is_transport_error(exc):  # raised while iterating, not wrapped by the SDK
+        return Failure(transient=True, message=f"stream cut ({type(exc).__name__}: {exc})")
+    return classify_sdk_error(sdk, exc)
+
+
+def _is_transport_error(exc: BaseException) -> bool:
+    """An HTTP transport failure of the SDK's client (``httpx``, or the ``httpx2`` fork).
+
+    Matched by name: each SDK may bring its own copy of the library.
+    """
+    return any(
+        cls.__name__ == "TransportError" and cls.__module__.partition(".")[0] in _HTTP_LIBS
+        for cls in type(exc).__mro__
+    )
+
+
+_HTTP_LIBS = ("httpx", "httpx2")
 
 
 class _Closeable(Protocol):
@@ -69,7 +109,10 @@ class SDKProvider(Provider):
         system, turns = split_history(request.history)
         system = system_with_spawn(system, request.allow_spawn)
         turns = [*turns, Message(role="user", content=request.instruction)]
-        text, usage = await self._create(system, turns, timeout_s=request.timeout_s)
+        # Streamed only when someone watches (the run's live file): the reply recorded is
+        # the same text either way, and a library call without a sink keeps one request.
+        emit = request.emit if request.live is not None else None
+        text, usage = await self._create(system, turns, timeout_s=request.timeout_s, emit=emit)
         spawns: list[object] = []
         if request.allow_spawn:
             text, spawns = extract_spawns(text)
@@ -107,9 +150,18 @@ class SDKProvider(Provider):
 
     @abc.abstractmethod
     async def _create(
-        self, system: str | None, turns: Sequence[Message], *, timeout_s: float | None
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        *,
+        timeout_s: float | None,
+        emit: Callable[[str], None] | None = None,
     ) -> tuple[str, Usage | None]:
-        """One retried SDK call: the reply text and its usage."""
+        """One retried SDK call: the reply text and its usage.
+
+        With ``emit`` the call streams, handing each text delta to it; the text returned
+        is still the whole reply of the one attempt that finished (decision 192).
+        """
 
     def _per_call_s(self, timeout_s: float | None) -> float:
         """The request's own timeout when it has one, else the policy's."""
@@ -121,7 +173,7 @@ class SDKProvider(Provider):
         """Run ``attempt`` under the retry policy, classifying ``sdk``'s errors."""
         return await call_with_retry(
             attempt,
-            classify=functools.partial(classify_sdk_error, sdk),
+            classify=functools.partial(_classify, sdk),
             policy=self.policy,
             label=self.spec,
             timeout_s=timeout_s,

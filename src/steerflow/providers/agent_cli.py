@@ -26,6 +26,7 @@ from __future__ import annotations
 import abc
 import asyncio
 import contextlib
+import functools
 import json
 import os
 import shlex
@@ -37,6 +38,7 @@ from pathlib import Path
 from typing import ClassVar
 
 from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._agent_events import render_claude_event, render_codex_event
 from steerflow.providers._base import (
     Message,
     PlanReply,
@@ -114,7 +116,12 @@ class AgentCLIProvider(Provider, abc.ABC):
 
     @abc.abstractmethod
     def command(
-        self, system: str | None, output_file: Path, conversation: str | None = None
+        self,
+        system: str | None,
+        output_file: Path,
+        conversation: str | None = None,
+        *,
+        stream: bool = False,
     ) -> list[str]:
         """The argv of one run (the prompt is written to stdin).
 
@@ -123,6 +130,7 @@ class AgentCLIProvider(Provider, abc.ABC):
             output_file: A path outside the artifact directory the CLI may write
                 its final message to.
             conversation: The CLI's own session to continue, if it can resume one.
+            stream: Ask for one JSON event per line as the agent works.
         """
 
     @abc.abstractmethod
@@ -132,6 +140,17 @@ class AgentCLIProvider(Provider, abc.ABC):
     def conversation_id(self, stdout: str) -> str | None:
         """The CLI's session id in a successful run's output, if it reports one."""
         return None
+
+    def render_event(self, event: dict[str, object]) -> str:
+        """One JSON event of the CLI's stream as readable live text ("" to show nothing)."""
+        return ""
+
+    def _live_line(self, emit: Callable[[str], None], line: str) -> None:
+        event = _json_line(line)
+        if event is None:
+            emit(line + "\n")  # plain output is shown as it came
+        else:
+            emit(self.render_event(event))
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         """Run the CLI once in the node's artifact directory.
@@ -155,8 +174,10 @@ class AgentCLIProvider(Provider, abc.ABC):
         system, turns = split_history(request.history)
         system = system_with_spawn(system, request.allow_spawn)
         prompt = _with_transcript(turns, request.instruction)
+        # Its events go to the live view only when someone watches (decision 193).
+        emit = request.emit if request.live is not None else None
         text, usage, conversation = await self._run(
-            system, prompt, workdir, request.timeout_s, request.conversation
+            system, prompt, workdir, request.timeout_s, request.conversation, emit
         )
         spawns: list[object] = []
         if request.allow_spawn:
@@ -195,13 +216,15 @@ class AgentCLIProvider(Provider, abc.ABC):
         cwd: Path,
         timeout_s: float | None,
         conversation: str | None = None,
+        emit: Callable[[str], None] | None = None,
     ) -> tuple[str, Usage | None, str | None]:
         timeout = timeout_s if timeout_s and timeout_s > 0 else self.default_timeout_s
+        on_line = None if emit is None else functools.partial(self._live_line, emit)
         with tempfile.TemporaryDirectory(prefix="steerflow-agent-") as scratch:
             output_file = Path(scratch) / "last-message.txt"
-            argv = self.command(system, output_file, conversation)
+            argv = self.command(system, output_file, conversation, stream=emit is not None)
             stdout, stderr, code = await run_process(
-                argv, prompt.encode(), cwd, timeout, self.kill_grace_s, self.spec
+                argv, prompt.encode(), cwd, timeout, self.kill_grace_s, self.spec, on_line=on_line
             )
             if code != 0:
                 tail = (stderr.strip() or stdout.strip())[-_TAIL:]
@@ -220,8 +243,12 @@ async def run_process(
     timeout_s: float,
     grace_s: float,
     label: str,
+    *,
+    on_line: Callable[[str], None] | None = None,
 ) -> tuple[str, str, int]:
     """Run one worker process in its own process group and collect its output.
+
+    With ``on_line`` every stdout line is also handed to it as soon as it is read.
 
     Args:
         argv: Executable and arguments.
@@ -230,6 +257,7 @@ async def run_process(
         timeout_s: Wall-clock limit of the run.
         grace_s: Time between SIGTERM and SIGKILL when stopping it.
         label: Prefix of error messages.
+        on_line: Called with each stdout line (without its newline) as it is read.
 
     Returns:
         Decoded stdout, decoded stderr and the exit code (negative: signal).
@@ -252,7 +280,10 @@ async def run_process(
         raise ProviderError(f"{label}: cannot start {argv[0]!r}: {exc}") from exc
     try:
         async with asyncio.timeout(timeout_s):
-            out, err = await proc.communicate(stdin)
+            if on_line is None:
+                out, err = await proc.communicate(stdin)
+            else:
+                out, err = await _communicate_lines(proc, stdin, on_line)
     except TimeoutError:
         await _stop(proc, grace_s)
         raise ProviderError(
@@ -265,6 +296,38 @@ async def run_process(
         raise
     code = proc.returncode if proc.returncode is not None else await proc.wait()
     return out.decode(errors="replace"), err.decode(errors="replace"), code
+
+
+async def _communicate_lines(
+    proc: asyncio.subprocess.Process, stdin: bytes, on_line: Callable[[str], None]
+) -> tuple[bytes, bytes]:
+    """``communicate``, with each stdout line passed on as it arrives (any length)."""
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None
+    stdout, stderr = proc.stdout, proc.stderr
+
+    async def feed() -> None:
+        with contextlib.suppress(BrokenPipeError, ConnectionResetError):
+            proc.stdin.write(stdin)  # type: ignore[union-attr]
+            await proc.stdin.drain()  # type: ignore[union-attr]
+        proc.stdin.close()  # type: ignore[union-attr]
+
+    async def lines() -> bytes:
+        seen, pending = bytearray(), b""
+        while block := await stdout.read(1 << 16):
+            seen += block
+            *complete, pending = (pending + block).split(b"\n")
+            for line in complete:
+                on_line(line.decode(errors="replace"))
+        if pending:
+            on_line(pending.decode(errors="replace"))
+        return bytes(seen)
+
+    async with asyncio.TaskGroup() as group:
+        group.create_task(feed())
+        out = group.create_task(lines())
+        err = group.create_task(stderr.read())
+    await proc.wait()
+    return out.result(), err.result()
 
 
 async def _stop(proc: asyncio.subprocess.Process, grace_s: float) -> None:
@@ -324,13 +387,21 @@ class ClaudeCodeProvider(AgentCLIProvider):
     default_bin = "claude"
 
     def command(
-        self, system: str | None, output_file: Path, conversation: str | None = None
+        self,
+        system: str | None,
+        output_file: Path,
+        conversation: str | None = None,
+        *,
+        stream: bool = False,
     ) -> list[str]:
         """The ``claude`` argv (the output file is not used: JSON comes on stdout).
 
-        With ``conversation``, ``--resume <id>`` continues that CLI session.
+        With ``conversation``, ``--resume <id>`` continues that CLI session. With
+        ``stream``, ``stream-json`` (which print mode takes only with ``--verbose``):
+        its last line is the same result object.
         """
-        argv = [self.binary, "-p", "--output-format", "json", "--model", self.model]
+        output = ["stream-json", "--verbose"] if stream else ["json"]
+        argv = [self.binary, "-p", "--output-format", *output, "--model", self.model]
         argv += ["--permission-mode", "acceptEdits"]
         if conversation:
             argv += ["--resume", conversation]
@@ -343,6 +414,10 @@ class ClaudeCodeProvider(AgentCLIProvider):
         result = _last_json_object(stdout, lambda obj: obj.get("type") == "result")
         session = result.get("session_id") if result is not None else None
         return session if isinstance(session, str) and session else None
+
+    def render_event(self, event: dict[str, object]) -> str:
+        """A ``stream-json`` event: text, tool calls, edits, commands, results."""
+        return render_claude_event(event)
 
     def parse(self, stdout: str, output_file: Path) -> tuple[str, Usage | None]:
         """Read the result object; plain text output is taken as the reply."""
@@ -384,9 +459,16 @@ class CodexProvider(AgentCLIProvider):
     default_bin = "codex"
 
     def command(
-        self, system: str | None, output_file: Path, conversation: str | None = None
+        self,
+        system: str | None,
+        output_file: Path,
+        conversation: str | None = None,
+        *,
+        stream: bool = False,
     ) -> list[str]:
         """The ``codex exec`` argv; ``-`` makes codex read the prompt from stdin.
+
+        ``stream`` changes nothing: ``--json`` already prints one event per line.
 
         ``conversation`` is not used: a continued codex conversation gets the earlier
         turns as a transcript in the prompt (decision: agent continuation).
@@ -413,11 +495,16 @@ class CodexProvider(AgentCLIProvider):
         cwd: Path,
         timeout_s: float | None,
         conversation: str | None = None,
+        emit: Callable[[str], None] | None = None,
     ) -> tuple[str, Usage | None, str | None]:
         # codex has no system-prompt flag: the system text leads the prompt.
         if system:
             prompt = f"{system}\n\n---\n\n{prompt}"
-        return await super()._run(None, prompt, cwd, timeout_s, conversation)
+        return await super()._run(None, prompt, cwd, timeout_s, conversation, emit)
+
+    def render_event(self, event: dict[str, object]) -> str:
+        """A ``--json`` event: messages, commands and their exit codes, file changes."""
+        return render_codex_event(event)
 
     def parse(self, stdout: str, output_file: Path) -> tuple[str, Usage | None]:
         """Read the last message and sum ``turn.completed`` usage."""

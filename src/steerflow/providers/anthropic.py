@@ -10,7 +10,8 @@ decides. ``STEERFLOW_ANTHROPIC_MAX_TOKENS`` sets ``max_tokens`` (default 8192).
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from types import SimpleNamespace
 from typing import Any
 
 import anthropic
@@ -20,7 +21,7 @@ from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import Message, Usage
 from steerflow.providers._env import env_float
 from steerflow.providers._retry import RetryPolicy
-from steerflow.providers._sdk import SDKProvider
+from steerflow.providers._sdk import SDKProvider, StreamCut, restarted
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
@@ -94,11 +95,18 @@ class AnthropicProvider(SDKProvider):
         return self._client
 
     async def _create(
-        self, system: str | None, turns: Sequence[Message], *, timeout_s: float | None
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        *,
+        timeout_s: float | None,
+        emit: Callable[[str], None] | None = None,
     ) -> tuple[str, Usage | None]:
         messages = _messages(turns)
         per_call = self._per_call_s(timeout_s)
         extra: dict[str, Any] = {"system": system} if system else {}
+        if emit is not None:
+            return await self._streamed(messages, extra, per_call, emit)
 
         async def attempt() -> Any:
             return await self.client.messages.create(
@@ -121,6 +129,71 @@ class AnthropicProvider(SDKProvider):
         if not text and getattr(reply, "stop_reason", None) == "refusal":
             raise ProviderError(f"{self.spec}: the model refused the request")
         return text, _usage(getattr(reply, "usage", None))
+
+    async def _streamed(
+        self,
+        messages: list[MessageParam],
+        extra: dict[str, Any],
+        per_call: float,
+        emit: Callable[[str], None],
+    ) -> tuple[str, Usage | None]:
+        """The streamed call: text deltas go to ``emit``, the whole reply is returned.
+
+        Complete only at ``message_stop``: a stream that ends before it is a
+        :class:`StreamCut`, retried whole. Usage is ``message_start``'s input counts
+        and the last ``message_delta``'s output count.
+        """
+        attempts = 0
+
+        async def attempt() -> tuple[str, Usage | None]:
+            nonlocal attempts
+            attempts += 1
+            restarted(emit, attempts)
+            parts: list[str] = []
+            counts: dict[str, Any] = {}
+            stop_reason: object = None
+            stopped = False
+            stream = await self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=messages,
+                timeout=per_call,
+                stream=True,
+                **extra,
+            )
+            async with stream:
+                async for event in stream:
+                    kind = event.type
+                    if kind == "message_start":
+                        counts.update(_counts(event.message.usage))
+                    elif kind == "content_block_delta" and event.delta.type == "text_delta":
+                        parts.append(event.delta.text)
+                        emit(event.delta.text)
+                    elif kind == "message_delta":
+                        stop_reason = event.delta.stop_reason
+                        counts.update(_counts(event.usage))
+                    elif kind == "message_stop":
+                        stopped = True
+            if not stopped:
+                raise StreamCut("the server ended the stream before message_stop")
+            if not parts and stop_reason == "refusal":
+                raise ProviderError(f"{self.spec}: the model refused the request")
+            return "".join(parts), _usage(SimpleNamespace(**counts)) if counts else None
+
+        result: tuple[str, Usage | None] = await self._retried(
+            anthropic, attempt, timeout_s=per_call
+        )
+        return result
+
+
+def _counts(raw: object) -> dict[str, Any]:
+    """The token counts a streamed event reports (the ones it leaves out stay as they were)."""
+    names = ("input_tokens", "cache_creation_input_tokens", "cache_read_input_tokens")
+    return {
+        name: value
+        for name in (*names, "output_tokens")
+        if (value := getattr(raw, name, None)) is not None
+    }
 
 
 def _messages(turns: Sequence[Message]) -> list[MessageParam]:

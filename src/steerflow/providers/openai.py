@@ -8,7 +8,7 @@ retries are off; :mod:`steerflow.providers._retry` decides.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import openai
@@ -22,12 +22,14 @@ from openai.types.chat import (
 from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import Message, Usage
 from steerflow.providers._retry import RetryPolicy
-from steerflow.providers._sdk import SDKProvider
+from steerflow.providers._sdk import SDKProvider, StreamCut, restarted
 
 __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 
 #: Sent as the API key when only ``OPENAI_BASE_URL`` is set.
 PLACEHOLDER_KEY = "not-set"
+
+Emit = Callable[[str], None]
 
 
 class OpenAIProvider(SDKProvider):
@@ -95,10 +97,13 @@ class OpenAIProvider(SDKProvider):
         turns: Sequence[Message],
         *,
         timeout_s: float | None,
+        emit: Callable[[str], None] | None = None,
         json_mode: bool = False,
     ) -> tuple[str, Usage | None]:
         messages = _messages(system, turns)
         per_call = self._per_call_s(timeout_s)
+        if emit is not None:
+            return await self._streamed(messages, per_call, emit)
         extra: dict[str, Any] = {}
         if json_mode:
             extra["response_format"] = {"type": "json_object"}
@@ -120,6 +125,47 @@ class OpenAIProvider(SDKProvider):
                 raise ProviderError(f"{self.spec}: the model refused: {refusal}")
             content = ""
         return str(content), _usage(getattr(completion, "usage", None))
+
+    async def _streamed(
+        self, messages: list[ChatCompletionMessageParam], per_call: float, emit: Emit
+    ) -> tuple[str, Usage | None]:
+        """The streamed call: deltas go to ``emit``, the whole reply is returned.
+
+        Complete only once a choice reported its ``finish_reason``: a stream that ends
+        before that (the server or a proxy closed it) is a :class:`StreamCut`, retried.
+        """
+        attempts = 0
+
+        async def attempt() -> tuple[str, Usage | None]:
+            nonlocal attempts
+            attempts += 1
+            restarted(emit, attempts)
+            parts: list[str] = []
+            finished, usage, refusal = False, None, ""
+            stream = await self.client.chat.completions.create(
+                model=self.model,
+                messages=messages,
+                timeout=per_call,
+                stream=True,
+                stream_options={"include_usage": True},
+            )
+            async with stream:
+                async for chunk in stream:
+                    usage = _usage(getattr(chunk, "usage", None)) or usage
+                    for choice in chunk.choices[:1]:
+                        if text := choice.delta.content:
+                            parts.append(text)
+                            emit(text)
+                        refusal += getattr(choice.delta, "refusal", None) or ""
+                        finished = finished or choice.finish_reason is not None
+            if not finished:
+                raise StreamCut("the server ended the stream before the reply was complete")
+            if not parts and refusal:
+                raise ProviderError(f"{self.spec}: the model refused: {refusal}")
+            return "".join(parts), usage
+
+        result: tuple[str, Usage | None] = await self._retried(openai, attempt, timeout_s=per_call)
+        return result
 
 
 def _messages(system: str | None, turns: Sequence[Message]) -> list[ChatCompletionMessageParam]:

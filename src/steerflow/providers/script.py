@@ -34,6 +34,9 @@ class NodeScript(BaseModel):
     fail_once: str | None = None
     spawn: list[dict[str, Any] | None] | None = None
     artifacts: dict[str, str] | None = None
+    #: Chunks of live output, emitted in order with ``delay`` spread between them
+    #: (CONTRACT §11); the response is still ``response`` (else the echo text).
+    stream: list[str] | None = None
 
 
 def load_script(path: Path) -> dict[str, NodeScript]:
@@ -119,7 +122,9 @@ class ScriptProvider(Provider):
         """Log the invocation, then behave as scripted."""
         node = self._node(request.node_key)
         await asyncio.to_thread(_append_invocation, request)
-        if node.delay:
+        if node.stream:
+            await _stream(request, node.stream, node.delay or 0.0)
+        elif node.delay:
             await asyncio.sleep(node.delay)
         if node.fail is not None:
             raise ProviderError(node.fail)
@@ -140,6 +145,17 @@ class ScriptProvider(Provider):
     async def plan(self, request: PlanRequest) -> object:
         """Scripts do not plan: they reuse the deterministic echo plan."""
         return echo_plan(request.prompt)
+
+
+async def _stream(request: ProviderRequest, chunks: list[str], delay: float) -> None:
+    """Emit ``chunks`` with ``delay`` spread evenly between them (none before the first)."""
+    gap = delay / (len(chunks) - 1) if len(chunks) > 1 else 0.0
+    for index, chunk in enumerate(chunks):
+        if index and gap:
+            await asyncio.sleep(gap)
+        request.emit(chunk)
+    if len(chunks) == 1 and delay:
+        await asyncio.sleep(delay)
 
 
 def _append_invocation(request: ProviderRequest) -> None:

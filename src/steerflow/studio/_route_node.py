@@ -13,6 +13,7 @@ from starlette.routing import Route
 from steerflow import views
 from steerflow.errors import AmbiguousIdError, RefusedError, UnknownIdError
 from steerflow.plan import is_agent_id
+from steerflow.studio import _node_live
 from steerflow.studio._pages import error_page
 from steerflow.studio._routing import Page, StudioState, is_target
 from steerflow.studio._run_pages import node_page
@@ -56,13 +57,22 @@ class NodePage(Page):
             },
         )
 
+    def node_output(self, request: Request) -> Response:
+        return _node_live.node_output(self.home, request)
+
+    def last_lines(self, request: Request) -> Response:
+        return _node_live.last_lines(self.home, request)
+
 
 def routes(state: StudioState) -> list[Route]:
-    """The Node page's routes."""
+    """The Node page's routes, with its live output (issue 31: studio/_node_live.py)."""
     page = NodePage(state)
     return [
         Route("/runs/{target}/nodes/{node}", page.node, methods=["GET"]),
         Route("/runs/{target}/nodes/{node}/artifacts/{path:path}", page.artifact, methods=["GET"]),
+        Route("/api/runs/{target}/nodes/{node}/output", page.node_output, methods=["GET"]),
+        Route("/api/runs/{target}/last-lines", page.last_lines, methods=["GET"]),
+        Route("/static/node-live.js", _node_live.script, methods=["GET"]),
     ]
 
 

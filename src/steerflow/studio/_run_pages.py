@@ -8,6 +8,7 @@ from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
+from steerflow.studio._node_live import lines_section, live_section
 from steerflow.studio._pages import (
     STATUSES,
     control_forms,
@@ -360,6 +361,8 @@ def run_page(
     body.append(timeline_svg(view, base=nodes_base))
     body.append("</div><h3>nodes</h3>")
     body.append(_nodes_table(view))
+    if view.status == "running":  # each running node's last line (issue 31)
+        body.append(lines_section(f"/api/runs/{quote(view.run_id, safe='')}/last-lines", esc))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
     body.append("<h3>history</h3>")
@@ -462,6 +465,10 @@ def node_page(detail: NodeDetail) -> str:
         body.append(
             f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
         )
+    if detail.status in ("pending", "running", "paused"):
+        # The call's output as it comes (issue 31); the script stops once the node ended.
+        output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
+        body.append(live_section(output, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
     # The node page reloads when the node's status moves (its response or error lands).

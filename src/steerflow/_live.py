@@ -1,0 +1,320 @@
+"""Live output of running nodes: the per-node files beside a run (issue 31, decision 190).
+
+A provider hands text chunks to a sink (``ProviderRequest.emit``); the run's one
+:class:`LiveWriter` thread appends them to ``<run_dir>/live/<node_key>/<n>.txt`` so the
+event loop only queues them. The files are never part of the checkpoint: they are a
+view of a call in flight, and the recorded response stays the only truth.
+
+Bounded with the head and the tail kept: segment ``0`` holds the first ``head`` bytes and
+is never touched again; later segments roll at ``segment`` bytes and only the newest two
+are kept, so a node's directory never holds more than ``head + 2 * segment`` bytes. Every
+segment is append-only (a reader holding one never sees it rewritten); the writer makes
+segment ``n + 1`` only once ``n`` is finished, and an ``end`` file once the call ended, so
+a reader knows when it has everything.
+
+This module imports only the standard library: ``show --follow`` and the Studio read it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import queue
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "LIVE_DIR",
+    "LiveCursor",
+    "LiveWriter",
+    "live_dir",
+    "max_bytes_from_env",
+]
+
+LIVE_DIR = "live"
+END_MARK = "end"
+MAX_BYTES_ENV = "STEERFLOW_LIVE_MAX_BYTES"
+DEFAULT_MAX_BYTES = 1 << 20
+_BATCH = 1 << 16  # queue items written per wake-up at most
+_COALESCE_S = 0.02  # what a viewer waits at most for a chunk, on top of its own polling
+_ELIDED = "\n[… output not kept: only the head and the tail are …]\n"
+
+
+def max_bytes_from_env(env: Mapping[str, str] | None = None) -> int:
+    """``STEERFLOW_LIVE_MAX_BYTES`` (at least 4 KiB), else 1 MiB; 0 turns live files off."""
+    raw = (os.environ if env is None else env).get(MAX_BYTES_ENV, "")
+    try:
+        value = int(raw) if raw.strip() else DEFAULT_MAX_BYTES
+    except ValueError:
+        return DEFAULT_MAX_BYTES
+    return 0 if value <= 0 else max(value, 4096)
+
+
+def live_dir(run_dir: Path, node_key: str) -> Path:
+    """Where one node's live segments are."""
+    return run_dir / LIVE_DIR / node_key
+
+
+@dataclass
+class _Node:
+    directory: Path
+    segment: int = 0
+    size: int = 0  # bytes in the current segment
+    fd: int | None = None
+
+
+@dataclass
+class LiveWriter:
+    """The run's one writer thread: chunks queued from the loop, appended off it.
+
+    No ``fsync``: a live file is a view, never recovery data (decision 190); a crash
+    that loses the page cache loses only what an operator was watching.
+    """
+
+    run_dir: Path
+    max_bytes: int = field(default_factory=max_bytes_from_env)
+    _queue: queue.SimpleQueue[tuple[str, str | None]] = field(
+        default_factory=queue.SimpleQueue, init=False
+    )
+    _thread: threading.Thread | None = field(default=None, init=False)
+    _nodes: dict[str, _Node] = field(default_factory=dict, init=False)
+
+    @property
+    def enabled(self) -> bool:
+        return self.max_bytes > 0
+
+    def sink(self, node_key: str) -> Callable[[str], None] | None:
+        """The callable a provider's chunks go to, or None when live files are off."""
+        if not self.enabled:
+            return None
+
+        def emit(text: str) -> None:
+            if text:
+                self._put(node_key, text)
+
+        return emit
+
+    def end(self, node_key: str) -> None:
+        """The node's call ended (any outcome): close its segment, mark it ended."""
+        if self.enabled and self._thread is not None:
+            self._put(node_key, None)
+
+    def close(self) -> None:
+        """Write everything queued and stop the thread (blocking: call it off the loop)."""
+        thread, self._thread = self._thread, None
+        if thread is not None:
+            self._queue.put(("", None))
+            thread.join()
+
+    def _put(self, key: str, text: str | None) -> None:
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
+            self._thread.start()
+        self._queue.put((key, text))
+
+    def _run(self) -> None:
+        running = True
+        while running:
+            # Everything queued since the last wake-up, one write per node: under a burst
+            # (100 calls streaming at once) that is a few syscalls, not one per chunk, and
+            # the pause first makes this thread ask the loop's thread for the GIL at most
+            # 1 / _COALESCE_S times a second, whatever the chunk rate (decision 190).
+            batch = [self._queue.get()]
+            if batch[0][0]:
+                time.sleep(_COALESCE_S)
+            with contextlib.suppress(queue.Empty):
+                while len(batch) < _BATCH:
+                    batch.append(self._queue.get_nowait())
+            running = self._apply(batch)
+        for key in list(self._nodes):
+            with contextlib.suppress(OSError):
+                self._finish(key)
+
+    def _apply(self, batch: list[tuple[str, str | None]]) -> bool:
+        """Write one batch in order; False once the stop item is reached."""
+        pending: dict[str, list[str]] = {}
+        for key, text in batch:
+            if key and text is not None:
+                pending.setdefault(key, []).append(text)
+                continue
+            self._flush(pending)
+            if not key:
+                return False
+            self._guarded(key, None)
+        self._flush(pending)
+        return True
+
+    def _flush(self, pending: dict[str, list[str]]) -> None:
+        for key, parts in pending.items():
+            self._guarded(key, "".join(parts))
+        pending.clear()
+
+    def _guarded(self, key: str, text: str | None) -> None:
+        try:
+            if text is None:
+                self._finish(key)
+            else:
+                self._write(key, text.encode("utf-8", errors="replace"))
+        except OSError:
+            # A full disk or a removed run directory costs the view, never the run.
+            self._nodes.pop(key, None)
+
+    def _open(self, node: _Node) -> int:
+        if node.fd is None:
+            path = node.directory / f"{node.segment}.txt"
+            flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC
+            node.fd = os.open(path, flags, 0o600)
+        return node.fd
+
+    def _node(self, key: str) -> _Node:
+        node = self._nodes.get(key)
+        if node is None:
+            directory = self.run_dir / LIVE_DIR
+            directory.mkdir(mode=0o700, exist_ok=True)
+            directory = directory / key
+            directory.mkdir(mode=0o700, exist_ok=True)
+            node = self._nodes[key] = _Node(directory)
+        return node
+
+    def _write(self, key: str, data: bytes) -> None:
+        node = self._node(key)
+        head = self.max_bytes // 2
+        roll = max(1, self.max_bytes // 4)
+        while data:
+            limit = head if node.segment == 0 else roll
+            room = limit - node.size
+            if room <= 0:
+                self._roll(node)
+                continue
+            part, data = data[:room], data[room:]
+            os.write(self._open(node), part)
+            node.size += len(part)
+
+    def _roll(self, node: _Node) -> None:
+        """Finish the current segment, start the next, drop the one two back (never 0)."""
+        if node.fd is not None:
+            os.close(node.fd)
+            node.fd = None
+        node.segment += 1
+        node.size = 0
+        self._open(node)
+        if node.segment - 2 >= 1:
+            with contextlib.suppress(FileNotFoundError):
+                (node.directory / f"{node.segment - 2}.txt").unlink()
+
+    def _finish(self, key: str) -> None:
+        node = self._nodes.pop(key, None)
+        directory = node.directory if node is not None else self.run_dir / LIVE_DIR / key
+        if node is not None and node.fd is not None:
+            os.close(node.fd)
+        if directory.is_dir():
+            fd = os.open(directory / END_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+            os.close(fd)
+
+
+@dataclass
+class LiveCursor:
+    """A reader's place in one node's live output: new text since the last :meth:`read`.
+
+    It keeps the open segment's descriptor, so a segment the writer drops while it is
+    being read is still read to its end; segments dropped before it got to them are
+    reported as one elision line.
+    """
+
+    directory: Path
+    segment: int = 0
+    offset: int = 0
+    _fd: int | None = None
+    _pending: bytes = b""
+
+    @property
+    def position(self) -> tuple[int, int]:
+        """Where the next :meth:`read` starts, for a reader that keeps no cursor (the Studio)."""
+        return self.segment, max(0, self.offset - len(self._pending))
+
+    @property
+    def ended(self) -> bool:
+        """Whether the writer marked the call ended (read once more to get the rest)."""
+        return (self.directory / END_MARK).exists()
+
+    def read(self) -> str:
+        """Every byte written since the last call, decoded (a split character waits)."""
+        return "".join(self._chunks())
+
+    def _chunks(self) -> Iterator[str]:
+        while True:
+            data = self._read_segment()
+            if data:
+                yield self._decode(data)
+            following = self._next_segment()
+            if following is None:
+                return
+            # The next segment exists, so ours is finished: drain what came meanwhile.
+            if data := self._read_segment():
+                yield self._decode(data)
+            if following > self.segment + 1:
+                yield _ELIDED
+            self._close()
+            self.segment, self.offset = following, 0
+
+    def _decode(self, data: bytes) -> str:
+        data = self._pending + data
+        cut = len(data)
+        # Hold back an incomplete UTF-8 sequence at the end for the next read.
+        for back in range(1, min(4, len(data)) + 1):
+            byte = data[-back]
+            if byte & 0xC0 == 0x80:
+                continue
+            if byte >= 0xC0:
+                need = 2 if byte < 0xE0 else 3 if byte < 0xF0 else 4
+                if back < need:
+                    cut = len(data) - back
+            break
+        self._pending = data[cut:]
+        return data[:cut].decode("utf-8", errors="replace")
+
+    def _read_segment(self) -> bytes:
+        if self._fd is None:
+            try:
+                self._fd = os.open(
+                    self.directory / f"{self.segment}.txt", os.O_RDONLY | os.O_NOFOLLOW
+                )
+            except FileNotFoundError:
+                return b""
+            os.lseek(self._fd, self.offset, os.SEEK_SET)
+        parts = []
+        while block := os.read(self._fd, 1 << 16):
+            parts.append(block)
+            self.offset += len(block)
+        return b"".join(parts)
+
+    def _next_segment(self) -> int | None:
+        """The lowest segment after ours that exists (its existence finishes ours)."""
+        try:
+            names = os.listdir(self.directory)
+        except FileNotFoundError:
+            return None
+        later = [
+            n
+            for name in names
+            if name.endswith(".txt") and (n := _segment_no(name)) is not None and n > self.segment
+        ]
+        return min(later) if later else None
+
+    def _close(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+    def close(self) -> None:
+        """Release the open segment."""
+        self._close()
+
+
+def _segment_no(name: str) -> int | None:
+    stem = name.removesuffix(".txt")
+    return int(stem) if stem.isdigit() else None

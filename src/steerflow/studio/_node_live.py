@@ -1,0 +1,186 @@
+"""The Studio's live output of running nodes (issue 31, decision 194).
+
+Two JSON answers and one script, kept apart from the rest of the Studio:
+
+* ``GET /api/runs/{target}/nodes/{node}/output?segment=S&offset=O``: the node's live text
+  from that position on (the position the previous answer returned), the next position,
+  and whether it is over (its call ended and its status is no longer running, or the run
+  ended). The browser keeps the position, so the server keeps no per-viewer state.
+* ``GET /api/runs/{target}/last-lines``: the last non-empty line of each running node.
+* ``/static/node-live.js`` polls them and writes with ``textContent`` only (the CSP has
+  ``script-src 'self'`` and no inline script); the text is never parsed as HTML.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from steerflow import views
+from steerflow._live import LiveCursor, live_dir
+from steerflow.errors import AmbiguousIdError, UnknownIdError
+from steerflow.home import is_run_id
+from steerflow.plan import is_agent_id
+
+__all__ = [
+    "NODE_LIVE_SCRIPT",
+    "last_lines",
+    "lines_section",
+    "live_section",
+    "node_output",
+    "script",
+]
+
+POLL_MS = 300
+_TAIL_READ = 4096
+
+
+def _view(home: Path, target: str) -> dict[str, Any] | None:
+    if not is_run_id(target):
+        return None
+    try:
+        return views.show_run(home, target).to_json()
+    except (UnknownIdError, AmbiguousIdError):
+        return None
+
+
+def _position(request: Request) -> tuple[int, int]:
+    try:
+        segment = int(request.query_params.get("segment", "0"))
+        offset = int(request.query_params.get("offset", "0"))
+    except ValueError:
+        return 0, 0
+    return max(0, segment), max(0, offset)
+
+
+def node_output(home: Path, request: Request) -> Response:
+    """The node's live text from the asked position on (blocking I/O: run in a thread).
+
+    An answer is at most what the node's files hold (``STEERFLOW_LIVE_MAX_BYTES``).
+    """
+    target, key = request.path_params["target"], request.path_params["node"]
+    view = _view(home, target) if is_agent_id(key) else None
+    status = (
+        None if view is None else next((n["status"] for n in view["nodes"] if n["id"] == key), None)
+    )
+    if view is None or status is None:
+        return JSONResponse({"error": "no such node"}, 404)
+    segment, offset = _position(request)
+    cursor = LiveCursor(live_dir(Path(view["run_dir"]), key), segment=segment, offset=offset)
+    try:
+        ended = cursor.ended
+        text = cursor.read()
+        segment, offset = cursor.position
+    finally:
+        cursor.close()
+    over = view["status"] != "running" or (ended and status not in ("running", "pending"))
+    return JSONResponse(
+        {"text": text, "segment": segment, "offset": offset, "status": status, "done": over},
+        headers={"cache-control": "no-store"},
+    )
+
+
+def last_lines(home: Path, request: Request) -> Response:
+    """The last line each running node produced so far (the Run page shows them)."""
+    view = _view(home, request.path_params["target"])
+    if view is None:
+        return JSONResponse({"error": "no such run"}, 404)
+    lines: dict[str, str] = {}
+    for node in view["nodes"]:
+        if node["status"] == "running":
+            line = _last_line(live_dir(Path(view["run_dir"]), node["id"]))
+            if line:
+                lines[node["id"]] = line
+    return JSONResponse({"lines": lines}, headers={"cache-control": "no-store"})
+
+
+def _last_line(directory: Path) -> str:
+    try:
+        newest = max(
+            (p for p in directory.glob("*.txt") if p.stem.isdigit()), key=lambda p: int(p.stem)
+        )
+        with open(newest, "rb") as handle:
+            size = handle.seek(0, 2)
+            handle.seek(max(0, size - _TAIL_READ))
+            data = handle.read()
+    except (OSError, ValueError):
+        return ""
+    lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    return lines[-1][-300:] if lines else ""
+
+
+def live_section(output_url: str, esc: Any) -> str:
+    """The node page's live output block; the script fills it."""
+    return (
+        f'<section id="live-output" data-output="{esc(output_url)}">'
+        '<h3>live output <span id="live-state">…</span></h3>'
+        '<pre id="live-text" class="live"></pre></section>'
+        '<script src="/static/node-live.js" defer></script>'
+    )
+
+
+def lines_section(lines_url: str, esc: Any) -> str:
+    """The run page's "running now" block: each running node's last line."""
+    return (
+        f'<section id="live-lines" data-lines="{esc(lines_url)}">'
+        '<h3>running now</h3><ul id="live-lines-list"></ul></section>'
+        '<script src="/static/node-live.js" defer></script>'
+    )
+
+
+def script(request: Request) -> Response:
+    """``/static/node-live.js``."""
+    return Response(NODE_LIVE_SCRIPT, media_type="text/javascript")
+
+
+NODE_LIVE_SCRIPT = """\
+(function () {
+  "use strict";
+  function poll(url, apply, every) {
+    function tick() {
+      fetch(url(), {credentials: "same-origin", cache: "no-store"})
+        .then(function (r) { return r.status === 200 ? r.json() : null; })
+        .then(function (answer) { return answer ? apply(answer) : true; })
+        .catch(function () { return true; })
+        .then(function (more) { if (more) { window.setTimeout(tick, every); } });
+    }
+    tick();
+  }
+  var output = document.getElementById("live-output");
+  if (output) {
+    var base = output.getAttribute("data-output");
+    var text = document.getElementById("live-text");
+    var state = document.getElementById("live-state");
+    var at = {segment: 0, offset: 0};
+    poll(function () {
+      return base + "?segment=" + at.segment + "&offset=" + at.offset;
+    }, function (a) {
+      if (a.text) { text.textContent += a.text; }
+      at = {segment: a.segment, offset: a.offset};
+      state.textContent = a.done ? "(" + a.status + ")" : "(streaming)";
+      output.setAttribute("data-done", a.done ? "1" : "0");
+      return !a.done || Boolean(a.text);
+    }, __POLL_MS__);
+  }
+  var lines = document.getElementById("live-lines");
+  if (lines) {
+    var list = document.getElementById("live-lines-list");
+    poll(function () { return lines.getAttribute("data-lines"); }, function (a) {
+      while (list.firstChild) { list.removeChild(list.firstChild); }
+      Object.keys(a.lines || {}).sort().forEach(function (key) {
+        var li = document.createElement("li");
+        li.setAttribute("data-last-line", key);
+        var name = document.createElement("code");
+        name.textContent = key;
+        li.appendChild(name);
+        li.appendChild(document.createTextNode(" " + a.lines[key]));
+        list.appendChild(li);
+      });
+      return true;
+    }, 1000);
+  }
+})();
+""".replace("__POLL_MS__", str(POLL_MS))

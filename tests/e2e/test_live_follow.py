@@ -1,0 +1,190 @@
+"""``steerflow show TARGET [NODE] --follow`` in a second real process (issue 31).
+
+Each flow runs through ``gated_cli.py``; its streaming node is held mid-stream
+(``hold-stream-<node>``) so the follower's view of a running node is asserted while it
+is known to be running, with no sleeps.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+from ctl_support import clean_env, live_flow, run_cli, steerflow_argv, wait_for, write_yaml
+
+GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
+CHUNKS = ["one ", "two\n", "\x1b]0;pwned\x07red\n", "four\n"]
+
+
+class Follower:
+    """A ``show --follow`` process whose stdout is read as it comes."""
+
+    def __init__(self, home: Path, *args: str) -> None:
+        self.err_path = home.parent / f"follower-{len(list(home.parent.glob('follower-*')))}.err"
+        with open(self.err_path, "w") as err:
+            self.proc = subprocess.Popen(
+                steerflow_argv(home, "show", *args, "--follow"),
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=clean_env(),
+            )
+        self._out = bytearray()
+        self._cond = threading.Condition()
+        self._thread = threading.Thread(target=self._read, daemon=True)
+        self._thread.start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        while block := self.proc.stdout.read1(4096):
+            with self._cond:
+                self._out += block
+                self._cond.notify_all()
+
+    @property
+    def text(self) -> str:
+        with self._cond:
+            return self._out.decode()
+
+    def wait_text(self, needle: str, timeout: float = 30.0) -> str:
+        with self._cond:
+            ok = self._cond.wait_for(lambda: needle in self._out.decode(), timeout)
+        assert ok, (
+            f"follower never printed {needle!r}; got {self.text!r}, {self.err_path.read_text()}"
+        )
+        return self.text
+
+    def finish(self, timeout: float = 60.0) -> int:
+        code = self.proc.wait(timeout=timeout)
+        self._thread.join(timeout=10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+        return code
+
+
+def _flow_args(tmp_path: Path, script: dict[str, object], keys: str = "s") -> list[str]:
+    plan = [{"agent_id": k, "instruction": f"step {k}"} for k in keys]
+    write_yaml(tmp_path / "plan.yaml", {"name": "live", "plan": plan})
+    path = write_yaml(tmp_path / "script.yaml", script)
+    return ["--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{path}"]
+
+
+def _gated(home: Path, args: list[str]) -> list[str]:
+    return [sys.executable, str(GATED_CLI), "--home", str(home), "flow", *args, "--json"]
+
+
+def _hold(home: Path, key: str, chunks: int) -> None:
+    home.mkdir(mode=0o700, parents=True, exist_ok=True)
+    (home / f"hold-stream-{key}").write_text(str(chunks))
+
+
+def test_follow_prints_chunks_in_order_before_the_node_completes(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _hold(home, "s", 2)
+    args = _flow_args(tmp_path, {"s": {"stream": CHUNKS, "response": "the reply"}})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed 2 chunks")
+        follower = Follower(home, flow.run_id, "s")
+        assert follower.wait_text("one two\n") == "one two\n"
+        # Seen while the node is still running: live output, not the recorded response.
+        assert flow.wait_nodes(lambda st: st.get("s") == "running", what="s running")
+        assert follower.proc.poll() is None
+        (home / "release-s").touch()
+        assert follower.finish() == 0
+        assert flow.finish() == 0
+    # In order, nothing twice, the terminal controls escaped, then the final status line.
+    assert follower.text == "one two\n\\x1b]0;pwned\\x07red\nfour\n[s] completed\n"
+    run_dir = home / "runs" / flow.run_id
+    checkpoint = "".join(p.read_text() for p in run_dir.glob("checkpoint.json*"))
+    assert "the reply" in checkpoint
+    assert "four" not in checkpoint and "pwned" not in checkpoint  # chunks never recorded
+    shown = json.loads(run_cli(home, "show", flow.run_id, "s", "--json").stdout)
+    assert shown["response"] == "the reply"
+
+
+def test_follow_of_a_run_prefixes_every_running_node(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _hold(home, "a", 1)
+    _hold(home, "bb", 1)
+    script = {"a": {"stream": ["a1\n", "a2\n"]}, "bb": {"stream": ["b1\n", "b2\n"]}}
+    args = _flow_args(tmp_path, script, keys="ab")
+    plan = [{"agent_id": "a", "instruction": "x"}, {"agent_id": "bb", "instruction": "y"}]
+    write_yaml(tmp_path / "plan.yaml", {"name": "live", "plan": plan})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        for key in ("a", "bb"):
+            wait_for(lambda k=key: (home / f"streamed-{k}").exists(), timeout=30, what=key)
+        follower = Follower(home, flow.run_id)
+        follower.wait_text("a  | a1\n")
+        follower.wait_text("bb | b1\n")
+        (home / "release-a").touch()
+        follower.wait_text("a  | a2\n")
+        assert "b2" not in follower.text  # bb is still held
+        (home / "release-bb").touch()
+        assert follower.finish() == 0
+        assert flow.finish() == 0
+    lines = follower.text.splitlines()
+    assert lines[-1] == f"run {flow.run_id}: completed"
+    assert sorted(lines[:-1]) == ["a  | a1", "a  | a2", "bb | b1", "bb | b2"]
+
+
+def test_ctrl_c_stops_only_the_follower(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _hold(home, "s", 1)
+    args = _flow_args(tmp_path, {"s": {"stream": ["x\n", "y\n"]}})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed")
+        follower = Follower(home, flow.run_id, "s")
+        follower.wait_text("x\n")
+        follower.proc.send_signal(signal.SIGINT)
+        assert follower.finish() == 130
+        assert flow.proc.poll() is None  # the run goes on
+        (home / "release-s").touch()
+        assert flow.finish() == 0
+    assert flow.result()["status"] == "completed"
+
+
+def test_sigkill_mid_stream_then_resume_records_the_whole_response(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    _hold(home, "s", 2)
+    args = _flow_args(tmp_path, {"s": {"stream": CHUNKS, "response": "whole"}})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed")
+        follower = Follower(home, flow.run_id, "s")
+        follower.wait_text("one two\n")
+        flow.proc.kill()
+        flow.proc.wait(timeout=30)
+        # The owner is dead: the follower sees the run end, with nothing recorded for s.
+        assert follower.finish() == 0
+    assert follower.text.startswith("one two\n")
+    assert follower.text.endswith("(run interrupted)\n")
+    old = home / "runs" / flow.run_id / "live" / "s"
+    assert (old / "0.txt").read_text() == "one two\n"  # what it had produced, kept
+    (home / "hold-stream-s").unlink()
+    resumed = run_cli(home, "resume", flow.run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    new_run = json.loads(resumed.stdout)["run_id"]
+    shown = json.loads(run_cli(home, "show", new_run, "s", "--json").stdout)
+    assert shown["status"] == "completed" and shown["response"] == "whole"
+    again = home / "runs" / new_run / "live" / "s" / "0.txt"
+    assert again.read_text() == "".join(CHUNKS)
+
+
+def test_agent_turns_stream_too_and_a_finished_node_follows_from_its_kept_file(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    script = write_yaml(
+        tmp_path / "s.yaml", {"turn-1": {"stream": ["x\n", "y\n"], "response": "r"}}
+    )
+    done = run_cli(home, "agent", "task", "--model", f"script:{script}", "--json")
+    assert done.returncode == 0, done.stderr
+    run_id = json.loads(done.stdout)["run_id"]
+    assert (home / "runs" / run_id / "live" / "turn-1" / "0.txt").read_text() == "x\ny\n"
+    # The file is kept once the outcome is acknowledged (decision 190): following a
+    # finished node prints what it produced, then its status, and returns at once.
+    follower = Follower(home, run_id, "turn-1")
+    assert follower.finish() == 0
+    assert follower.text == "x\ny\n[turn-1] completed\n"
