@@ -327,8 +327,8 @@ def _lib_sample(home: Path, url: str, session: str, verb: str) -> float:
     from steerflow import views
 
     started = time.time()
-    queued = views.pause(home, session) if verb == "pause" else views.resume(home, session)
-    return _wait_applied(url, queued.control_id) - started
+    writer = views.pause if verb == "pause" else views.resume
+    return _wait_applied(url, writer(home, session, state_db=url)) - started
 
 
 def _wait_applied(url: str, control_id: str) -> float:
