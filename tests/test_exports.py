@@ -205,6 +205,9 @@ EXPECTED: dict[str, set[str]] = {
         "resolve_control",
     },
     "steerflow.executor": {
+        "BUDGET_REASON",
+        "Caps",
+        "Meter",
         "CLI_DEFAULT_MAX_SPAWN",
         "AdmissionFence",
         "CallScope",
@@ -278,6 +281,7 @@ EXPECTED: dict[str, set[str]] = {
     "steerflow.providers": {
         "EchoProvider",
         "INVOCATION_LOG",
+        "USAGE_MEMBERS",
         "Message",
         "PlanReply",
         "PlanRequest",

@@ -69,6 +69,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     REFUSED = 3
     STOPPED = 75
+    BUDGET = 76
     DEADLINE = 124
     SIGINT = 130
     SIGTERM = 143

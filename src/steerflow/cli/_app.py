@@ -30,6 +30,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # How a run ends other than completed or failed: shared by the global and the run tables.
 _RUN_ENDINGS = """\
   75   stopped by an operator (ctl stop); completed work persisted and resumable
+  76   budget reached; completed work persisted and resumable
   124  deadline reached; completed work persisted and resumable
   130  interrupted by SIGINT; completed work persisted
   143  terminated by SIGTERM; completed work persisted
@@ -133,6 +134,62 @@ class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from 
 SECONDS = _Seconds()
 
 
+class _Usd(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A positive, finite amount of USD (``--max-cost``)."""
+
+    name = "usd"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            usd = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{quote_input(value)} is not a number of USD", param, ctx)
+        if not math.isfinite(usd) or usd <= 0:
+            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
+        return usd
+
+
+def budget_options(func: F) -> F:
+    """``--max-cost``, ``--max-tokens``, ``--price`` (flow, play, resume, agent)."""
+    func = click.option(
+        "--price",
+        "prices",
+        multiple=True,
+        metavar="MODEL=IN,OUT",
+        help="USD per million input/output tokens for MODEL (a --model spec or its model "
+        "name); overrides the genai-prices table, and prices models it does not know. "
+        "Repeatable.",
+    )(func)
+    func = click.option(
+        "--max-tokens",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Token cap (input + output) for the whole resume chain: once no call fits, "
+        "admit nothing new, let running calls finish, persist, exit 76.",
+    )(func)
+    return click.option(
+        "--max-cost",
+        type=_Usd(),
+        metavar="USD",
+        help="Spend cap in USD for the whole resume chain (the planner and every retry "
+        "included): once no call fits, admit nothing new, let running calls finish, "
+        "persist, exit 76. Every model needs a known price (or --price).",
+    )(func)
+
+
+def _budget_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """The FlowOptions/AgentOptions budget fields from the parsed flags."""
+    from steerflow.providers._pricing import parse_price_flag
+
+    return {
+        "max_cost": kw.get("max_cost"),
+        "max_tokens": kw.get("max_tokens"),
+        "prices": dict(parse_price_flag(text) for text in kw.get("prices") or ()),
+    }
+
+
 class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
     """A version 3 compaction limit, checked against the same bounds as the plan-file key."""
 
@@ -224,6 +281,7 @@ def run_options(func: F) -> F:
             help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
         ),
         compact_options,
+        budget_options,
         click.option(
             "--max-plan-entries",
             type=click.IntRange(min=1),
@@ -327,6 +385,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
         compact_bytes=kw.get("compact_bytes"),
         allow_agent_workers=bool(kw.get("allow_agent_workers")),
         synthesize=kw.get("synthesize"),
+        **_budget_kw(kw),
     )
 
 
@@ -351,6 +410,22 @@ def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
     return int(result.exit_code)
 
 
+def caps_text(caps: dict[str, Any]) -> str:
+    """``max_cost $0.05, max_tokens 1000`` for the caps that are set."""
+    parts = [f"max_cost ${caps['max_cost']:g}"] if caps.get("max_cost") is not None else []
+    if caps.get("max_tokens") is not None:
+        parts.append(f"max_tokens {caps['max_tokens']}")
+    return ", ".join(parts)
+
+
+def budget_line(spent: str, caps: dict[str, Any], run_id: str) -> str:
+    """The one line a budget stop prints: spent, the cap, and how to go on."""
+    flags = " ".join(
+        f"--{name.replace('_', '-')} MORE" for name in ("max_cost", "max_tokens") if caps.get(name)
+    )
+    return f"budget reached: {spent}; resume with: steerflow resume {run_id} {flags}"
+
+
 def print_result(result: FlowResult, *, as_json: bool, result_text: str | None = None) -> None:
     """Print a flow result as JSON or as a short human summary ending with the run's result."""
     if result.graph_text:
@@ -371,6 +446,8 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
             f"{printable(rejection['emitter'])}: {rejection['reason']} "
             f"({printable(rejection['detail'])})"
         )
+    if result.budget_exhausted is not None and result.run_id:
+        warn(budget_line(result.budget_exhausted["line"], result.budget, result.run_id))
     if as_json:
         emit_json({**result.to_json(), "result": result_text})
         return
@@ -483,10 +560,11 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     metavar="DIR",
     help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
 )
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
-          save: Path | None, as_json: bool) -> int:  # fmt: skip
+          save: Path | None, as_json: bool, **budget: Any) -> int:  # fmt: skip
     """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
 
     After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
@@ -502,7 +580,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     if not task.strip():
         raise UsageError("agent needs a non-empty TASK")
     options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                           save=save)  # fmt: skip
+                           save=save, **_budget_kw(budget))  # fmt: skip
     return execute_agent(_home(ctx), options, as_json=as_json)
 
 
@@ -569,6 +647,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     "either way.",
 )
 @compact_options
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
@@ -619,6 +698,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         checkpoint_version=3,
         compact_records=kw["compact_records"],
         compact_bytes=kw["compact_bytes"],
+        **_budget_kw(kw),
     )
     return execute(home, options, as_json=kw["as_json"])
 
@@ -650,7 +730,7 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     )
     if kw.get("dry_run"):
         return print_agent_dry_run(seed, as_json=kw["as_json"])
-    options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
+    options = AgentOptions(resume=seed, timeout_s=kw["timeout"], **_budget_kw(kw))
     return execute_agent(home, options, as_json=kw["as_json"])
 
 
@@ -773,6 +853,7 @@ def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: 
         lines.append(
             f"  {item['status']:<10} {item['kind']:<8} {fmt_duration(item.get('duration_s')):>9}  "
             f"{printable(item.get('model') or '-'):<16} {printable(item['id'])}{who}"
+            + (f"  [{fmt_usage(used)}]" if (used := item.get("usage")) else "")
         )
         if item.get("artifacts"):
             from steerflow.cli._reading import artifact_lines
@@ -785,6 +866,9 @@ def show(ctx: click.Context, target: str, node: str | None, as_json: bool, raw: 
         + (f", {summary['running']} running" if summary["running"] else "")
         + f"; usage: {fmt_usage(summary['usage'])}"
     )
+    caps = view.get("budget") or {}
+    if caps.get("max_cost") is not None or caps.get("max_tokens") is not None:
+        lines.append(f"budget: {caps_text(caps)}")
     emit_text("\n".join(lines))
     return 0
 

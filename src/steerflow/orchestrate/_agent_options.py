@@ -9,6 +9,7 @@ from typing import Any
 from steerflow.errors import ExitCode
 from steerflow.orchestrate._options import EndStatus
 from steerflow.orchestrate._stranded import StrandedMessage
+from steerflow.providers._pricing import Price
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -85,6 +86,10 @@ class AgentOptions:
     timeout_s: float | None = None
     save: Path | None = None
     resume: AgentSeed | None = None
+    # Spend caps and price overrides, as for a flow (enforced before each turn).
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    prices: dict[str, Price] = field(default_factory=dict)
 
 
 @dataclass

@@ -25,11 +25,13 @@ from steerflow.errors import (
     UsageError,
 )
 from steerflow.executor import (
+    BUDGET_REASON,
     CallScope,
     EventBus,
     FlowEvent,
     FlowExecutor,
     Graph,
+    Meter,
     Operation,
     SharedContext,
     Steering,
@@ -69,6 +71,7 @@ from steerflow.plan import (
     parse_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache, Usage
+from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
 
 __all__ = ["FlowRun", "run_flow"]
@@ -127,6 +130,10 @@ class FlowRun:
         #: Set once the run's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
         self._lease: LeaseKeeper | None = None
+        #: The run's spend and caps (built once the settings are known).
+        self.meter = Meter()
+        #: Set once the budget left no room for the planner's retry.
+        self.budget_hit = False
 
     # -- signals and deadlines ---------------------------------------------------------
 
@@ -201,6 +208,8 @@ class FlowRun:
             # refuses a bad model spec before anything starts; in a thread, because
             # building a provider may read a file (script:PATH)
             await asyncio.to_thread(self._providers.get, spec)
+        # Also off the loop: the price table's first look-up imports it (half a second).
+        self.meter = await asyncio.to_thread(self._meter, settings, models)
         if opts.dry_run and plan is not None:
             return self._dry_result(plan, settings)
         db = await asyncio.to_thread(StateDB.open, self.home)
@@ -209,6 +218,24 @@ class FlowRun:
         finally:
             await self._providers.aclose()
             await asyncio.to_thread(db.close)
+
+    def _meter(self, settings: RunSettings, models: set[str]) -> Meter:
+        """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
+        prices = PriceTable(settings.prices)
+        caps = settings.caps
+        for spec in sorted(models):
+            if caps.any and not self._providers.get(spec).reports_usage:
+                raise UsageError(
+                    f"model {spec!r} reports no token usage, so --max-cost/--max-tokens "
+                    "cannot be enforced on it"
+                )
+            if not prices.known(spec) and caps.max_cost is not None:
+                raise UsageError(
+                    f"--max-cost: no price is known for model {spec!r}: give "
+                    f"--price {spec}=IN,OUT (USD per million input/output tokens)"
+                )
+        seed = self.options.resume
+        return Meter(prices, caps, base=seed.spent if seed is not None else None)
 
     def _static_plan(self) -> tuple[PlanFile | None, str, str]:
         opts = self.options
@@ -246,6 +273,7 @@ class FlowRun:
         if opts.resume is not None:
             settings = RunSettings.from_checkpoint_config(opts.resume.config)
             settings = replace(settings, resumed_from=lineage(opts.resume))
+            settings = settings.with_budget(opts.max_cost, opts.max_tokens, opts.prices)
             return settings.with_compaction(opts.compact_records, opts.compact_bytes)
         return RunSettings.from_options(opts, plan)
 
@@ -299,6 +327,13 @@ class FlowRun:
                     "is asked for once the run is stopping"
                 )
                 return None
+            if attempt and not self.meter.room():
+                self._no_plan = (
+                    f"the planner's reply was not a valid plan ({feedback}), and the budget "
+                    "leaves no room for a retry"
+                )
+                self.budget_hit = True
+                return None
             if not await self._lease_held():
                 return None
             try:
@@ -310,8 +345,9 @@ class FlowRun:
                         feedback=feedback,
                     )
                 )
-                if reply.usage is not None:
-                    self.planner_usage.append(reply.usage)
+                priced = self.meter.charge(model, reply.usage)
+                if priced is not None:
+                    self.planner_usage.append(priced)
                 raw = reply.data
             except ProviderError as exc:
                 if exc.retryable:
@@ -404,7 +440,12 @@ class FlowRun:
     ) -> SessionRow:
         """Insert the session row (and its invocation and play); the row."""
         seed = self.options.resume
-        metadata: dict[str, Any] = {"run_id": run_dir.run_id, "poller": "pending", "source": source}
+        metadata: dict[str, Any] = {
+            "run_id": run_dir.run_id,
+            "poller": "pending",
+            "source": source,
+            "budget": settings.caps.to_json(),
+        }
         if seed is not None and seed.degraded:
             metadata["degraded_context"] = seed.degraded
         session, claimed = await create_session(
@@ -506,6 +547,8 @@ class FlowRun:
             status = "interrupted"
         elif self.stopped_by is not None:
             status = "stopped"  # an operator's stop outranks a deadline that came with it
+        elif self.budget_hit:
+            status = "budget_exhausted"
         else:
             status = "timed_out" if self.deadline_hit else "interrupted"
         why = self._no_plan or "planning ended without a plan"
@@ -517,6 +560,7 @@ class FlowRun:
             {
                 "nothing_to_resume": why,
                 "usage": usage_total(Graph(), *self.planner_usage),
+                **self._budget_extra(status),
                 **self._stop_extra(),
             },
         )
@@ -655,6 +699,7 @@ class FlowRun:
             events=self.events,
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
+        executor.meter = self.meter
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
         return executor
@@ -700,6 +745,7 @@ class FlowRun:
             "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
             "usage": usage_total(graph, *self.planner_usage),
+            **self._budget_extra(status),
             **self._stop_extra(),
         }
         await self._finish_session(s, status, extra)
@@ -715,8 +761,20 @@ class FlowRun:
         if any(op.status == "pending" for op in graph):
             if self.stopped_by is not None:
                 return "stopped"
+            if self.executor is not None and self.executor.admission_reason == BUDGET_REASON:
+                return "budget_exhausted"
             return "timed_out" if self.deadline_hit else "interrupted"
         return "completed"
+
+    def _budget_extra(self, status: str) -> dict[str, Any]:
+        """The session's ``budget`` (caps) and, once it ended the run, what was spent."""
+        extra: dict[str, Any] = {"budget": self.meter.caps.to_json()}
+        if status == "budget_exhausted":
+            extra["budget_exhausted"] = self._exhausted()
+        return extra
+
+    def _exhausted(self) -> dict[str, Any]:
+        return {"spent": self.meter.total.to_json(), "line": self.meter.exhausted_line()}
 
     def _stop_extra(self) -> dict[str, Any]:
         return {"stopped_by": dict(self.stopped_by)} if self.stopped_by is not None else {}
@@ -767,6 +825,8 @@ class FlowRun:
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             stranded_messages=_stranded_json(seed),
+            budget=self.meter.caps.to_json(),
+            budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
         )
 
 

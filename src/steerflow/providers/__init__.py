@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steerflow.providers._base import (
+    USAGE_MEMBERS,
     Message,
     PlanReply,
     PlanRequest,
@@ -18,6 +19,7 @@ from steerflow.providers.script import INVOCATION_LOG, ScriptProvider, load_scri
 
 __all__ = [
     "INVOCATION_LOG",
+    "USAGE_MEMBERS",
     "EchoProvider",
     "Message",
     "PlanReply",
