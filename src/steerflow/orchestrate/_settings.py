@@ -232,7 +232,9 @@ def _caps(max_cost: object, max_tokens: object) -> Caps:
             or not math.isfinite(max_cost)
             or max_cost <= 0
         ):
-            raise UsageError(f"--max-cost must be a positive, finite number of USD, got {max_cost!r}")
+            raise UsageError(
+                f"--max-cost must be a positive, finite number of USD, got {max_cost!r}"
+            )
         max_cost = float(max_cost)
     if max_tokens is not None and (
         isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1

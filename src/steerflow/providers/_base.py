@@ -13,13 +13,13 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 __all__ = [
+    "USAGE_MEMBERS",
     "Message",
     "PlanReply",
     "PlanRequest",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",
-    "USAGE_MEMBERS",
     "Usage",
 ]
 

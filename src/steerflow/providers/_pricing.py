@@ -50,9 +50,7 @@ def positive_price(value: object, where: str) -> float:
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise UsageError(
-            f"{where}: {value!r} is not a number (USD per million tokens)"
-        ) from None
+        raise UsageError(f"{where}: {value!r} is not a number (USD per million tokens)") from None
     if not math.isfinite(number) or number < 0:
         raise UsageError(f"{where}: {value!r} must be a finite number >= 0")
     return number
