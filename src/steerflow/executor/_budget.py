@@ -67,9 +67,14 @@ class Meter:
         if priced is None:
             return None
         self.spent = self.spent + priced
-        self._largest_cost = max(self._largest_cost, priced.cost_usd or 0.0)
-        self._largest_tokens = max(self._largest_tokens, priced.tokens)
+        self.observe(priced)
         return priced
+
+    def observe(self, usage: Usage | None) -> None:
+        """Size the reservation by a call seen (this run's, or one the chain recorded)."""
+        if usage is not None:
+            self._largest_cost = max(self._largest_cost, usage.cost_usd or 0.0)
+            self._largest_tokens = max(self._largest_tokens, usage.tokens)
 
     def room(self) -> bool:
         """Whether one more call fits beside those in flight (the admission check)."""

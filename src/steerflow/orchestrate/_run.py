@@ -60,7 +60,7 @@ from steerflow.orchestrate._recorder import (
     replay_entries,
     write_private,
 )
-from steerflow.orchestrate._resume import apply_replay, rerun_report
+from steerflow.orchestrate._resume import SPENT_KEY, apply_replay, rerun_report, spent_before
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.plan import (
@@ -235,7 +235,18 @@ class FlowRun:
                     f"--price {spec}=IN,OUT (USD per million input/output tokens)"
                 )
         seed = self.options.resume
-        return Meter(prices, caps, base=seed.spent if seed is not None else None)
+        meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        if seed is not None:
+            # The chain's recorded calls size the reservation from the first admission on.
+            for recorded in seed.replay.usage.values():
+                meter.observe(Usage.from_json(recorded))
+        if seed is not None and caps.any and not meter.room():
+            # Said before anything runs; the first admission then closes (exit 76).
+            self.warnings.append(
+                f"the resume chain has already reached its budget ({meter.exhausted_line()}): "
+                "nothing will be admitted; give a higher --max-cost/--max-tokens"
+            )
+        return meter
 
     def _static_plan(self) -> tuple[PlanFile | None, str, str]:
         opts = self.options
@@ -639,7 +650,7 @@ class FlowRun:
                 session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=settings.to_checkpoint_config(),
+                config=self._config(settings),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -658,6 +669,14 @@ class FlowRun:
             raise FlowResumeError(
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
+
+    def _config(self, settings: RunSettings) -> dict[str, Any]:
+        """The checkpoint ``config``, with the chain's spend its entries will not hold."""
+        config = settings.to_checkpoint_config()
+        before = spent_before(self.options.resume, self.planner_usage)
+        if before.tokens or before.cost_usd:  # only when some: older bytes unchanged
+            config[SPENT_KEY] = before.to_json()
+        return config
 
     def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:
         publisher = NodePublisher(
