@@ -246,11 +246,10 @@ def test_costs_come_from_genai_prices_and_price_overrides_them(
     home: Path, tmp_path: Path, openai_server: FakeLLMServer, anthropic_server: FakeLLMServer
 ) -> None:
     plan = fan_out(tmp_path / "plan.yaml", 1, concurrency=1)
-    openai_server.forever(Reply(text="done", input_tokens=1000, output_tokens=500,
-                                usage_extra={"prompt_tokens_details": {"cached_tokens": 200}}))  # fmt: skip
-    anthropic_server.forever(Reply(text="done", input_tokens=1000, output_tokens=500,
-                                   usage_extra={"cache_read_input_tokens": 100,
-                                                "cache_creation_input_tokens": 50}))  # fmt: skip
+    cached = {"prompt_tokens_details": {"cached_tokens": 200}}
+    openai_server.forever(Reply(input_tokens=1000, output_tokens=500, usage_extra=cached))
+    cache = {"cache_read_input_tokens": 100, "cache_creation_input_tokens": 50}
+    anthropic_server.forever(Reply(input_tokens=1000, output_tokens=500, usage_extra=cache))
     gpt = _priced(openai_server, home, plan, "openai/gpt-4o")
     expected = genai_prices.calc_price(
         genai_prices.Usage(input_tokens=1000, output_tokens=500, cache_read_tokens=200),
