@@ -208,6 +208,7 @@ EXPECTED: dict[str, set[str]] = {
         "BUDGET_REASON",
         "Caps",
         "Meter",
+        "enforceable",
         "CLI_DEFAULT_MAX_SPAWN",
         "AdmissionFence",
         "CallScope",

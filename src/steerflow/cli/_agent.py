@@ -31,6 +31,10 @@ def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
     """One JSON object, or a short summary: status, turns, how to resume, the last reply."""
     for warning in result.warnings:
         warn(f"warning: {printable(warning)}")
+    if result.spent_line is not None:
+        flags = " ".join(f"--{k.replace('_', '-')} MORE" for k, v in result.budget.items() if v)
+        warn(f"budget reached: {result.spent_line}; resume with: "
+             f"steerflow resume {result.run_id} {flags}")  # fmt: skip
     if as_json:
         emit_json(result.to_json())
         return

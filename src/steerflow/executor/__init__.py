@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steerflow.executor._budget import BUDGET_REASON, Caps, Meter
+from steerflow.executor._budget import BUDGET_REASON, Caps, Meter, enforceable
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
@@ -55,5 +55,6 @@ __all__ = [
     "SpawnRejection",
     "Steering",
     "build_graph",
+    "enforceable",
     "render_steer",
 ]

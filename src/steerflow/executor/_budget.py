@@ -14,10 +14,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from steerflow.providers import Usage
+from steerflow.errors import UsageError
+from steerflow.providers import Provider, Usage
 from steerflow.providers._pricing import PriceTable
 
-__all__ = ["BUDGET_REASON", "Caps", "Meter"]
+__all__ = ["BUDGET_REASON", "Caps", "Meter", "enforceable"]
 
 #: ``admission_reason`` once the budget closed admission (CONTRACT §11).
 BUDGET_REASON = "budget"
@@ -38,6 +39,26 @@ class Caps:
     def to_json(self) -> dict[str, float | int | None]:
         """The ``budget`` object of CONTRACT §11."""
         return {"max_cost": self.max_cost, "max_tokens": self.max_tokens}
+
+
+def enforceable(caps: Caps, prices: PriceTable, providers: dict[str, Provider]) -> None:
+    """Refuse (exit 2) caps that cannot be enforced: no usage reported, or no price known.
+
+    Blocking: the price table's first look-up imports it. Never "free by default".
+    """
+    if not caps.any:
+        return
+    for spec, provider in sorted(providers.items()):
+        if not provider.reports_usage:
+            raise UsageError(
+                f"model {spec!r} reports no token usage, so --max-cost/--max-tokens "
+                "cannot be enforced on it"
+            )
+        if caps.max_cost is not None and not prices.known(spec):
+            raise UsageError(
+                f"--max-cost: no price is known for model {spec!r}: give "
+                f"--price {spec}=IN,OUT (USD per million input/output tokens)"
+            )
 
 
 class Meter:

@@ -36,7 +36,7 @@ from steerflow import _faults
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
-from steerflow.executor import CallScope, render_steer
+from steerflow.executor import CallScope, Caps, Meter, enforceable, render_steer
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
 from steerflow.orchestrate._agent_options import (
     CONTINUE_INSTRUCTION,
@@ -50,6 +50,7 @@ from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, make_provider
+from steerflow.providers._pricing import PriceTable
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
@@ -157,7 +158,9 @@ class AgentRun:
         self.deadline_hit = False
         self.cut_short = False  # a turn was cancelled: its prompt is still to run
         self.rejected: list[dict[str, str]] = []
-        self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
+        #: Spend and caps of this run's turns (checked before each turn).
+        self.meter = Meter()
+        self.budget_hit = False
         self.checkpoint_error: str | None = None
         #: Set once the session's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
@@ -212,6 +215,11 @@ class AgentRun:
         if provider is None:
             provider = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
             self._provider = provider
+        opts = self.options
+        caps, prices = Caps(opts.max_cost, opts.max_tokens), PriceTable(opts.prices)
+        await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
+        await asyncio.to_thread(prices.prepare, [self.model])
+        self.meter = Meter(prices, caps)
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
             return await self._run_with_db(db, provider)
@@ -359,6 +367,10 @@ class AgentRun:
                     f"steer: {len(controls)} operator message(s) start turn {self._next_number()}"
                 )
             if self._ending():
+                return
+            if not self.meter.room():
+                # The turn's prompt is recorded (the task, or ``next``): a resume runs it.
+                self.budget_hit = True
                 return
             outcome = await self._run_turn(s, provider, prompt, controls)
             if outcome is None or outcome.status == "failed":
@@ -515,12 +527,12 @@ class AgentRun:
         self.progress(f"turn {number} cancelled ({reason}); it reruns on resume")
 
     def _add_usage(self, usage: Any) -> None:
-        if usage is None:
-            return
-        self.usage["input_tokens"] += usage.input_tokens or 0
-        self.usage["output_tokens"] += usage.output_tokens or 0
-        if usage.cost_usd is not None:
-            self.usage["cost_usd"] = (self.usage["cost_usd"] or 0.0) + usage.cost_usd
+        self.meter.charge(self.model, usage)
+
+    @property
+    def usage(self) -> dict[str, Any]:
+        """What this run's turns spent (CONTRACT §11 members)."""
+        return self.meter.spent.to_json()
 
     async def _may_record(self, s: _Live) -> bool:
         return s.lease.fresh() or await s.lease.may_record()
@@ -574,7 +586,7 @@ class AgentRun:
             return "stopped"
         if self.deadline_hit:
             return "timed_out"
-        return "completed"
+        return "budget_exhausted" if self.budget_hit else "completed"
 
     async def _conclude(self, s: _Live) -> AgentResult:
         try:
@@ -592,6 +604,7 @@ class AgentRun:
         extra: dict[str, Any] = {
             "checkpoint": checkpoint,
             "usage": self.usage,
+            "budget": self.meter.caps.to_json(),
             "agent": self._meta(turn=None),
             "finished_at": time.time(),
         }
@@ -626,6 +639,8 @@ class AgentRun:
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             rejected=list(self.rejected),
             usage=self.usage,
+            budget=self.meter.caps.to_json(),
+            spent_line=self.meter.exhausted_line() if status == "budget_exhausted" else None,
             warnings=list(seed.notes) if seed else [],
             stranded_messages=[m.to_json() for m in seed.stranded] if seed else [],
         )

@@ -109,6 +109,9 @@ class AgentResult:
     stopped_by: dict[str, Any] | None = None
     rejected: list[dict[str, str]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
+    #: ``{max_cost, max_tokens}``, and once the budget ended the run, what was spent.
+    budget: dict[str, Any] = field(default_factory=dict)
+    spent_line: str | None = None
     warnings: list[str] = field(default_factory=list)
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
     stranded_messages: list[dict[str, Any]] = field(default_factory=list)
@@ -145,6 +148,7 @@ class AgentResult:
             "resumed_from": self.resumed_from,
             "rejected_controls": self.rejected,
             "usage": self.usage,
+            "budget": self.budget,
             "warnings": self.warnings,
             "stranded_messages": self.stranded_messages,
             "result": self.result_text,

@@ -36,6 +36,7 @@ from steerflow.executor import (
     SharedContext,
     Steering,
     build_graph,
+    enforceable,
 )
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import create_session, lineage
@@ -223,17 +224,8 @@ class FlowRun:
         """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
         prices = PriceTable(settings.prices)
         caps = settings.caps
-        for spec in sorted(models):
-            if caps.any and not self._providers.get(spec).reports_usage:
-                raise UsageError(
-                    f"model {spec!r} reports no token usage, so --max-cost/--max-tokens "
-                    "cannot be enforced on it"
-                )
-            if not prices.known(spec) and caps.max_cost is not None:
-                raise UsageError(
-                    f"--max-cost: no price is known for model {spec!r}: give "
-                    f"--price {spec}=IN,OUT (USD per million input/output tokens)"
-                )
+        enforceable(caps, prices, {spec: self._providers.get(spec) for spec in models})
+        prices.prepare(models)  # the table's import, here in a thread, not on the loop
         seed = self.options.resume
         meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
         if seed is not None:
