@@ -370,6 +370,7 @@ EXPECTED: dict[str, set[str]] = {
         "RunProgress",
         "RunResult",
         "RunView",
+        "budget",
         "checkpoint_report",
         "control_status",
         "list_runs",

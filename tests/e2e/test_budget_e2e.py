@@ -17,6 +17,7 @@ from typing import Any
 
 import genai_prices
 import pytest
+from ctl_support import ctl, ctl_ok, live_flow, wait_stamped
 from flow_support import (
     CliResult,
     child_env,
@@ -330,3 +331,69 @@ def test_a_token_cap_on_a_model_that_reports_no_usage_is_refused(
     run = run_cli(home, "flow", "--plan", plan, "--model", "echo", "--max-tokens", "10")
     assert run.returncode == 2, run.explain()
     assert "'echo' reports no token usage" in run.stderr
+
+
+def test_ctl_budget_raising_the_cap_mid_run_lets_waiting_nodes_start(
+    home: Path, tmp_path: Path, openai_server: FakeLLMServer
+) -> None:
+    gate = threading.Event()
+    openai_server.push(Reply(text="done", input_tokens=1000, output_tokens=500, gate=gate))
+    plan = fan_out(tmp_path / "plan.yaml", 6, concurrency=1)
+    args = ["--plan", str(plan), "--model", "openai/test-model", "--max-cost", "0.05",
+            "--price", PRICE]  # fmt: skip
+    try:
+        with live_flow(home, args, env=_env(openai_server)) as flow:
+            assert openai_server.wait_for(1, 60)  # n0 is in flight, held
+            status = ctl(home, "status", flow.session_id, "--json")
+            assert json.loads(status.stdout)["budget"] == {"max_cost": 0.05, "max_tokens": None}
+            raised = ctl_ok(home, "budget", flow.session_id, "--max-cost", "0.2")
+            assert wait_stamped(home, raised, alive=flow.proc).result == "applied"
+            gate.set()
+            assert flow.finish(timeout=120) == 0, flow.stderr()
+            out = flow.result()
+    finally:
+        gate.set()
+    # Without the raise two calls fitted (the first test): now every node ran, once each.
+    assert set(_statuses(out).values()) == {"completed"}
+    assert sorted(_asked(openai_server)) == [str(i) for i in range(6)]
+    assert out["budget"] == {"max_cost": 0.2, "max_tokens": None}
+    view = json.loads(ctl(home, "status", out["session_id"], "--json").stdout)
+    assert view["budget"]["max_cost"] == 0.2
+    assert view["spent"]["cost_usd"] == pytest.approx(6 * CALL_USD)
+
+
+def test_ctl_budget_below_the_spend_closes_admission(
+    home: Path, tmp_path: Path, openai_server: FakeLLMServer
+) -> None:
+    gate = threading.Event()
+    openai_server.push(
+        Reply(text="done", input_tokens=1000, output_tokens=500),
+        Reply(text="done", input_tokens=1000, output_tokens=500, gate=gate),
+    )
+    plan = fan_out(tmp_path / "plan.yaml", 6, concurrency=1)
+    args = ["--plan", str(plan), "--model", "openai/test-model", "--max-cost", "1",
+            "--price", PRICE]  # fmt: skip
+    try:
+        with live_flow(home, args, env=_env(openai_server)) as flow:
+            assert openai_server.wait_for(2, 60)  # n0 paid ($0.02), n1 in flight
+            lowered = ctl_ok(home, "budget", flow.session_id, "--max-cost", "0.01")
+            assert wait_stamped(home, lowered, alive=flow.proc).result == "applied"
+            gate.set()  # the call in flight finishes and is recorded
+            assert flow.finish(timeout=120) == 76, flow.stderr()
+            out = flow.result()
+    finally:
+        gate.set()
+    assert len(openai_server.requests) == 2
+    done = [k for k, v in _statuses(out).items() if v == "completed"]
+    assert done == ["n0", "n1"]
+    assert out["budget"] == {"max_cost": 0.01, "max_tokens": None}
+    # Once the budget closed admission, a higher cap is for a resume.
+    assert out["status"] == "budget_exhausted"
+
+
+@pytest.mark.parametrize(
+    "args", [[], ["--max-cost", "0"], ["--max-cost", "nan"], ["--max-tokens", "-3"]]
+)
+def test_bad_ctl_budget_is_a_usage_error(home: Path, args: list[str]) -> None:
+    proc = ctl(home, "budget", "a" * 32, *args)
+    assert proc.returncode == 2, proc.stderr

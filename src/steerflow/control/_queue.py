@@ -13,6 +13,7 @@ stored in commit order (see :meth:`StateDB.insert_control`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -32,7 +33,7 @@ __all__ = [
     "resolve_control",
 ]
 
-CliVerb = Literal["pause", "resume", "message", "stop"]
+CliVerb = Literal["pause", "resume", "message", "stop", "budget"]
 
 DB_BUSY_TIMEOUT_S = 10.0
 #: Largest ``ctl msg`` text, in UTF-8 bytes.
@@ -46,6 +47,8 @@ ALLOWED_KINDS: dict[str, frozenset[str]] = {
     "message": frozenset({"flow", "play", "agent"}),
     # An agent stops after its current turn (``--now``: the turn is cancelled).
     "stop": frozenset({"flow", "play", "agent"}),
+    # New caps for the whole resume chain, checked before the next admission (a turn).
+    "budget": frozenset({"flow", "play", "agent"}),
 }
 
 
@@ -108,6 +111,7 @@ def enqueue_control(
     *,
     now: bool = False,
     busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
+    budget: dict[str, float | int | None] | None = None,
 ) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
 
@@ -128,11 +132,15 @@ def enqueue_control(
         DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
     """
     if verb not in ALLOWED_KINDS:
-        raise UsageError(f"unknown control verb {verb!r}: expected pause, resume, message or stop")
+        raise UsageError(
+            f"unknown control verb {verb!r}: expected pause, resume, message, stop or budget"
+        )
     if verb == "message":
         check_message_text(text)
     elif verb == "stop":
         check_stop_reason(text)
+    elif verb == "budget":
+        budget = check_budget(budget)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
@@ -150,10 +158,29 @@ def enqueue_control(
             payload = {"text": text}
         elif verb == "stop":
             payload = {"now": now, "reason": text}
+        elif verb == "budget":
+            payload = dict(budget or {})
         row = db.insert_control(
             session_id=session.id, verb=verb, payload=payload, require_running=True
         )
         return Queued(control_id=row.id, session_id=session.id, verb=verb)
+
+
+def check_budget(budget: dict[str, float | int | None] | None) -> dict[str, float | int | None]:
+    """``ctl budget``'s caps: at least one, each positive and finite (exit 2 otherwise)."""
+    cost = (budget or {}).get("max_cost")
+    tokens = (budget or {}).get("max_tokens")
+    if cost is None and tokens is None:
+        raise UsageError("ctl budget needs --max-cost USD and/or --max-tokens N")
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < math.inf
+    ):
+        raise UsageError(f"--max-cost must be a positive, finite number of USD, got {cost!r}")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise UsageError(f"--max-tokens must be a whole number >= 1, got {tokens!r}")
+    return {"max_cost": None if cost is None else float(cost), "max_tokens": tokens}
 
 
 def resolve_control(

@@ -112,6 +112,22 @@ class Meter:
                 return False
         return True
 
+    def recap(self, max_cost: float | None, max_tokens: int | None) -> Caps:
+        """``ctl budget``: replace the caps given (None keeps that one); the new caps."""
+        self.caps = Caps(
+            self.caps.max_cost if max_cost is None else max_cost,
+            self.caps.max_tokens if max_tokens is None else max_tokens,
+        )
+        return self.caps
+
+    def reached(self) -> bool:
+        """Whether the spend alone has reached a cap (no reservation counted)."""
+        total = self.total
+        cost, tokens = self.caps.max_cost, self.caps.max_tokens
+        return (cost is not None and (total.cost_usd or 0.0) >= cost) or (
+            tokens is not None and total.tokens >= tokens
+        )
+
     def reserve(self, key: str) -> None:
         """A call admitted: it is in flight until :meth:`release`."""
         self._inflight.add(key)

@@ -170,6 +170,8 @@ class Steering(SteeringTarget):
         self._pending: Callable[[], bool] | None = None
         #: What ``ctl stop`` does to the run (set by the runner); ``None``: not stoppable.
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
+        #: What ``ctl budget`` does (set by the runner): new caps in, the result out.
+        self.on_budget: Callable[[float | None, int | None], str] | None = None
 
     def attach(self, pending: Callable[[], bool]) -> None:
         """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
@@ -194,6 +196,12 @@ class Steering(SteeringTarget):
         self.on_stop(now, reason, control_id)
         # After admission closed: a waiter the gate releases sees it closed and stays pending.
         self.gate.resume()
+
+    def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
+        """``ctl budget``: the runner changes its meter's caps."""
+        if self.on_budget is None:
+            raise NotImplementedError
+        return self.on_budget(max_cost, max_tokens)
 
     def has_pending_operation(self) -> bool:
         """True if an operation has not started yet (or the plan is still being made)."""

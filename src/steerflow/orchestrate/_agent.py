@@ -77,6 +77,8 @@ class AgentTarget(SteeringTarget):
         #: A turn boundary is deciding what the next turn takes: claim messages now.
         self.claiming = False
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
+        #: The run's meter, which ``ctl budget`` re-caps (set once the run starts).
+        self.meter: Meter | None = None
 
     def pause(self) -> None:
         raise SteerflowError("an agent has no pause gate (pause is flow-only)")
@@ -102,6 +104,13 @@ class AgentTarget(SteeringTarget):
         if self.on_stop is None:
             raise NotImplementedError
         self.on_stop(now, reason, control_id)
+
+    def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
+        if self.meter is None:
+            raise NotImplementedError
+        # Checked before the next turn starts; a turn in flight finishes either way.
+        self.meter.recap(max_cost, max_tokens)
+        return "applied"
 
     def is_paused(self) -> bool:
         return False
@@ -220,6 +229,7 @@ class AgentRun:
         await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
         await asyncio.to_thread(prices.prepare, [self.model])
         self.meter = Meter(prices, caps)
+        self.target.meter = self.meter
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
             return await self._run_with_db(db, provider)

@@ -121,6 +121,7 @@ class FlowRun:
         #: ``ctl stop``: ``{"control_id", "reason", "now"}`` of the first stop applied.
         self.stopped_by: dict[str, Any] | None = None
         self.steering.on_stop = self.request_operator_stop
+        self.steering.on_budget = self.change_budget
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
@@ -167,6 +168,23 @@ class FlowRun:
             self.executor.close_admission(STOP_REASON, cancel_inflight=now)
         if self._planning is not None and now:
             self._planning.cancel(STOP_REASON)
+
+    def change_budget(self, max_cost: float | None, max_tokens: int | None) -> str:
+        """``ctl budget``: new caps for the chain; below the spend, admission closes now.
+
+        Nothing reopens a closed admission: once the budget closed it, a higher cap is
+        for a resume (``rejected:admission-closed``).
+        """
+        executor = self.executor
+        if self._admission_closed() or (executor is not None and not executor.admission_open):
+            return "rejected:admission-closed"
+        self.meter.recap(max_cost, max_tokens)
+        if self.meter.reached():
+            if executor is not None:
+                executor.close_admission(BUDGET_REASON)
+            else:
+                self.budget_hit = True
+        return "applied"
 
     def _lease_lost(self, loss: LeaseLoss) -> None:
         """Admit nothing more; after a takeover also cancel what is in flight (decision 121)."""
@@ -449,6 +467,8 @@ class FlowRun:
             "source": source,
             "budget": settings.caps.to_json(),
         }
+        if seed is not None and seed.spent is not None:
+            metadata["spent_before"] = seed.spent.to_json()  # ``ctl status``: the chain's
         if seed is not None and seed.degraded:
             metadata["degraded_context"] = seed.degraded
         session, claimed = await create_session(
@@ -726,6 +746,8 @@ class FlowRun:
             executor.close_admission(STOP_REASON, cancel_inflight=bool(self.stopped_by["now"]))
         elif self.deadline_hit:
             executor.close_admission("deadline", cancel_long_running=True)
+        elif self.budget_hit:  # a ctl budget below the spend came while planning
+            executor.close_admission(BUDGET_REASON)
         # Every call and every record checks the lease first (decision 121).
         executor.fence = recorder.fence = s.lease
         if self.lease_loss is not None:

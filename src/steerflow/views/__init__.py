@@ -13,6 +13,7 @@ from steerflow.views._artifacts import OpenedArtifact, open_artifact
 from steerflow.views._control import (
     ControlEntry,
     ControlStatus,
+    budget,
     control_status,
     message,
     pause,
@@ -47,6 +48,7 @@ __all__ = [
     "RunProgress",
     "RunResult",
     "RunView",
+    "budget",
     "checkpoint_report",
     "control_status",
     "list_runs",

@@ -11,10 +11,13 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.control import Queued, enqueue_control, open_existing_db
+from steerflow.providers import Usage
+from steerflow.state import ControlRow, NodeRow
 
 __all__ = [
     "ControlEntry",
     "ControlStatus",
+    "budget",
     "control_status",
     "message",
     "pause",
@@ -41,6 +44,15 @@ def message(home: Path, target: str, text: str) -> Queued:
 def stop(home: Path, target: str, *, now: bool = False, reason: str | None = None) -> Queued:
     """Queue ``ctl stop TARGET``: admit nothing new, persist, exit 75 (resumable)."""
     return enqueue_control(home, target, "stop", reason, now=now)
+
+
+def budget(
+    home: Path, target: str, *, max_cost: float | None = None, max_tokens: int | None = None
+) -> Queued:
+    """Queue ``ctl budget TARGET``: new caps for the chain, checked at the next admission."""
+    return enqueue_control(
+        home, target, "budget", budget={"max_cost": max_cost, "max_tokens": max_tokens}
+    )
 
 
 @dataclass(frozen=True)
@@ -77,6 +89,10 @@ class ControlStatus:
     controls: tuple[ControlEntry, ...]
     #: An ``agent`` session's finished turns (issue 19); None for a flow.
     turns: int | None = None
+    #: The caps in force (``{max_cost, max_tokens}``, the last applied ``ctl budget``
+    #: over the run's own) and what the resume chain has spent so far (CONTRACT §11 usage).
+    budget: dict[str, Any] | None = None
+    spent: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``ctl status --json`` object (CONTRACT §3)."""
@@ -89,6 +105,8 @@ class ControlStatus:
         }
         if self.turns is not None:
             out["turns"] = self.turns
+        out["budget"] = self.budget
+        out["spent"] = self.spent
         return out
 
 
@@ -103,6 +121,7 @@ def control_status(home: Path, target: str) -> ControlStatus:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
         assert session is not None
+        controls = db.list_controls(session.id)
         return ControlStatus(
             session_id=session.id,
             status=db.effective_status(session),
@@ -117,10 +136,32 @@ def control_status(home: Path, target: str) -> ControlStatus:
                     applied_at=c.applied_at,
                     result=c.result,
                 )
-                for c in db.list_controls(session.id)
+                for c in controls
             ),
             turns=_agent_turns(session.kind, session.node_metadata),
+            budget=_caps(session.node_metadata, controls),
+            spent=_spent(session.node_metadata, db.list_nodes(session.id)),
         )
+
+
+def _caps(meta: dict[str, Any], controls: list[ControlRow]) -> dict[str, Any]:
+    stored = meta.get("budget")
+    caps = {"max_cost": None, "max_tokens": None}
+    caps.update(stored if isinstance(stored, dict) else {})
+    for row in controls:  # stored in (created_at, id) order: the last applied wins
+        if row.verb == "budget" and row.result == "applied" and isinstance(row.payload, dict):
+            caps.update({k: v for k, v in row.payload.items() if k in caps and v is not None})
+    return caps
+
+
+def _spent(meta: dict[str, Any], nodes: list[NodeRow]) -> dict[str, Any]:
+    """The chain's spend: what the runs before spent, plus this run's (its rows, live)."""
+    own = Usage.from_json(meta.get("usage"))
+    if own is None:
+        own = Usage()
+        for node in nodes:
+            own = own + (Usage.from_json(node.detail) or Usage())
+    return ((Usage.from_json(meta.get("spent_before")) or Usage()) + own).to_json()
 
 
 def _agent_turns(kind: str, meta: dict[str, Any]) -> int | None:
