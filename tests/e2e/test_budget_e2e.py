@@ -213,12 +213,14 @@ def test_a_token_cap_on_the_messages_api(
 def test_overshoot_is_bounded_by_the_calls_already_in_flight(
     home: Path, tmp_path: Path, openai_server: FakeLLMServer
 ) -> None:
-    """Four calls admitted before any returned (no call size known yet) all finish and are
-    recorded; the overshoot is at most those calls, and nothing more starts (decision 180)."""
+    """The first call runs alone and is cheap ($0.002), so four calls ten times its size
+    are admitted at once (held until all four arrived): they finish and are recorded, the
+    overshoot is at most those calls, and nothing more starts (decision 180)."""
     gate = threading.Event()
+    openai_server.push(Reply(text="done", input_tokens=100, output_tokens=50))
     openai_server.forever(Reply(text="done", input_tokens=1000, output_tokens=500, gate=gate))
     plan = fan_out(tmp_path / "plan.yaml", 12, concurrency=4)
-    opener = threading.Thread(target=lambda: openai_server.wait_for(4, 60) and gate.set())
+    opener = threading.Thread(target=lambda: openai_server.wait_for(5, 60) and gate.set())
     opener.start()
     try:
         first = _flow(openai_server, home, plan, "--max-cost", "0.05", "--price", PRICE)
@@ -228,9 +230,22 @@ def test_overshoot_is_bounded_by_the_calls_already_in_flight(
     assert first.returncode == 76, first.explain()
     out = first.json
     spent = out["usage"]["cost_usd"]
-    assert len(openai_server.requests) == 4
-    assert sum(v == "completed" for v in _statuses(out).values()) == 4
+    assert len(openai_server.requests) == 5
+    assert sum(v == "completed" for v in _statuses(out).values()) == 5
+    assert spent == pytest.approx(0.002 + 4 * CALL_USD)
     assert 0.05 < spent <= 0.05 + 4 * CALL_USD
+
+
+def test_without_a_known_call_size_the_first_call_runs_alone(
+    home: Path, tmp_path: Path, openai_server: FakeLLMServer
+) -> None:
+    """At concurrency 4 and calls of one size, the cap is not passed: the first call sizes
+    the reservations of the ones after it."""
+    plan = fan_out(tmp_path / "plan.yaml", 20, concurrency=4)
+    first = _flow(openai_server, home, plan, "--max-cost", "0.05", "--price", PRICE)
+    assert first.returncode == 76, first.explain()
+    assert len(openai_server.requests) == 2
+    assert first.json["usage"]["cost_usd"] == pytest.approx(2 * CALL_USD)
 
 
 def _priced(server: FakeLLMServer, home: Path, plan: Path, model: str, *args: str) -> float:

@@ -12,6 +12,7 @@ largest call (docs/decisions.md, decision 180).
 
 from __future__ import annotations
 
+import asyncio
 from dataclasses import dataclass
 
 from steerflow.errors import UsageError
@@ -76,6 +77,9 @@ class Meter:
         self._inflight: set[str] = set()
         self._largest_cost = 0.0
         self._largest_tokens = 0
+        #: Whether some call's size is known (this run's, or one the chain recorded).
+        self._sized = False
+        self._released = asyncio.Event()
 
     @property
     def total(self) -> Usage:
@@ -94,8 +98,21 @@ class Meter:
     def observe(self, usage: Usage | None) -> None:
         """Size the reservation by a call seen (this run's, or one the chain recorded)."""
         if usage is not None:
+            self._sized = True
             self._largest_cost = max(self._largest_cost, usage.cost_usd or 0.0)
             self._largest_tokens = max(self._largest_tokens, usage.tokens)
+
+    def unsized(self) -> bool:
+        """Under a cap, while no call's size is known and one is in flight: wait for it.
+
+        The first call of a capped run runs alone, so the reservations that follow are
+        sized by a real call instead of by nothing (decision 180).
+        """
+        return self.caps.any and not self._sized and bool(self._inflight)
+
+    async def wait_release(self) -> None:
+        """Until a call in flight ends (charged, failed, or never made)."""
+        await self._released.wait()
 
     def room(self) -> bool:
         """Whether one more call fits beside those in flight (the admission check)."""
@@ -135,6 +152,8 @@ class Meter:
     def release(self, key: str) -> None:
         """The call ended (charged, failed or never made)."""
         self._inflight.discard(key)
+        released, self._released = self._released, asyncio.Event()
+        released.set()
 
     def exhausted_line(self) -> str:
         """What was spent against which cap, for the one line a budget stop prints."""

@@ -349,6 +349,10 @@ class FlowExecutor:
                 continue
             meter = self.meter
             if meter is not None:
+                if meter.unsized():
+                    self._limiter.release()
+                    await meter.wait_release()
+                    continue
                 # Checked and reserved with no await between: no two calls take one room.
                 if not meter.room():
                     self._limiter.release()
