@@ -27,6 +27,7 @@ from steerflow.errors import (
 from steerflow.executor import (
     BUDGET_REASON,
     CallScope,
+    Caps,
     EventBus,
     FlowEvent,
     FlowExecutor,
@@ -136,6 +137,8 @@ class FlowRun:
         self.meter = Meter()
         #: Set once the budget left no room for the planner's retry.
         self.budget_hit = False
+        #: Cap -> why this run's models cannot enforce it (``ctl budget`` is refused then).
+        self._unenforceable: dict[str, str] = {}
 
     # -- signals and deadlines ---------------------------------------------------------
 
@@ -178,6 +181,10 @@ class FlowRun:
         executor = self.executor
         if self._admission_closed() or (executor is not None and not executor.admission_open):
             return "rejected:admission-closed"
+        given = {"max_cost": max_cost, "max_tokens": max_tokens}
+        for name, why in self._unenforceable.items():
+            if given[name] is not None:
+                return f"rejected:unenforceable:{why}"[:500]
         self.meter.recap(max_cost, max_tokens)
         if self.meter.reached():
             if executor is not None:
@@ -242,8 +249,15 @@ class FlowRun:
         """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
         prices = PriceTable(settings.prices)
         caps = settings.caps
-        enforceable(caps, prices, {spec: self._providers.get(spec) for spec in models})
+        providers = {spec: self._providers.get(spec) for spec in models}
+        enforceable(caps, prices, providers)
         prices.prepare(models)  # the table's import, here in a thread, not on the loop
+        # What a later ``ctl budget`` could not enforce either (checked here, off the loop).
+        for name, probe in (("max_cost", Caps(max_cost=1.0)), ("max_tokens", Caps(max_tokens=1))):
+            try:
+                enforceable(probe, prices, providers)
+            except UsageError as exc:
+                self._unenforceable[name] = str(exc)
         seed = self.options.resume
         meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
         if seed is not None:

@@ -55,7 +55,7 @@ RUNS_SHOWN = 200
 #: The largest form body read: a message is at most 64 KiB, plus the other fields.
 MAX_FORM_BYTES = 128 * 1024
 _SESSION_ID = re.compile(r"[0-9a-f]{32}")
-_VERBS = ("pause", "resume", "message", "stop")
+_VERBS = ("pause", "resume", "message", "stop", "budget")
 #: Where a control form may send the operator back to (never another site).
 _BACK = re.compile(r"/runs(/[0-9A-Za-z-]{1,64})?")
 _DENIED = (
@@ -333,7 +333,19 @@ def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) ->
         return views.resume(home, session_id)
     if verb == "message":
         return views.message(home, session_id, _field(form, "text") or "")
+    if verb == "budget":
+        return views.budget(home, session_id, max_cost=_usd(_field(form, "max_cost")))
     return views.stop(home, session_id, reason=_field(form, "reason") or None)
+
+
+def _usd(text: str | None) -> float | None:
+    """The form's new spend cap; a malformed one is a usage error (400), as for ``ctl``."""
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--max-cost: {text[:50]!r} is not a number of USD") from None
 
 
 def _is_target(target: str) -> bool:

@@ -140,7 +140,7 @@ def _links(run: RunListing) -> str:
 
 
 def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
-    """Pause, Resume, Message and Stop forms for a running session (POST, with CSRF)."""
+    """Pause, Resume, Message, Stop and Budget forms for a running session (POST, CSRF)."""
     action = esc("/sessions/" + quote(session_id, safe="") + "/control")
     hidden = (
         f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
@@ -155,12 +155,14 @@ def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
         )
 
     text = '<input type="text" name="text" maxlength="65536" placeholder="message" required>'
+    usd = '<input type="text" name="max_cost" maxlength="32" placeholder="max cost USD" required>'
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
             button("stop", "Stop"),
+            button("budget", "Set cap", usd),
         ]
     )
 
