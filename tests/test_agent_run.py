@@ -418,3 +418,32 @@ async def test_a_token_cap_ends_the_agent_before_the_next_turn(home: Path) -> No
     assert source is not None
     seed = await asyncio.to_thread(prepare_agent_resume, home, source)
     assert seed.next_instruction is not None and "ALPHA" in seed.next_instruction
+
+
+async def test_an_agent_cap_is_the_chains_across_resumes(home: Path) -> None:
+    provider = Gated()
+    _, task = _start(home, provider, max_tokens=5)
+    await provider.started(1)
+    session = await _session(home)
+    await _msg(home, session, "ALPHA")
+    provider.release(1, 2)
+    first = await task
+    assert first.status == "budget_exhausted"
+
+    async def resume(run_id: str, **opts: Any) -> tuple[AgentResult, Gated]:
+        source = await asyncio.to_thread(agent_resume_source, home, run_id)
+        assert source is not None
+        seed = await asyncio.to_thread(prepare_agent_resume, home, source)
+        gated = Gated()
+        gated.release(1)
+        run = AgentRun(AgentOptions(resume=seed, **opts), home=home, provider=gated)
+        return await run.run(), gated
+
+    # The chain's cap (checkpoint config.budget) and its turn's 5 tokens carry over.
+    again, idle = await resume(first.run_id)
+    assert again.status == "budget_exhausted" and idle.requests == []
+    assert again.budget == {"max_cost": None, "max_tokens": 5}
+    raised, ran = await resume(again.run_id, max_tokens=100)
+    assert raised.status == "completed" and len(ran.requests) == 1
+    assert "ALPHA" in ran.requests[0].instruction
+    assert raised.usage["input_tokens"] == 2  # the replayed turn cost this run nothing

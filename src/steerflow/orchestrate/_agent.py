@@ -49,7 +49,7 @@ from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._stranded import redeliver_stranded
-from steerflow.providers import Message, Provider, ProviderRequest, make_provider
+from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
 from steerflow.providers._pricing import PriceTable
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
@@ -224,11 +224,19 @@ class AgentRun:
         if provider is None:
             provider = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
             self._provider = provider
-        opts = self.options
-        caps, prices = Caps(opts.max_cost, opts.max_tokens), PriceTable(opts.prices)
+        opts, seed = self.options, self.options.resume
+        chain = seed.caps if seed is not None else Caps()
+        caps = Caps(
+            chain.max_cost if opts.max_cost is None else opts.max_cost,
+            chain.max_tokens if opts.max_tokens is None else opts.max_tokens,
+        )
+        prices = PriceTable(opts.prices)
         await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
         await asyncio.to_thread(prices.prepare, [self.model])
-        self.meter = Meter(prices, caps)
+        # A cap is the chain's: a resume counts what the replayed turns spent.
+        self.meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        for turn in self.turns:
+            self.meter.observe(Usage.from_json(turn.usage))
         self.target.meter = self.meter
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
@@ -326,6 +334,7 @@ class AgentRun:
                 "max_turns": self.max_turns,
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
+                **({"budget": self.meter.caps.to_json()} if self.meter.caps.any else {}),
                 # The run it resumed, for `db rebuild` (its claim on that source).
                 **({LINEAGE_KEY: lineage(self.options.resume)} if self.options.resume else {}),
             },
@@ -489,13 +498,15 @@ class AgentRun:
         self._scope = scope
         error: str | None = None
         text = ""
+        used: dict[str, Any] | None = None
         try:
             with scope:
                 response = await provider.invoke(request)
                 text = response.text
                 if response.conversation:
                     self.conversation = response.conversation
-                self._add_usage(response.usage)
+                priced = self.meter.charge(self.model, response.usage)
+                used = priced.to_json() if priced is not None else None
         except Exception as exc:  # the turn fails; the run reports it
             error = str(exc) or type(exc).__name__
         finally:
@@ -512,6 +523,7 @@ class AgentRun:
             controls=controls,
             error=error,
             conversation=self.conversation,
+            usage=used,
         )
         self.turns.append(outcome)
         self.in_flight = None
@@ -535,9 +547,6 @@ class AgentRun:
         detail["cancelled"] = reason
         await self._publish(s, key, "pending", detail)
         self.progress(f"turn {number} cancelled ({reason}); it reruns on resume")
-
-    def _add_usage(self, usage: Any) -> None:
-        self.meter.charge(self.model, usage)
 
     @property
     def usage(self) -> dict[str, Any]:
@@ -659,7 +668,12 @@ class AgentRun:
 def _members(turn: TurnOutcome, in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the entry of ``turn`` records beside its status and response."""
     return turn_members(
-        turn.number, turn.instruction, turn.controls, turn.conversation, in_flight=in_flight
+        turn.number,
+        turn.instruction,
+        turn.controls,
+        turn.conversation,
+        in_flight=in_flight,
+        usage=turn.usage,
     )
 
 

@@ -7,8 +7,10 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.errors import ExitCode
+from steerflow.executor import Caps
 from steerflow.orchestrate._options import EndStatus
 from steerflow.orchestrate._stranded import StrandedMessage
+from steerflow.providers import Usage
 from steerflow.providers._pricing import Price
 
 __all__ = [
@@ -40,6 +42,8 @@ class TurnOutcome:
     error: str | None = None
     #: The worker's own session id after this turn (``claude-code``), if it reported one.
     conversation: str | None = None
+    #: What the turn's call cost (CONTRACT §11 ``usage``), when it reported any.
+    usage: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -74,6 +78,9 @@ class AgentSeed:
     stranded: list[StrandedMessage] = field(default_factory=list)
     redeliver_claimed: bool = False
     notes: list[str] = field(default_factory=list)
+    #: The chain's caps (its checkpoint ``config.budget``) and its turns' spend.
+    caps: Caps = field(default_factory=Caps)
+    spent: Usage | None = None
 
 
 @dataclass
