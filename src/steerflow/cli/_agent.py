@@ -61,7 +61,7 @@ def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
             lines.append(f"    error: {printable(turn.error)}")
     for rejected in result.rejected:
         lines.append(f"  control {rejected['control_id']}: {rejected['result']}")
-    if result.status in ("timed_out", "interrupted", "stopped"):
+    if result.status in ("timed_out", "interrupted", "stopped", "budget_exhausted"):
         lines.append(f"resume with: steerflow resume {result.run_id}")
     text = result.result_text
     if text is not None:
