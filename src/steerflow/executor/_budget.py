@@ -4,10 +4,10 @@ The meter prices each call as it returns (:meth:`Meter.charge`), counts it into 
 spend of the whole resume chain (``base``: what the runs before this one paid), and
 answers the admission check (:meth:`Meter.room`): spend so far, plus a reservation
 for every call in flight and for the one asking, must stay within each cap. A call's
-reservation is the most expensive call the run has seen (0 before the first one
-returned), so with calls of one size a cap is never passed, and in general the
-overshoot is at most the calls in flight when it was crossed, each at most the
-largest call (docs/decisions.md, decision 180).
+reservation is the most expensive call the chain has seen; until one is known, the
+first call runs alone (:meth:`Meter.unsized`). So with calls of one size a cap is never
+passed, and in general the overshoot is at most the calls in flight when it was
+crossed, each at most the largest call (docs/decisions.md, decision 180).
 """
 
 from __future__ import annotations
