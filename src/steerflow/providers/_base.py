@@ -10,11 +10,12 @@ from __future__ import annotations
 import abc
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from steerflow.providers._paths import ensure_leg_dir
 
 __all__ = [
+    "USAGE_MEMBERS",
     "DependencyResult",
     "Message",
     "PlanReply",
@@ -34,13 +35,64 @@ class Message:
     content: str
 
 
+#: The members of a ``usage`` object in JSON (CONTRACT §11), in this order.
+USAGE_MEMBERS = (
+    "input_tokens",
+    "output_tokens",
+    "cache_read_tokens",
+    "cache_write_tokens",
+    "cost_usd",
+)
+
+
 @dataclass(frozen=True)
 class Usage:
-    """Token usage and cost of one call, where the provider reports them."""
+    """Token usage and cost of one call (or of several, summed), as far as reported.
+
+    ``input_tokens`` counts every input token, cache reads and writes included (the
+    convention of ``genai-prices``); ``cache_read_tokens``/``cache_write_tokens`` say
+    how many of them were cache traffic. None is "not reported", never zero.
+    """
 
     input_tokens: int | None = None
     output_tokens: int | None = None
     cost_usd: float | None = None
+    cache_read_tokens: int | None = None
+    cache_write_tokens: int | None = None
+
+    def to_json(self) -> dict[str, int | float | None]:
+        """The CONTRACT §11 ``usage`` object: every member, null where not reported."""
+        return {name: getattr(self, name) for name in USAGE_MEMBERS}
+
+    @property
+    def tokens(self) -> int:
+        """Input plus output tokens (what ``--max-tokens`` counts)."""
+        return (self.input_tokens or 0) + (self.output_tokens or 0)
+
+    def __add__(self, other: Usage) -> Usage:
+        """Members summed; a member stays None only where neither side reported it."""
+        return Usage(**{name: _plus(getattr(self, name), getattr(other, name))
+                        for name in USAGE_MEMBERS})  # fmt: skip
+
+    @classmethod
+    def from_json(cls, data: object) -> Usage | None:
+        """A stored ``usage`` object back (unknown or mistyped members are None)."""
+        if not isinstance(data, dict):
+            return None
+        values: dict[str, Any] = {}
+        for name in USAGE_MEMBERS:
+            value = data.get(name)
+            ok = isinstance(value, float | int) if name == "cost_usd" else isinstance(value, int)
+            values[name] = value if ok and not isinstance(value, bool) else None
+        if values["cost_usd"] is not None:
+            values["cost_usd"] = float(values["cost_usd"])
+        return cls(**values)
+
+
+def _plus(a: Any, b: Any) -> Any:
+    if a is None:
+        return b
+    return a if b is None else a + b
 
 
 @dataclass(frozen=True)
@@ -168,6 +220,9 @@ class Provider(abc.ABC):
     #: it themselves, and only when they write into it (``ensure_leg_dir`` /
     #: ``write_leg_file``), so a node that writes nothing gets no directory (decision 62).
     needs_artifact_dir: ClassVar[bool] = True
+    #: False for a provider that never reports token usage (``echo``): a token or cost
+    #: cap cannot be enforced on it, so such a run is refused before it starts.
+    reports_usage: ClassVar[bool] = True
 
     @abc.abstractmethod
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:

@@ -55,7 +55,7 @@ RUNS_SHOWN = 200
 #: The largest form body read: a message is at most 64 KiB, plus the other fields.
 MAX_FORM_BYTES = 128 * 1024
 _SESSION_ID = re.compile(r"[0-9a-f]{32}")
-_VERBS = ("pause", "resume", "message", "stop")
+_VERBS = ("pause", "resume", "message", "stop", "budget")
 #: Where a control form may send the operator back to (never another site).
 _BACK = re.compile(r"/runs(/[0-9A-Za-z-]{1,64})?")
 _DENIED = (
@@ -342,7 +342,20 @@ def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) ->
         return enqueue_control(home, session_id, "resume")
     if verb == "message":
         return enqueue_control(home, session_id, "message", _field(form, "text") or "")
+    if verb == "budget":
+        caps = {"max_cost": _usd(_field(form, "max_cost")), "max_tokens": None}
+        return enqueue_control(home, session_id, "budget", budget=caps)
     return enqueue_control(home, session_id, "stop", _field(form, "reason") or None)
+
+
+def _usd(text: str | None) -> float | None:
+    """The form's new spend cap; a malformed one is a usage error (400), as for ``ctl``."""
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--max-cost: {text[:50]!r} is not a number of USD") from None
 
 
 def _is_target(target: str) -> bool:

@@ -31,7 +31,15 @@ __all__ = [
 ]
 
 #: Session statuses a filter may name (anything else is ignored: the filter is shown off).
-STATUSES = ("running", "completed", "failed", "timed_out", "interrupted", "stopped")
+STATUSES = (
+    "running",
+    "completed",
+    "failed",
+    "timed_out",
+    "interrupted",
+    "stopped",
+    "budget_exhausted",
+)
 
 CSS = """\
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #1d1d1f; }
@@ -45,7 +53,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status { border-radius: .6rem; padding: 0 .5rem; background: #eee; }
 .status-running { background: #d7ebff; } .status-completed { background: #d9f5dd; }
 .status-failed { background: #ffd9d6; } .status-interrupted, .status-timed_out,
-.status-stopped { background: #fff0c2; }
+.status-stopped, .status-budget_exhausted { background: #fff0c2; }
 .notice { padding: .5rem .8rem; background: #eef6ff; border: 1px solid #bcd; margin: .5rem 0; }
 .error { padding: .5rem .8rem; background: #fff0f0; border: 1px solid #dbb; margin: .5rem 0; }
 form.inline { display: inline; }
@@ -140,7 +148,7 @@ def _links(run: RunListing) -> str:
 
 
 def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
-    """Pause, Resume, Message and Stop forms for a running session (POST, with CSRF)."""
+    """Pause, Resume, Message, Stop and Budget forms for a running session (POST, CSRF)."""
     action = esc("/sessions/" + quote(session_id, safe="") + "/control")
     hidden = (
         f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
@@ -155,12 +163,14 @@ def control_forms(session_id: str, csrf: str, *, back: str = "/runs") -> str:
         )
 
     text = '<input type="text" name="text" maxlength="65536" placeholder="message" required>'
+    usd = '<input type="text" name="max_cost" maxlength="32" placeholder="max cost USD" required>'
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
             button("stop", "Stop"),
+            button("budget", "Set cap", usd),
         ]
     )
 

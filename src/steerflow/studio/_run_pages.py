@@ -30,7 +30,7 @@ from steerflow.views import (
 __all__ = ["RECOVERABLE", "node_page", "run_page", "steer_marked"]
 
 #: Run statuses the Recovery section is shown for.
-RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
+RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped", "budget_exhausted")
 
 
 def _status(value: str | None) -> str:

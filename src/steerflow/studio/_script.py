@@ -20,7 +20,8 @@ SCRIPT = """\
   if (!source) { return; }
   var kind = document.body.getAttribute("data-live-kind");
   var NODE = ["pending", "running", "paused", "completed", "failed", "skipped"];
-  var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped"];
+  var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped",
+             "budget_exhausted"];
   function setStatus(el, status, known) {
     var keep = (el.getAttribute("class") || "").split(/\\s+/).filter(function (c) {
       return c && c.indexOf("status-") !== 0;

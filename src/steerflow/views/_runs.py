@@ -17,6 +17,7 @@ from steerflow.errors import CheckpointRecoveryError
 from steerflow.orchestrate._agent_state import ordered_keys
 from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.plan import SYNTHESIS_KEY
+from steerflow.providers import Usage
 from steerflow.resume import resolve_run_target
 from steerflow.state import NodeRow, SessionRow, StateDB, db_exists
 
@@ -38,6 +39,9 @@ class RunListing:
     resumed_from_run: str | None
     #: Every resume of this run, oldest first (``ResumedBy.to_json`` objects).
     resumed_by: tuple[dict[str, Any], ...] = ()
+    #: What the run spent (stored when it ended; null while it runs) and its caps.
+    usage: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``runs --json`` row."""
@@ -52,6 +56,8 @@ class RunListing:
             "resumed_from": self.resumed_from,
             "resumed_from_run": self.resumed_from_run,
             "resumed_by": list(self.resumed_by),
+            "usage": self.usage,
+            "budget": self.budget,
         }
 
 
@@ -83,6 +89,8 @@ def list_runs(home: Path, *, limit: int | None = 20, status: str | None = None) 
                     resumed_from=r.node_metadata.get("resumed_from"),
                     resumed_from_run=r.node_metadata.get("resumed_from_run"),
                     resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
+                    usage=r.node_metadata.get("usage"),
+                    budget=_budget(r.node_metadata),
                 )
             )
         return out
@@ -125,6 +133,9 @@ class NodeState:
         if self.live:
             out["model"] = self.model
             out["duration_s"] = self.duration_s
+            # CONTRACT §11: every member, null where the provider reported nothing.
+            used = Usage.from_json(self.detail)
+            out["usage"] = used.to_json() if used is not None else None
             if self.detail:
                 out["detail"] = self.detail
         if self.artifacts:
@@ -162,6 +173,8 @@ class RunView:
     reachable: bool = True
     #: The host that ran it (the session's ``owner_host``); None when unknown.
     owner_host: str | None = None
+    #: The run's caps, ``{max_cost, max_tokens}`` (null members when not set).
+    budget: dict[str, Any] | None = None
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -193,6 +206,7 @@ class RunView:
             out["resumed_from"] = self.resumed_from
             out["resumed_from_run"] = self.resumed_from_run
             out["usage"] = self.usage
+            out["budget"] = self.budget
         out["resumed_by"] = list(self.resumed_by)
         out["summary"] = self.summary
         return out
@@ -262,6 +276,7 @@ def show_run(home: Path, target: str) -> RunView:
         has_session=has_session,
         reachable=run.reachable,
         owner_host=owner_host or run.owner_host,
+        budget=_budget(meta),
     )
 
 
@@ -281,6 +296,12 @@ def _live_node(n: NodeRow) -> NodeState:
         # The rendered instruction can be large: node_detail has it.
         detail={k: v for k, v in n.detail.items() if k != "instruction"} if n.detail else None,
     )
+
+
+def _budget(meta: dict[str, Any]) -> dict[str, Any]:
+    stored = meta.get("budget")
+    stored = stored if isinstance(stored, dict) else {}
+    return {"max_cost": stored.get("max_cost"), "max_tokens": stored.get("max_tokens")}
 
 
 def _with_artifacts(node: NodeState, artifacts: list[Any]) -> NodeState:
