@@ -157,6 +157,7 @@ EXPECTED: dict[str, set[str]] = {
         "UnsafePathError",
         "UsageError",
         "__version__",
+        "budget",
         "load_checkpoint",
         "message",
         "pause",
