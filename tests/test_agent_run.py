@@ -161,7 +161,13 @@ async def test_messages_start_one_turn_with_the_history(home: Path, capsys: Any)
     assert turn2.conversation is None
     assert provider.requests[0].artifact_dir == turn2.artifact_dir
     assert turn2.artifact_dir.name == "agent"
-    assert result.usage == {"input_tokens": 4, "output_tokens": 6, "cost_usd": 1.0}
+    assert result.usage == {
+        "input_tokens": 4,
+        "output_tokens": 6,
+        "cache_read_tokens": None,
+        "cache_write_tokens": None,
+        "cost_usd": 1.0,
+    }
     assert (await asyncio.to_thread(control_status, home, session)).to_json()["turns"] == 2
 
     record = await asyncio.to_thread(read_run, home, result.run_id)
@@ -391,3 +397,53 @@ def test_cli_agent_and_its_resume_in_process(home: Path) -> None:
     assert [(t["id"], t["replayed"]) for t in again["turns"]] == [("turn-1", True)]
     code, _, err = _cli(home, "agent", "   ")
     assert code == 2 and "non-empty TASK" in err
+
+
+async def test_a_token_cap_ends_the_agent_before_the_next_turn(home: Path) -> None:
+    """Each turn reports 5 tokens: under ``max_tokens=5`` the turn a message asks for is
+    recorded as the next prompt but never started; the run ends budget_exhausted (76)."""
+    provider = Gated()
+    _, task = _start(home, provider, max_tokens=5)
+    await provider.started(1)
+    session = await _session(home)
+    await _msg(home, session, "ALPHA")
+    provider.release(1, 2)
+    result = await task
+    assert result.status == "budget_exhausted" and result.exit_code == ExitCode.BUDGET
+    assert len(provider.requests) == 1
+    assert result.budget == {"max_cost": None, "max_tokens": 5}
+    assert result.usage["input_tokens"] == 2 and result.usage["output_tokens"] == 3
+    assert result.spent_line == "spent 5 of the 5 token cap"
+    source = await asyncio.to_thread(agent_resume_source, home, result.run_id)
+    assert source is not None
+    seed = await asyncio.to_thread(prepare_agent_resume, home, source)
+    assert seed.next_instruction is not None and "ALPHA" in seed.next_instruction
+
+
+async def test_an_agent_cap_is_the_chains_across_resumes(home: Path) -> None:
+    provider = Gated()
+    _, task = _start(home, provider, max_tokens=5)
+    await provider.started(1)
+    session = await _session(home)
+    await _msg(home, session, "ALPHA")
+    provider.release(1, 2)
+    first = await task
+    assert first.status == "budget_exhausted"
+
+    async def resume(run_id: str, **opts: Any) -> tuple[AgentResult, Gated]:
+        source = await asyncio.to_thread(agent_resume_source, home, run_id)
+        assert source is not None
+        seed = await asyncio.to_thread(prepare_agent_resume, home, source)
+        gated = Gated()
+        gated.release(1)
+        run = AgentRun(AgentOptions(resume=seed, **opts), home=home, provider=gated)
+        return await run.run(), gated
+
+    # The chain's cap (checkpoint config.budget) and its turn's 5 tokens carry over.
+    again, idle = await resume(first.run_id)
+    assert again.status == "budget_exhausted" and idle.requests == []
+    assert again.budget == {"max_cost": None, "max_tokens": 5}
+    raised, ran = await resume(again.run_id, max_tokens=100)
+    assert raised.status == "completed" and len(ran.requests) == 1
+    assert "ALPHA" in ran.requests[0].instruction
+    assert raised.usage["input_tokens"] == 2  # the replayed turn cost this run nothing

@@ -19,7 +19,7 @@ What a library user needs, in one place::
                                                                        depends_on=["a"])])
     run = steerflow.FlowRun(steerflow.FlowOptions(plan=plan), home=home)
     events = run.events()  # typed, frozen events; the iteration ends with the run
-    steerflow.pause(home, run_id)  # from anywhere: the control id (also resume/message/stop)
+    steerflow.pause(home, run_id)  # from anywhere: the control id (also resume/message/stop/budget)
 
 Every error steerflow raises on purpose is a :class:`SteerflowError`; its
 ``exit_code`` is the CLI's (CONTRACT §3).
@@ -95,7 +95,7 @@ if TYPE_CHECKING:
     )
     from steerflow.plan import Edge, Op, Plan, Role, Synthesis
     from steerflow.providers import DependencyResult, NodeCall
-    from steerflow.views import message, pause, resume, stop
+    from steerflow.views import budget, message, pause, resume, stop
 
 __all__ = [
     "AdmissionClosed",
@@ -156,6 +156,7 @@ __all__ = [
     "UnsafePathError",
     "UsageError",
     "__version__",
+    "budget",
     "load_checkpoint",
     "message",
     "pause",
@@ -211,6 +212,7 @@ _LAZY = {
     "pause": "steerflow.views",
     "resume": "steerflow.views",
     "stop": "steerflow.views",
+    "budget": "steerflow.views",
 }
 
 

@@ -71,6 +71,7 @@ class ExitCode(IntEnum):
     USAGE = 2
     REFUSED = 3
     STOPPED = 75
+    BUDGET = 76
     DEADLINE = 124
     SIGINT = 130
     SIGTERM = 143

@@ -200,7 +200,8 @@ def test_a_play_target_uses_its_session_kind(home: Path) -> None:
 def test_unknown_verb_is_refused_before_the_database_is_opened(home: Path) -> None:
     bad: Any = "halt"
     with pytest.raises(
-        UsageError, match="unknown control verb 'halt': expected pause, resume, message or stop"
+        UsageError,
+        match="unknown control verb 'halt': expected pause, resume, message, stop or budget",
     ):
         enqueue_control(home / "missing", "0" * 32, bad)
 

@@ -379,4 +379,10 @@ def test_codex_run(home: Path, tmp_path: Path, codex: FakeAgent) -> None:
     assert design["stdin"].endswith("Do DESIGN")
     assert "design D-1" in patch["stdin"]  # the reply is the last-message file
     assert "from events" not in patch["stdin"]
-    assert out["usage"] == {"input_tokens": 80, "output_tokens": 12, "cost_usd": None}
+    assert out["usage"] == {
+        "input_tokens": 80,
+        "output_tokens": 12,
+        "cache_read_tokens": None,
+        "cache_write_tokens": None,
+        "cost_usd": None,
+    }

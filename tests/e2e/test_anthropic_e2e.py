@@ -56,7 +56,13 @@ def test_full_run_against_messages_api(home: Path, tmp_path: Path, server: FakeL
         tmp_path,
         # Cache writes and reads are input tokens; the Messages API reports no price.
         draft_usage={"cache_creation_input_tokens": 4, "cache_read_input_tokens": 1},
-        expected_usage={"input_tokens": 605, "output_tokens": 60, "cost_usd": None},
+        expected_usage={
+            "input_tokens": 605,
+            "output_tokens": 60,
+            "cache_read_tokens": 1,
+            "cache_write_tokens": 4,
+            "cost_usd": None,
+        },
     )
     for recorded in server.requests:
         assert recorded.path == "/v1/messages"

@@ -34,7 +34,7 @@ from ctl_support import (
 from waiting import holds_for
 
 READ_TOOLS = {"list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight"}
-CONTROL_TOOLS = {"pause", "resume", "message", "stop"}
+CONTROL_TOOLS = {"pause", "resume", "message", "stop", "budget"}
 # Holds a node's `script:` call until the test releases it (see its docstring).
 GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 
@@ -234,7 +234,8 @@ async def test_the_server_in_process_answers_every_tool(tmp_path: Path) -> None:
         assert node["status"] == "failed" and "broken" in node["error"]
         # The writers are ctl's: a finished session refuses every verb, naming why.
         for tool, arguments in (
-            ("pause", {}), ("resume", {}), ("message", {"text": "hi"}), ("stop", {"now": True})
+            ("pause", {}), ("resume", {}), ("message", {"text": "hi"}), ("stop", {"now": True}),
+            ("budget", {"max_cost": 1.0}),
         ):  # fmt: skip
             result = await client.call_tool(tool, {"target": session, **arguments})
             assert result.is_error, tool

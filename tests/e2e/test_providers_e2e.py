@@ -498,7 +498,13 @@ def test_full_run_against_openai_compatible_server(
         home,
         tmp_path,
         draft_usage={"cost": 0.25},  # a server that reports a price: it is summed too
-        expected_usage={"input_tokens": 600, "output_tokens": 60, "cost_usd": 0.25},
+        expected_usage={
+            "input_tokens": 600,
+            "output_tokens": 60,
+            "cache_read_tokens": None,
+            "cache_write_tokens": None,
+            "cost_usd": 0.25,
+        },
     )
     for recorded in server.requests:
         assert recorded.path == "/v1/chat/completions"

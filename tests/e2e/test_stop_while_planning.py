@@ -204,7 +204,13 @@ def test_a_claude_code_planner_stopped_while_planning_counts_in_the_runs_usage(
     result = flow.result()
     assert result["status"] == "stopped"
     assert _statuses(result) == {"a": "pending", "b": "pending"}
-    planner_usage = {"input_tokens": 300, "output_tokens": 40, "cost_usd": 0.25}
+    planner_usage = {
+        "input_tokens": 300,
+        "output_tokens": 40,
+        "cache_read_tokens": None,
+        "cache_write_tokens": None,
+        "cost_usd": 0.25,
+    }
     assert result["usage"] == planner_usage
     assert node_metadata(home, flow.session_id)["usage"] == planner_usage
     state, _ = load_checkpoint(Path(result["run_dir"]))

@@ -109,6 +109,11 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
     ("boolean-max-ops", {"max_ops": True, "plan": [_entry()]}, "max_ops: Value error, must be"),
     ("compact-records", {"compact_records": 0, "plan": [_entry()]}, "compact_records"),
     ("compact-bytes", {"compact_bytes": 10, "plan": [_entry()]}, "compact_bytes"),
+    ("zero-max-cost", {"max_cost": 0, "plan": [_entry()]}, "max_cost"),
+    ("nan-max-cost", {"max_cost": float("nan"), "plan": [_entry()]}, "max_cost"),
+    ("zero-max-tokens", {"max_tokens": 0, "plan": [_entry()]}, "max_tokens"),
+    ("negative-price", {"prices": {"m": {"input": -1, "output": 1}}, "plan": [_entry()]}, "prices"),
+    ("price-missing-output", {"prices": {"m": {"input": 1}}, "plan": [_entry()]}, "prices"),
     ("no-ops", {"plan": []}, "plan: List should have at least 1 item"),
     ("wrong-type", {"plan": [_entry(inherit_context="perhaps")]}, "plan[0].inherit_context"),
 ]
@@ -259,6 +264,17 @@ def _plans(draw: st.DrawFn) -> Plan:
         concurrency=draw(st.none() | st.integers(1, 256)),
         compact_records=draw(st.none() | st.integers(1, 1_000_000)),
         compact_bytes=draw(st.none() | st.integers(1_024, 1_073_741_824)),
+        max_cost=draw(st.none() | st.floats(0.001, 1e6) | st.integers(1, 1000)),
+        max_tokens=draw(st.none() | st.integers(1, 10**9)),
+        prices=draw(
+            st.dictionaries(
+                _TEXT,
+                st.fixed_dictionaries(
+                    {"input": st.floats(0, 1e4), "output": st.floats(0, 1e4) | st.integers(0, 99)}
+                ),
+                max_size=2,
+            )
+        ),
         roles=roles,
         synthesis=draw(
             st.none()
@@ -295,6 +311,10 @@ max_ops: 12
 concurrency: 2
 compact_records: 64
 compact_bytes: 65536
+max_cost: 2.5
+max_tokens: 100000
+prices:
+  echo: {input: 3, output: 15.5}
 roles:
   worker:
     model: echo

@@ -12,11 +12,12 @@ from steerflow.errors import UsageError
 from steerflow.state import StateDB
 from steerflow.state._db import PENDING_CONTROLS_SQL
 
+# D1's table, with the verb CONTRACT §11 adds (``budget``, schema migration 5).
 D1_TABLE = """
 CREATE TABLE session_controls (
   id          TEXT PRIMARY KEY,
   session_id  TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-  verb        TEXT NOT NULL CHECK(verb IN ('pause', 'resume', 'message', 'stop')),
+  verb        TEXT NOT NULL CHECK(verb IN ('pause', 'resume', 'message', 'stop', 'budget')),
   payload     JSON,
   created_at  REAL NOT NULL,
   applied_at  REAL,

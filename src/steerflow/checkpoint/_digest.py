@@ -18,7 +18,8 @@ Entry digest
     An entry's ``result_digest`` covers its response and, when the entry carries them,
     the members of :data:`COVERED_MEMBERS` (CONTRACT §10: ``spawned_ids``,
     ``artifacts``; an agent turn's ``turn``, ``controls``, ``next`` and
-    ``conversation``; an escalation retry's attempt number ``escalation``).  An entry
+    ``conversation``; an escalation retry's attempt number ``escalation``; a call's
+    ``usage``, what it cost, which a resume chain's budget adds up).  An entry
     carrying ``turn`` or ``escalation`` (the :data:`IDENTITY_MARKERS`, written only since
     they were covered) is digested over its :data:`IDENTITY_MEMBERS` too: its label and
     instruction, the logical operation, the attempt it replaces and its model, which
@@ -61,6 +62,7 @@ COVERED_MEMBERS = (
     "next",
     "conversation",
     "escalation",
+    "usage",
 )
 #: Covered members that make :data:`IDENTITY_MEMBERS` covered as well.
 IDENTITY_MARKERS = ("turn", "escalation")

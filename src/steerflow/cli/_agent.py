@@ -31,6 +31,10 @@ def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
     """One JSON object, or a short summary: status, turns, how to resume, the last reply."""
     for warning in result.warnings:
         warn(f"warning: {printable(warning)}")
+    if result.spent_line is not None:
+        flags = " ".join(f"--{k.replace('_', '-')} MORE" for k, v in result.budget.items() if v)
+        warn(f"budget reached: {result.spent_line}; resume with: "
+             f"steerflow resume {result.run_id} {flags}")  # fmt: skip
     if as_json:
         emit_json(result.to_json())
         return
@@ -57,7 +61,7 @@ def print_agent_result(result: AgentResult, *, as_json: bool) -> None:
             lines.append(f"    error: {printable(turn.error)}")
     for rejected in result.rejected:
         lines.append(f"  control {rejected['control_id']}: {rejected['result']}")
-    if result.status in ("timed_out", "interrupted", "stopped"):
+    if result.status in ("timed_out", "interrupted", "stopped", "budget_exhausted"):
         lines.append(f"resume with: steerflow resume {result.run_id}")
     text = result.result_text
     if text is not None:

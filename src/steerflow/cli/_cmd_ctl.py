@@ -11,7 +11,7 @@ from pathlib import Path
 
 import click
 
-from steerflow.cli._common import CTL_EPILOG, READ_EPILOG, RESOLVE_EPILOG, home_of
+from steerflow.cli._common import CTL_EPILOG, READ_EPILOG, RESOLVE_EPILOG, USD, caps_text, home_of
 from steerflow.cli._output import emit_json, emit_text, printable
 
 __all__ = ["ctl"]
@@ -83,6 +83,29 @@ def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> 
     return _queued(home_of(ctx), target, "stop", reason, now=now)
 
 
+@ctl.command("budget", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.option("--max-cost", type=USD, metavar="USD", help="New spend cap (the whole chain).")
+@click.option("--max-tokens", type=click.IntRange(min=1), metavar="N", help="New token cap.")
+@click.pass_context
+def ctl_budget(ctx: click.Context, target: str, max_cost: float | None,
+               max_tokens: int | None) -> int:  # fmt: skip
+    """Raise or lower a running flow's or agent's caps, from its next admission on.
+
+    A cap below what the chain has spent closes admission (exit 76 for the run); once
+    the budget closed it, a higher cap is for `steerflow resume RUN --max-cost USD`.
+    """
+    from steerflow.control import enqueue_control
+
+    budget = {"max_cost": max_cost, "max_tokens": max_tokens}
+    queued = enqueue_control(home_of(ctx), target, "budget", budget=budget)
+    emit_text(
+        f"{queued.control_id}\nqueued budget for session {queued.session_id} "
+        "(queued, not yet applied: see `steerflow ctl status`)"
+    )
+    return 0
+
+
 @ctl.command("resolve", epilog=RESOLVE_EPILOG)
 @click.argument("control_id")
 @click.option(
@@ -120,6 +143,11 @@ def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
         f"poller: {view['poller']}"
         + (f"  turns: {view['turns']}" if view.get("turns") is not None else "")
     ]
+    caps, spent = view.get("budget") or {}, view.get("spent") or {}
+    if caps.get("max_cost") is not None or caps.get("max_tokens") is not None:
+        from steerflow.cli._reading import fmt_usage
+
+        lines.append(f"budget: {caps_text(caps)}; spent: {fmt_usage(spent)}")
     for c in view["controls"]:
         lines.append(f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}")
     emit_text("\n".join(lines))

@@ -19,6 +19,9 @@ from steerflow.cli._common import (
     RUN_EPILOG,
     SECONDS,
     F,
+    budget_kw,
+    budget_line,
+    budget_options,
     compact_options,
     home_of,
 )
@@ -72,6 +75,7 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
     ),
     compact_options,
+    budget_options,
     click.option(
         "--max-plan-entries",
         type=click.IntRange(min=1),
@@ -146,6 +150,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
         allow_agent_workers=bool(kw.get("allow_agent_workers")),
         allow_python=bool(kw.get("allow_python")),
         synthesize=kw.get("synthesize"),
+        **budget_kw(kw),
     )
 
 
@@ -192,6 +197,8 @@ def print_result(result: FlowResult, *, as_json: bool, result_text: str | None =
             f"{printable(rejection['emitter'])}: {rejection['reason']} "
             f"({printable(rejection['detail'])})"
         )
+    if result.budget_exhausted is not None and result.run_id:
+        warn(budget_line(result.budget_exhausted["line"], result.budget, result.run_id))
     if as_json:
         emit_json({**result.to_json(), "result": result_text})
         return
@@ -304,10 +311,11 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     metavar="DIR",
     help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
 )
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
-          save: Path | None, as_json: bool) -> int:  # fmt: skip
+          save: Path | None, as_json: bool, **budget: Any) -> int:  # fmt: skip
     """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
 
     After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
@@ -323,7 +331,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     if not task.strip():
         raise UsageError("agent needs a non-empty TASK")
     options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                           save=save)  # fmt: skip
+                           save=save, **budget_kw(budget))  # fmt: skip
     return execute_agent(home_of(ctx), options, as_json=as_json)
 
 
@@ -390,6 +398,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     "either way.",
 )
 @compact_options
+@budget_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
@@ -440,6 +449,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         checkpoint_version=3,
         compact_records=kw["compact_records"],
         compact_bytes=kw["compact_bytes"],
+        **budget_kw(kw),
     )
     return execute(home, options, as_json=kw["as_json"])
 
@@ -471,5 +481,5 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     )
     if kw.get("dry_run"):
         return print_agent_dry_run(seed, as_json=kw["as_json"])
-    options = AgentOptions(resume=seed, timeout_s=kw["timeout"])
+    options = AgentOptions(resume=seed, timeout_s=kw["timeout"], **budget_kw(kw))
     return execute_agent(home, options, as_json=kw["as_json"])

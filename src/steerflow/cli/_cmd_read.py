@@ -16,6 +16,7 @@ from steerflow.cli._common import (
     RUNS_EPILOG,
     UNEXPECTED,
     USAGE,
+    caps_text,
     home_of,
 )
 from steerflow.cli._output import emit_json, emit_text, printable
@@ -171,6 +172,7 @@ def show(
         lines.append(
             f"  {item['status']:<10} {item['kind']:<8} {fmt_duration(item.get('duration_s')):>9}  "
             f"{printable(item.get('model') or '-'):<16} {printable(item['id'])}{who}"
+            + (f"  [{fmt_usage(used)}]" if (used := item.get("usage")) else "")
         )
         if item.get("artifacts"):
             from steerflow.cli._reading import artifact_lines
@@ -183,6 +185,9 @@ def show(
         + (f", {summary['running']} running" if summary["running"] else "")
         + f"; usage: {fmt_usage(summary['usage'])}"
     )
+    caps = view.get("budget") or {}
+    if caps.get("max_cost") is not None or caps.get("max_tokens") is not None:
+        lines.append(f"budget: {caps_text(caps)}")
     emit_text("\n".join(lines))
     return 0
 

@@ -30,6 +30,11 @@ __all__ = [
     "SECONDS",
     "UNEXPECTED",
     "USAGE",
+    "USD",
+    "budget_kw",
+    "budget_line",
+    "budget_options",
+    "caps_text",
     "compact_options",
     "home_of",
 ]
@@ -39,6 +44,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 # How a run ends other than completed or failed: shared by the global and the run tables.
 _RUN_ENDINGS = """\
   75   stopped by an operator (ctl stop); completed work persisted and resumable
+  76   budget reached; completed work persisted and resumable
   124  deadline reached; completed work persisted and resumable
   130  interrupted by SIGINT; completed work persisted
   143  terminated by SIGTERM; completed work persisted
@@ -140,6 +146,81 @@ class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from 
 
 
 SECONDS = _Seconds()
+
+
+class _Usd(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A positive, finite amount of USD (``--max-cost``)."""
+
+    name = "usd"
+
+    def convert(
+        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
+    ) -> float:
+        try:
+            usd = float(value)
+        except (TypeError, ValueError):
+            self.fail(f"{quote_input(value)} is not a number of USD", param, ctx)
+        if not math.isfinite(usd) or usd <= 0:
+            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
+        return usd
+
+
+USD = _Usd()
+
+
+def budget_options(func: F) -> F:
+    """``--max-cost``, ``--max-tokens``, ``--price`` (flow, play, resume, agent)."""
+    func = click.option(
+        "--price",
+        "prices",
+        multiple=True,
+        metavar="MODEL=IN,OUT",
+        help="USD per million input/output tokens for MODEL (a --model spec or its model "
+        "name); overrides the genai-prices table, and prices models it does not know. "
+        "Repeatable.",
+    )(func)
+    func = click.option(
+        "--max-tokens",
+        type=click.IntRange(min=1),
+        metavar="N",
+        help="Token cap (input + output) for the whole resume chain: once no call fits, "
+        "admit nothing new, let running calls finish, persist, exit 76.",
+    )(func)
+    return click.option(
+        "--max-cost",
+        type=USD,
+        metavar="USD",
+        help="Spend cap in USD for the whole resume chain (the planner and every retry "
+        "included): once no call fits, admit nothing new, let running calls finish, "
+        "persist, exit 76. Every model needs a known price (or --price).",
+    )(func)
+
+
+def budget_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """The FlowOptions/AgentOptions budget fields from the parsed flags."""
+    from steerflow.providers._pricing import parse_price_flag
+
+    return {
+        "max_cost": kw.get("max_cost"),
+        "max_tokens": kw.get("max_tokens"),
+        "prices": dict(parse_price_flag(text) for text in kw.get("prices") or ()),
+    }
+
+
+def caps_text(caps: dict[str, Any]) -> str:
+    """``max_cost $0.05, max_tokens 1000`` for the caps that are set."""
+    parts = [f"max_cost ${caps['max_cost']:g}"] if caps.get("max_cost") is not None else []
+    if caps.get("max_tokens") is not None:
+        parts.append(f"max_tokens {caps['max_tokens']}")
+    return ", ".join(parts)
+
+
+def budget_line(spent: str, caps: dict[str, Any], run_id: str) -> str:
+    """The one line a budget stop prints: spent, the cap, and how to go on."""
+    flags = " ".join(
+        f"--{name.replace('_', '-')} MORE" for name in ("max_cost", "max_tokens") if caps.get(name)
+    )
+    return f"budget reached: {spent}; resume with: steerflow resume {run_id} {flags}"
 
 
 class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2

@@ -70,6 +70,10 @@ def fmt_usage(usage: object) -> str:
     if not isinstance(usage, dict) or all(usage.get(k) in (None, 0) for k in usage):
         return "not reported"
     text = f"{usage.get('input_tokens') or 0} in / {usage.get('output_tokens') or 0} out tokens"
+    cached = [f"{usage[k]} cache {k.split('_')[1]}" for k in ("cache_read_tokens",
+              "cache_write_tokens") if usage.get(k)]  # fmt: skip
+    if cached:
+        text += f" ({', '.join(cached)})"
     if usage.get("cost_usd") is not None:
         text += f", ${usage['cost_usd']:.4f}"
     return text

@@ -45,6 +45,7 @@ import abc
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import threading
 import time
@@ -138,6 +139,13 @@ class SteeringTarget(abc.ABC):
         """
         raise NotImplementedError
 
+    def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
+        """``ctl budget``: change the caps given (None keeps one); the result to stamp.
+
+        A target without a budget keeps this default (``rejected:unsupported-verb:budget``).
+        """
+        raise NotImplementedError
+
     def is_paused(self) -> bool | None:
         """Whether the gate is closed, or ``None`` when the target cannot tell.
 
@@ -145,6 +153,15 @@ class SteeringTarget(abc.ABC):
         controls it applied itself.
         """
         return None
+
+
+def _positive(value: object, *, whole: bool) -> bool:
+    """None, or a positive finite number (``whole``: an integer), never a bool."""
+    if value is None:
+        return True
+    if isinstance(value, bool) or not isinstance(value, int if whole else int | float):
+        return False
+    return math.isfinite(value) and value > 0
 
 
 def poll_interval() -> float:
@@ -538,7 +555,26 @@ class ControlPoller:
             return await self._apply_message(db, row)
         if row.verb == "stop":
             return self._apply_stop(row)
+        if row.verb == "budget":
+            return self._apply_budget(row)
         return f"rejected:unsupported-verb:{row.verb}"
+
+    def _apply_budget(self, row: ControlRow) -> str:
+        if self._draining:
+            return "rejected:run-ended"
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        cost, tokens = payload.get("max_cost"), payload.get("max_tokens")
+        valid = _positive(cost, whole=False) and _positive(tokens, whole=True)
+        if not valid or (cost is None and tokens is None):
+            return "rejected:invalid-budget"
+        try:
+            return self.target.set_budget(
+                max_cost=None if cost is None else float(cost), max_tokens=tokens
+            )
+        except NotImplementedError:
+            return "rejected:unsupported-verb:budget"
+        except Exception as exc:  # the row records the failure; the run goes on
+            return _error_result(exc)
 
     def _apply_stop(self, row: ControlRow) -> str:
         if self._draining:

@@ -13,6 +13,7 @@ stored in commit order (see :meth:`StateDB.insert_control`).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -41,7 +42,7 @@ __all__ = [
     "session_target",
 ]
 
-CliVerb = Literal["pause", "resume", "message", "stop"]
+CliVerb = Literal["pause", "resume", "message", "stop", "budget"]
 
 DB_BUSY_TIMEOUT_S = 10.0
 #: Largest ``ctl msg`` text, in UTF-8 bytes.
@@ -55,6 +56,8 @@ ALLOWED_KINDS: dict[str, frozenset[str]] = {
     "message": frozenset({"flow", "play", "agent"}),
     # An agent stops after its current turn (``--now``: the turn is cancelled).
     "stop": frozenset({"flow", "play", "agent"}),
+    # New caps for the whole resume chain, checked before the next admission (a turn).
+    "budget": frozenset({"flow", "play", "agent"}),
 }
 
 
@@ -127,6 +130,7 @@ def enqueue_control(
     now: bool = False,
     busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
     state_db: str | None = None,
+    budget: dict[str, float | int | None] | None = None,
 ) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
 
@@ -147,11 +151,15 @@ def enqueue_control(
         DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
     """
     if verb not in ALLOWED_KINDS:
-        raise UsageError(f"unknown control verb {verb!r}: expected pause, resume, message or stop")
+        raise UsageError(
+            f"unknown control verb {verb!r}: expected pause, resume, message, stop or budget"
+        )
     if verb == "message":
         check_message_text(text)
     elif verb == "stop":
         check_stop_reason(text)
+    elif verb == "budget":
+        budget = check_budget(budget)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s, state_db=state_db) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
@@ -169,6 +177,8 @@ def enqueue_control(
             payload = {"text": text}
         elif verb == "stop":
             payload = {"now": now, "reason": text}
+        elif verb == "budget":
+            payload = dict(budget or {})
         row = db.insert_control(
             session_id=session.id, verb=verb, payload=payload, require_running=True
         )
@@ -183,6 +193,7 @@ def send_control(
     *,
     now: bool = False,
     state_db: str | None = None,
+    budget: dict[str, float | int | None] | None = None,
 ) -> str:
     """:func:`enqueue_control` for the library's writers; returns the control id.
 
@@ -195,7 +206,9 @@ def send_control(
     if isinstance(target, str) and is_run_id(target):
         with open_existing_db(home, state_db=state_db) as db:
             target = session_target(db, target)
-    return enqueue_control(home, target, verb, text, now=now, state_db=state_db).control_id
+    return enqueue_control(
+        home, target, verb, text, now=now, state_db=state_db, budget=budget
+    ).control_id
 
 
 def session_target(db: StateDB, target: str) -> str:
@@ -210,6 +223,23 @@ def session_target(db: StateDB, target: str) -> str:
     if row is None:
         raise UnknownIdError(f"unknown run id {quote_input(target)}: no session ran it")
     return row.id
+
+
+def check_budget(budget: dict[str, float | int | None] | None) -> dict[str, float | int | None]:
+    """``ctl budget``'s caps: at least one, each positive and finite (exit 2 otherwise)."""
+    cost = (budget or {}).get("max_cost")
+    tokens = (budget or {}).get("max_tokens")
+    if cost is None and tokens is None:
+        raise UsageError("ctl budget needs --max-cost USD and/or --max-tokens N")
+    if cost is not None and (
+        isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < math.inf
+    ):
+        raise UsageError(f"--max-cost must be a positive, finite number of USD, got {cost!r}")
+    if tokens is not None and (
+        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
+    ):
+        raise UsageError(f"--max-tokens must be a whole number >= 1, got {tokens!r}")
+    return {"max_cost": None if cost is None else float(cost), "max_tokens": tokens}
 
 
 def resolve_control(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steerflow.executor._budget import BUDGET_REASON, Caps, Meter, enforceable
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
@@ -30,6 +31,7 @@ from steerflow.executor._steer import (
 )
 
 __all__ = [
+    "BUDGET_REASON",
     "CLI_DEFAULT_MAX_SPAWN",
     "LIBRARY_DEFAULT_MAX_SPAWN",
     "STEER_CLOSE",
@@ -37,12 +39,14 @@ __all__ = [
     "TERMINAL",
     "AdmissionFence",
     "CallScope",
+    "Caps",
     "Edge",
     "EventBus",
     "EventType",
     "FlowEvent",
     "FlowExecutor",
     "Graph",
+    "Meter",
     "NodeKind",
     "NodeStatus",
     "Operation",
@@ -51,5 +55,6 @@ __all__ = [
     "SpawnRejection",
     "Steering",
     "build_graph",
+    "enforceable",
     "render_steer",
 ]

@@ -21,6 +21,7 @@ from pydantic import ValidationError
 from steerflow._live import LiveWriter
 from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
+from steerflow.executor._budget import BUDGET_REASON, Meter
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
@@ -128,6 +129,8 @@ class FlowExecutor:
         self.spawn_rejections: list[SpawnRejection] = []
         #: The run's lease, checked right before every provider call (decision 121).
         self.fence: AdmissionFence | None = None
+        #: The run's spend and caps: prices every call, and is asked before each admission.
+        self.meter: Meter | None = None
 
     # -- control surface -------------------------------------------------------------------
 
@@ -227,6 +230,8 @@ class FlowExecutor:
             # not yet saved, and a save that fails closes admission (on_lost) before
             # its slot can admit another call (decision 100).
             self._limiter.release()
+            if self.meter is not None:
+                self.meter.release(op.node_id)
         if retry is not None:
             self._launch(retry)
 
@@ -347,6 +352,18 @@ class FlowExecutor:
             if self.gate.paused or not self.admission_open:
                 self._limiter.release()
                 continue
+            meter = self.meter
+            if meter is not None:
+                if meter.unsized():
+                    self._limiter.release()
+                    await meter.wait_release()
+                    continue
+                # Checked and reserved with no await between: no two calls take one room.
+                if not meter.room():
+                    self._limiter.release()
+                    self.close_admission(BUDGET_REASON)
+                    continue
+                meter.reserve(op.node_id)
             self.running += 1
             self.max_running = max(self.max_running, self.running)
             return True
@@ -411,6 +428,8 @@ class FlowExecutor:
         except Exception as exc:  # a provider bug fails its node, never the whole flow
             op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
             return op.status
+        # Paid for whatever follows: a node that fails its artifact check still cost this.
+        op.usage = self.meter.charge(op.model, response.usage) if self.meter else response.usage
         if op.declared_artifacts:
             # A node is worth what it produced: its declared files must be there, as
             # non-empty regular files, before it counts as completed (Amendment 1).
@@ -420,7 +439,6 @@ class FlowExecutor:
                 return op.status
             op.artifact_records = list(check.records)
         op.response = response.text
-        op.usage = response.usage
         op.artifacts = response.artifacts
         # Its instruction turn is read back from ``op.rendered_instruction``, which is
         # exactly ``request.instruction`` (decision 65).

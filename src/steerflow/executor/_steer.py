@@ -173,6 +173,8 @@ class Steering(SteeringTarget):
         #: ``(verb, control_id)`` after the poller applied a pause, resume or stop (the
         #: control id is the stop's; the target interface gives pause and resume none).
         self.on_applied: list[Callable[[str, str | None], None]] = []
+        #: What ``ctl budget`` does (set by the runner): new caps in, the result out.
+        self.on_budget: Callable[[float | None, int | None], str] | None = None
 
     def attach(self, pending: Callable[[], bool]) -> None:
         """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
@@ -205,6 +207,12 @@ class Steering(SteeringTarget):
     def _applied(self, verb: str, control_id: str | None) -> None:
         for callback in list(self.on_applied):
             callback(verb, control_id)
+
+    def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
+        """``ctl budget``: the runner changes its meter's caps."""
+        if self.on_budget is None:
+            raise NotImplementedError
+        return self.on_budget(max_cost, max_tokens)
 
     def has_pending_operation(self) -> bool:
         """True if an operation has not started yet (or the plan is still being made)."""

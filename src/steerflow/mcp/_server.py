@@ -21,7 +21,7 @@ __all__ = ["CONTROL_TOOLS", "INSTALL_HINT", "READ_TOOLS", "build_server", "serve
 #: Tools every server offers: they only read.
 READ_TOOLS = ("list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight")
 #: Tools offered only with ``--allow-control``: they steer running flows.
-CONTROL_TOOLS = ("pause", "resume", "message", "stop")
+CONTROL_TOOLS = ("pause", "resume", "message", "stop", "budget")
 INSTALL_HINT = "pip install 'steerflow[mcp]'"
 
 T = TypeVar("T")
@@ -165,7 +165,14 @@ def _add_control_tools(server: MCPServer[Any], home: Path) -> None:
         """Queue `ctl stop`: admit nothing new, persist, exit 75 (resumable)."""
         return _queued(_answer(lambda: _enqueue(home, target, "stop", reason, now=now)))
 
-    for tool in (pause, resume, message, stop):
+    def budget(
+        target: str, max_cost: float | None = None, max_tokens: int | None = None
+    ) -> dict[str, Any]:
+        """Queue `ctl budget`: new spend/token caps for the run's whole resume chain."""
+        caps = {"max_cost": max_cost, "max_tokens": max_tokens}
+        return _queued(_answer(lambda: enqueue_control(home, target, "budget", budget=caps)))
+
+    for tool in (pause, resume, message, stop, budget):
         server.add_tool(tool, name=tool.__name__)
 
 

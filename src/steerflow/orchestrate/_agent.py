@@ -37,7 +37,7 @@ from steerflow._live import LiveWriter
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
-from steerflow.executor import CallScope, render_steer
+from steerflow.executor import CallScope, Caps, Meter, enforceable, render_steer
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
 from steerflow.orchestrate._agent_options import (
     CONTINUE_INSTRUCTION,
@@ -50,7 +50,8 @@ from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage, r
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._stranded import redeliver_stranded
-from steerflow.providers import Message, Provider, ProviderRequest, make_provider
+from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
+from steerflow.providers._pricing import PriceTable
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
@@ -77,6 +78,8 @@ class AgentTarget(SteeringTarget):
         #: A turn boundary is deciding what the next turn takes: claim messages now.
         self.claiming = False
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
+        #: The run's meter, which ``ctl budget`` re-caps (set once the run starts).
+        self.meter: Meter | None = None
 
     def pause(self) -> None:
         raise SteerflowError("an agent has no pause gate (pause is flow-only)")
@@ -102,6 +105,13 @@ class AgentTarget(SteeringTarget):
         if self.on_stop is None:
             raise NotImplementedError
         self.on_stop(now, reason, control_id)
+
+    def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
+        if self.meter is None:
+            raise NotImplementedError
+        # Checked before the next turn starts; a turn in flight finishes either way.
+        self.meter.recap(max_cost, max_tokens)
+        return "applied"
 
     def is_paused(self) -> bool:
         return False
@@ -163,7 +173,9 @@ class AgentRun:
         self.deadline_hit = False
         self.cut_short = False  # a turn was cancelled: its prompt is still to run
         self.rejected: list[dict[str, str]] = []
-        self.usage: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
+        #: Spend and caps of this run's turns (checked before each turn).
+        self.meter = Meter()
+        self.budget_hit = False
         self.checkpoint_error: str | None = None
         #: Set once the session's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
@@ -218,6 +230,20 @@ class AgentRun:
         if provider is None:
             provider = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
             self._provider = provider
+        opts, seed = self.options, self.options.resume
+        chain = seed.caps if seed is not None else Caps()
+        caps = Caps(
+            chain.max_cost if opts.max_cost is None else opts.max_cost,
+            chain.max_tokens if opts.max_tokens is None else opts.max_tokens,
+        )
+        prices = PriceTable(opts.prices)
+        await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
+        await asyncio.to_thread(prices.prepare, [self.model])
+        # A cap is the chain's: a resume counts what the replayed turns spent.
+        self.meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        for turn in self.turns:
+            self.meter.observe(Usage.from_json(turn.usage))
+        self.target.meter = self.meter
         db = await asyncio.to_thread(StateDB.open, self.home)
         try:
             return await self._run_with_db(db, provider)
@@ -324,6 +350,7 @@ class AgentRun:
                 "max_turns": self.max_turns,
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
+                **({"budget": self.meter.caps.to_json()} if self.meter.caps.any else {}),
                 # The run it resumed, for `db rebuild` (its claim on that source).
                 **({LINEAGE_KEY: lineage(self.options.resume)} if self.options.resume else {}),
             },
@@ -375,6 +402,10 @@ class AgentRun:
                     f"steer: {len(controls)} operator message(s) start turn {self._next_number()}"
                 )
             if self._ending():
+                return
+            if not self.meter.room():
+                # The turn's prompt is recorded (the task, or ``next``): a resume runs it.
+                self.budget_hit = True
                 return
             outcome = await self._run_turn(s, provider, prompt, controls)
             if outcome is None or outcome.status == "failed":
@@ -484,13 +515,15 @@ class AgentRun:
         self._scope = scope
         error: str | None = None
         text = ""
+        used: dict[str, Any] | None = None
         try:
             with scope:
                 response = await provider.invoke(request)
                 text = response.text
                 if response.conversation:
                     self.conversation = response.conversation
-                self._add_usage(response.usage)
+                priced = self.meter.charge(self.model, response.usage)
+                used = priced.to_json() if priced is not None else None
         except Exception as exc:  # the turn fails; the run reports it
             error = str(exc) or type(exc).__name__
         finally:
@@ -508,6 +541,7 @@ class AgentRun:
             controls=controls,
             error=error,
             conversation=self.conversation,
+            usage=used,
         )
         self.turns.append(outcome)
         self.in_flight = None
@@ -532,13 +566,10 @@ class AgentRun:
         await self._publish(s, key, "pending", detail)
         self.progress(f"turn {number} cancelled ({reason}); it reruns on resume")
 
-    def _add_usage(self, usage: Any) -> None:
-        if usage is None:
-            return
-        self.usage["input_tokens"] += usage.input_tokens or 0
-        self.usage["output_tokens"] += usage.output_tokens or 0
-        if usage.cost_usd is not None:
-            self.usage["cost_usd"] = (self.usage["cost_usd"] or 0.0) + usage.cost_usd
+    @property
+    def usage(self) -> dict[str, Any]:
+        """What this run's turns spent (CONTRACT §11 members)."""
+        return self.meter.spent.to_json()
 
     async def _may_record(self, s: _Live) -> bool:
         return s.lease.fresh() or await s.lease.may_record()
@@ -592,7 +623,7 @@ class AgentRun:
             return "stopped"
         if self.deadline_hit:
             return "timed_out"
-        return "completed"
+        return "budget_exhausted" if self.budget_hit else "completed"
 
     async def _conclude(self, s: _Live) -> AgentResult:
         try:
@@ -610,6 +641,7 @@ class AgentRun:
         extra: dict[str, Any] = {
             "checkpoint": checkpoint,
             "usage": self.usage,
+            "budget": self.meter.caps.to_json(),
             "agent": self._meta(turn=None),
             "finished_at": time.time(),
         }
@@ -644,6 +676,8 @@ class AgentRun:
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             rejected=list(self.rejected),
             usage=self.usage,
+            budget=self.meter.caps.to_json(),
+            spent_line=self.meter.exhausted_line() if status == "budget_exhausted" else None,
             warnings=list(seed.notes) if seed else [],
             stranded_messages=[m.to_json() for m in seed.stranded] if seed else [],
         )
@@ -652,7 +686,12 @@ class AgentRun:
 def _members(turn: TurnOutcome, in_flight: dict[str, Any] | None = None) -> dict[str, Any]:
     """What the entry of ``turn`` records beside its status and response."""
     return turn_members(
-        turn.number, turn.instruction, turn.controls, turn.conversation, in_flight=in_flight
+        turn.number,
+        turn.instruction,
+        turn.controls,
+        turn.conversation,
+        in_flight=in_flight,
+        usage=turn.usage,
     )
 
 

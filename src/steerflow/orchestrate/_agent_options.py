@@ -7,8 +7,11 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.errors import ExitCode
+from steerflow.executor import Caps
 from steerflow.orchestrate._options import EndStatus
 from steerflow.orchestrate._stranded import StrandedMessage
+from steerflow.providers import Usage
+from steerflow.providers._pricing import Price
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -39,6 +42,8 @@ class TurnOutcome:
     error: str | None = None
     #: The worker's own session id after this turn (``claude-code``), if it reported one.
     conversation: str | None = None
+    #: What the turn's call cost (CONTRACT §11 ``usage``), when it reported any.
+    usage: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -73,6 +78,9 @@ class AgentSeed:
     stranded: list[StrandedMessage] = field(default_factory=list)
     redeliver_claimed: bool = False
     notes: list[str] = field(default_factory=list)
+    #: The chain's caps (its checkpoint ``config.budget``) and its turns' spend.
+    caps: Caps = field(default_factory=Caps)
+    spent: Usage | None = None
 
 
 @dataclass
@@ -85,6 +93,10 @@ class AgentOptions:
     timeout_s: float | None = None
     save: Path | None = None
     resume: AgentSeed | None = None
+    # Spend caps and price overrides, as for a flow (enforced before each turn).
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    prices: dict[str, Price] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,6 +116,9 @@ class AgentResult:
     stopped_by: dict[str, Any] | None = None
     rejected: list[dict[str, str]] = field(default_factory=list)
     usage: dict[str, Any] = field(default_factory=dict)
+    #: ``{max_cost, max_tokens}``, and once the budget ended the run, what was spent.
+    budget: dict[str, Any] = field(default_factory=dict)
+    spent_line: str | None = None
     warnings: list[str] = field(default_factory=list)
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
     stranded_messages: list[dict[str, Any]] = field(default_factory=list)
@@ -140,6 +155,7 @@ class AgentResult:
             "resumed_from": self.resumed_from,
             "rejected_controls": self.rejected,
             "usage": self.usage,
+            "budget": self.budget,
             "warnings": self.warnings,
             "stranded_messages": self.stranded_messages,
             "result": self.result_text,

@@ -13,6 +13,7 @@ from typing import Any
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
 from steerflow.errors import CheckpointRecoveryError, FlowResumeError, SteerflowError
+from steerflow.executor import Caps
 from steerflow.orchestrate._agent_options import DEFAULT_MAX_TURNS, AgentSeed, TurnOutcome
 from steerflow.orchestrate._agent_state import (
     AGENT_CONTEXT_KEY,
@@ -23,6 +24,7 @@ from steerflow.orchestrate._agent_state import (
 )
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._stranded import ChainControls, read_chain, stranded_notes
+from steerflow.providers import Usage
 from steerflow.resume import RunTarget, resolve_run_target
 from steerflow.state import ControlRow, SessionRow, StateDB, db_exists
 
@@ -109,6 +111,7 @@ def _prepare(
             controls=t.controls,
             replayed=True,
             conversation=t.conversation,
+            usage=used.to_json() if (used := Usage.from_json(t.entry.raw.get("usage"))) else None,
         )
         for t in turns.turns
     ]
@@ -139,7 +142,27 @@ def _prepare(
         stranded=stranded,
         redeliver_claimed=redeliver_claimed,
         notes=stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
+        caps=_caps(state.config.get("budget")),
+        spent=_spent(replayed),
     )
+
+
+def _caps(stored: object) -> Caps:
+    """The chain's caps as its checkpoint ``config.budget`` records them."""
+    if not isinstance(stored, dict):
+        return Caps()
+    cost, tokens = stored.get("max_cost"), stored.get("max_tokens")
+    return Caps(
+        float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+        tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
+    )
+
+
+def _spent(turns: list[TurnOutcome]) -> Usage:
+    total = Usage()
+    for turn in turns:
+        total = total + (Usage.from_json(turn.usage) or Usage())
+    return total
 
 
 def _refuse_unaccounted(

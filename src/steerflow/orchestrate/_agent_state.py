@@ -66,6 +66,7 @@ def turn_members(
     conversation: str | None,
     *,
     in_flight: dict[str, Any] | None = None,
+    usage: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """The members of turn ``number``'s entry beside its status and response."""
     members: dict[str, Any] = {
@@ -77,6 +78,8 @@ def turn_members(
         members["conversation"] = conversation
     if in_flight is not None:
         members["next"] = dict(in_flight)
+    if usage is not None:
+        members["usage"] = dict(usage)  # covered by the digest (decision 183)
     return members
 
 

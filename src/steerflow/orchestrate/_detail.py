@@ -20,6 +20,7 @@ from steerflow.checkpoint import CheckpointState, PlannedEntry, SpawnedEntry, lo
 from steerflow.errors import AmbiguousIdError, CheckpointRecoveryError, UnknownIdError
 from steerflow.orchestrate._agent_state import is_agent_state, read_turns
 from steerflow.plan import SYNTHESIS_KEY
+from steerflow.providers import USAGE_MEMBERS, Usage
 from steerflow.resume import resolve_run_target
 from steerflow.state import NodeKind, NodeRow, NodeStatus, Phase, StateDB, db_exists
 
@@ -324,10 +325,9 @@ def _origins(
 
 
 def _usage(call: dict[str, Any]) -> dict[str, Any] | None:
-    names = ("input_tokens", "output_tokens", "cost_usd")
-    if not any(call.get(n) is not None for n in names):
+    if not any(call.get(n) is not None for n in USAGE_MEMBERS):
         return None
-    return {n: call.get(n) for n in names}
+    return {n: call.get(n) for n in USAGE_MEMBERS}
 
 
 def _duration(call: dict[str, Any]) -> float | None:
@@ -512,9 +512,21 @@ def result_of(record: RunRecord) -> dict[str, Any]:
         "status": _run_status(record),
         "source": "synthesis" if synthesis is not None else "sinks",
         "nodes": items,
+        **_spend(record.metadata),
     }
     out["text"] = result_text(out)
     return out
+
+
+def _spend(meta: dict[str, Any]) -> dict[str, Any]:
+    """The run's ``usage`` (stored when it ended) and ``budget`` (CONTRACT §11)."""
+    caps = meta.get("budget")
+    caps = caps if isinstance(caps, dict) else {}
+    usage = Usage.from_json(meta.get("usage"))
+    return {
+        "usage": usage.to_json() if usage is not None else None,
+        "budget": {"max_cost": caps.get("max_cost"), "max_tokens": caps.get("max_tokens")},
+    }
 
 
 def result_text(result: dict[str, Any]) -> str:
@@ -549,15 +561,10 @@ def run_summary(nodes: list[dict[str, Any]], usage: object) -> dict[str, Any]:
         if key in counts:
             counts[key] += 1
     if not isinstance(usage, dict):
-        tokens_in = tokens_out = 0
-        cost: float | None = None
+        total = Usage()
         for node in nodes:
-            detail = node.get("detail") or {}
-            tokens_in += detail.get("input_tokens") or 0
-            tokens_out += detail.get("output_tokens") or 0
-            if detail.get("cost_usd") is not None:
-                cost = (cost or 0.0) + detail["cost_usd"]
-        usage = {"input_tokens": tokens_in, "output_tokens": tokens_out, "cost_usd": cost}
+            total = total + (Usage.from_json(node.get("detail")) or Usage())
+        usage = total.to_json()
     return {**counts, "total": len(nodes), "usage": usage}
 
 

@@ -8,10 +8,11 @@ from pathlib import Path
 from typing import Any, Literal
 
 from steerflow.errors import ExitCode, UsageError
-from steerflow.executor import Graph
+from steerflow.executor import Caps, Graph
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.plan import MAX_PLAN_ENTRIES, Plan, PlanFile
 from steerflow.providers import Usage
+from steerflow.providers._pricing import Price
 from steerflow.resume import ReplayPlan
 
 __all__ = [
@@ -26,7 +27,9 @@ __all__ = [
 ]
 
 #: How a run that started ended; stored as the session status.
-EndStatus = Literal["completed", "failed", "timed_out", "interrupted", "stopped"]
+EndStatus = Literal[
+    "completed", "failed", "timed_out", "interrupted", "stopped", "budget_exhausted"
+]
 
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 
@@ -39,13 +42,17 @@ def exit_code_for(status: EndStatus, stop_signal: int | None) -> ExitCode:
         return ExitCode.DEADLINE
     if status == "stopped":
         return ExitCode.STOPPED
+    if status == "budget_exhausted":
+        return ExitCode.BUDGET
     if status == "interrupted" and stop_signal:
         return _SIGNAL_EXIT.get(signal.Signals(stop_signal), ExitCode.FAILED)
     return ExitCode.FAILED
 
 
 #: ``FlowResult.status``: an end status, or ``planned`` for a dry run (CONTRACT §3).
-RunStatus = Literal["planned", "completed", "failed", "timed_out", "interrupted", "stopped"]
+RunStatus = Literal[
+    "planned", "completed", "failed", "timed_out", "interrupted", "stopped", "budget_exhausted"
+]
 
 
 @dataclass
@@ -77,6 +84,9 @@ class ResumeSeed:
     # checkpoint (``applying`` ones only with ``resume --redeliver-claimed``).
     stranded: list[StrandedMessage] = field(default_factory=list)
     redeliver_claimed: bool = False
+    #: What the chain up to the source spent (its checkpoint's record): a cap is the
+    #: total for the whole chain, so the resumed run starts counting from here.
+    spent: Usage | None = None
 
 
 @dataclass
@@ -120,6 +130,11 @@ class FlowOptions:
     # ``--synthesize TEXT``: a final operation over every worker's result; it replaces the
     # instruction of the plan's ``synthesis`` (whose model it keeps).
     synthesize: str | None = None
+    # Spend caps for the whole resume chain (``--max-cost``/``--max-tokens``; a resume
+    # keeps its chain's unless given) and ``--price`` overrides, by model spec or name.
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    prices: dict[str, Price] = field(default_factory=dict)
     # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
     # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
     plan: Plan | None = None
@@ -169,6 +184,10 @@ class FlowResult:
     stopped_by: dict[str, Any] | None = None
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
     stranded_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: The caps (``{max_cost, max_tokens}``, members null when not set).
+    budget: dict[str, Any] = field(default_factory=lambda: Caps().to_json())
+    #: Once the budget ended the run: ``{spent, line}`` (the chain's spend, the line said).
+    budget_exhausted: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -186,8 +205,11 @@ class FlowResult:
             "resumed_from": self.resumed_from,
             "degraded_context": self.degraded_context,
             "usage": self.usage,
+            "budget": self.budget,
             "stranded_messages": self.stranded_messages,
         }
+        if self.budget_exhausted is not None:
+            out["budget_exhausted"] = self.budget_exhausted
         if self.error is not None:
             out["error"] = self.error
         if self.stopped_by is not None:
@@ -216,13 +238,10 @@ def usage_total(graph: Graph, *calls: Usage | None) -> dict[str, Any]:
     """Token and cost totals over every node that reported usage, and ``calls``.
 
     ``calls`` are the run's other paid calls (the planner's), counted like a node's.
+    A member is null when no call reported it (CONTRACT §11).
     """
-    totals: dict[str, Any] = {"input_tokens": 0, "output_tokens": 0, "cost_usd": None}
+    total = Usage()
     for usage in [*(op.usage for op in graph), *calls]:
-        if usage is None:
-            continue
-        totals["input_tokens"] += usage.input_tokens or 0
-        totals["output_tokens"] += usage.output_tokens or 0
-        if usage.cost_usd is not None:
-            totals["cost_usd"] = (totals["cost_usd"] or 0.0) + usage.cost_usd
-    return totals
+        if usage is not None:
+            total = total + usage
+    return total.to_json()

@@ -86,11 +86,7 @@ class NodePublisher:
         if op.cancelled is not None:
             detail = (detail or {}) | {"cancelled": op.cancelled}
         if op.usage is not None:
-            detail = (detail or {}) | {
-                "input_tokens": op.usage.input_tokens,
-                "output_tokens": op.usage.output_tokens,
-                "cost_usd": op.usage.cost_usd,
-            }
+            detail = (detail or {}) | op.usage.to_json()
         call = _call_detail(op, self._graph)
         if call:
             detail = (detail or {}) | call

@@ -169,6 +169,7 @@ class CheckpointRecorder:
                     flow_context=self.context.content,
                     spawned_ids=op.spawned_ids or None,
                     artifacts=_artifacts(op) or None,
+                    **_usage_member(op),
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -266,6 +267,7 @@ class CheckpointRecorder:
             spawned_ids=(op.spawned_ids or None) if status != "pending" else None,
             **_spawn_fields(self.graph, op),
             **_artifacts_member(op),
+            **(_usage_member(op) if status != "pending" else {}),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -333,6 +335,15 @@ def _artifacts_member(op: Operation) -> dict[str, Any]:
     return {"artifacts": found} if found else {}
 
 
+#: ``Operation.extra`` key of a replayed entry's recorded ``usage`` (kept, not re-spent).
+RECORDED_USAGE = "recorded_usage"
+
+
+def _usage_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``usage`` (covered by its digest): what the call cost, when reported."""
+    return {"usage": op.usage.to_json()} if op.usage is not None else {}
+
+
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
 
@@ -352,6 +363,8 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
         witness = {"spawned_ids": list(op.spawned_ids)} if done and op.spawned_ids else {}
         if done:
             witness |= _artifacts_member(op)
+        if (done or replaced) and RECORDED_USAGE in op.extra:
+            witness["usage"] = op.extra[RECORDED_USAGE]
         if op.kind == "planned" and (done or replaced):
             ops[op.key] = {
                 "agent_id": op.key,

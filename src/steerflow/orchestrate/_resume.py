@@ -25,12 +25,14 @@ from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
+from steerflow.orchestrate._recorder import RECORDED_USAGE
 from steerflow.orchestrate._stranded import (
     StrandedMessage,
     read_chain,
     rendered_into,
     stranded_notes,
 )
+from steerflow.providers import USAGE_MEMBERS, Usage
 from steerflow.resume import ReplayPlan, ReplaySpawn, RunTarget, plan_replay, resolve_run_target
 from steerflow.state import StateDB, db_exists
 
@@ -160,7 +162,47 @@ def _prepare(
         artifact_root=root,
         stranded=stranded,
         redeliver_claimed=redeliver_claimed,
+        spent=chain_spent(state),
     )
+
+
+#: The checkpoint ``config`` member with what the chain spent that no entry of the
+#: checkpoint records (planner calls, attempts a resume ran again); absent when nothing.
+SPENT_KEY = "spent_before"
+
+
+def chain_spent(state: CheckpointState) -> Usage:
+    """What the resume chain up to this checkpoint spent: ``spent_before`` + every entry."""
+    total = Usage.from_json(state.config.get(SPENT_KEY)) or Usage()
+    entries = [e.raw for e in state.ops.values()] + [e.raw for e in state.spawned]
+    for raw in entries:
+        total = total + (Usage.from_json(raw.get("usage")) or Usage())
+    return total
+
+
+def spent_before(seed: ResumeSeed | None, planner: list[Usage]) -> Usage:
+    """A new checkpoint's ``spent_before``: the chain's spend its entries will not hold.
+
+    The source chain's total, less what the replayed entries (copied with their usage)
+    record, plus this run's planner calls.
+    """
+    total = Usage()
+    for usage in planner:
+        total = total + usage
+    if seed is None or seed.spent is None:
+        return total
+    kept = Usage()
+    for recorded in seed.replay.usage.values():
+        kept = kept + (Usage.from_json(recorded) or Usage())
+    return total + _less(seed.spent, kept)
+
+
+def _less(total: Usage, part: Usage) -> Usage:
+    def minus(a: Any, b: Any) -> Any:
+        return a if a is None or b is None else max(a - b, 0)
+
+    return Usage(**{name: minus(getattr(total, name), getattr(part, name))
+                    for name in USAGE_MEMBERS})  # fmt: skip
 
 
 def _stranded(home: Path, session_id: str, state: CheckpointState) -> list[StrandedMessage]:
@@ -270,6 +312,10 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
     if replay.contract is not None:
         for op in graph:
             op.declared_artifacts = replay.contract.declared(op.key)
+    for op in graph:
+        # Carried into the resumed checkpoint's copy of the entry; never this run's spend.
+        if op.replayed and op.key in replay.usage:
+            op.extra[RECORDED_USAGE] = replay.usage[op.key]
 
 
 def _replay_failed(op: Operation, response: object) -> None:

@@ -26,15 +26,19 @@ from steerflow.errors import (
     UsageError,
 )
 from steerflow.executor import (
+    BUDGET_REASON,
     CallScope,
+    Caps,
     EventBus,
     FlowEvent,
     FlowExecutor,
     Graph,
+    Meter,
     Operation,
     SharedContext,
     Steering,
     build_graph,
+    enforceable,
 )
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import create_session, lineage, run_name
@@ -59,7 +63,7 @@ from steerflow.orchestrate._recorder import (
     replay_entries,
     write_private,
 )
-from steerflow.orchestrate._resume import apply_replay, rerun_report
+from steerflow.orchestrate._resume import SPENT_KEY, apply_replay, rerun_report, spent_before
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.orchestrate._stream import ControlApplied, EventStream, typed_event
@@ -72,6 +76,7 @@ from steerflow.plan import (
     parse_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache, Usage
+from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
 
 __all__ = ["FlowRun", "run_flow"]
@@ -126,6 +131,7 @@ class FlowRun:
         self.stopped_by: dict[str, Any] | None = None
         self.steering.on_stop = self.request_operator_stop
         self.steering.on_applied.append(self._control_applied)
+        self.steering.on_budget = self.change_budget
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
@@ -136,6 +142,12 @@ class FlowRun:
         #: Set once the run's lease was taken over or its state DB lost (decision 121).
         self.lease_loss: LeaseLoss | None = None
         self._lease: LeaseKeeper | None = None
+        #: The run's spend and caps (built once the settings are known).
+        self.meter = Meter()
+        #: Set once the budget left no room for the planner's retry.
+        self.budget_hit = False
+        #: Cap -> why this run's models cannot enforce it (``ctl budget`` is refused then).
+        self._unenforceable: dict[str, str] = {}
         #: The run's session and run id, once its session row exists (for the ctl writers).
         self.session_id: str | None = None
         self.run_id: str | None = None
@@ -212,6 +224,27 @@ class FlowRun:
         if self._planning is not None and now:
             self._planning.cancel(STOP_REASON)
 
+    def change_budget(self, max_cost: float | None, max_tokens: int | None) -> str:
+        """``ctl budget``: new caps for the chain; below the spend, admission closes now.
+
+        Nothing reopens a closed admission: once the budget closed it, a higher cap is
+        for a resume (``rejected:admission-closed``).
+        """
+        executor = self.executor
+        if self._admission_closed() or (executor is not None and not executor.admission_open):
+            return "rejected:admission-closed"
+        given = {"max_cost": max_cost, "max_tokens": max_tokens}
+        for name, why in self._unenforceable.items():
+            if given[name] is not None:
+                return f"rejected:unenforceable:{why}"[:500]
+        self.meter.recap(max_cost, max_tokens)
+        if self.meter.reached():
+            if executor is not None:
+                executor.close_admission(BUDGET_REASON)
+            else:
+                self.budget_hit = True
+        return "applied"
+
     def _lease_lost(self, loss: LeaseLoss) -> None:
         """Admit nothing more; after a takeover also cancel what is in flight (decision 121)."""
         self.lease_loss = loss
@@ -266,6 +299,8 @@ class FlowRun:
             # refuses a bad model spec before anything starts; in a thread, because
             # building a provider may read a file (script:PATH)
             await asyncio.to_thread(self._providers.get, spec)
+        # Also off the loop: the price table's first look-up imports it (half a second).
+        self.meter = await asyncio.to_thread(self._meter, settings, models)
         if opts.dry_run and plan is not None:
             return self._dry_result(plan, settings)
         db = await asyncio.to_thread(StateDB.open, self.home)
@@ -274,6 +309,33 @@ class FlowRun:
         finally:
             await self._providers.aclose()
             await asyncio.to_thread(db.close)
+
+    def _meter(self, settings: RunSettings, models: set[str]) -> Meter:
+        """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
+        prices = PriceTable(settings.prices)
+        caps = settings.caps
+        providers = {spec: self._providers.get(spec) for spec in models}
+        enforceable(caps, prices, providers)
+        prices.prepare(models)  # the table's import, here in a thread, not on the loop
+        # What a later ``ctl budget`` could not enforce either (checked here, off the loop).
+        for name, probe in (("max_cost", Caps(max_cost=1.0)), ("max_tokens", Caps(max_tokens=1))):
+            try:
+                enforceable(probe, prices, providers)
+            except UsageError as exc:
+                self._unenforceable[name] = str(exc)
+        seed = self.options.resume
+        meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        if seed is not None:
+            # The chain's recorded calls size the reservation from the first admission on.
+            for recorded in seed.replay.usage.values():
+                meter.observe(Usage.from_json(recorded))
+        if seed is not None and caps.any and not meter.room():
+            # Said before anything runs; the first admission then closes (exit 76).
+            self.warnings.append(
+                f"the resume chain has already reached its budget ({meter.exhausted_line()}): "
+                "nothing will be admitted; give a higher --max-cost/--max-tokens"
+            )
+        return meter
 
     def _static_plan(self) -> tuple[PlanFile | None, str, str]:
         opts = self.options
@@ -318,6 +380,7 @@ class FlowRun:
         if opts.resume is not None:
             settings = RunSettings.from_checkpoint_config(opts.resume.config)
             settings = replace(settings, resumed_from=lineage(opts.resume))
+            settings = settings.with_budget(opts.max_cost, opts.max_tokens, opts.prices)
             return settings.with_compaction(opts.compact_records, opts.compact_bytes)
         return RunSettings.from_options(opts, plan)
 
@@ -371,6 +434,13 @@ class FlowRun:
                     "is asked for once the run is stopping"
                 )
                 return None
+            if attempt and not self.meter.room():
+                self._no_plan = (
+                    f"the planner's reply was not a valid plan ({feedback}), and the budget "
+                    "leaves no room for a retry"
+                )
+                self.budget_hit = True
+                return None
             if not await self._lease_held():
                 return None
             try:
@@ -382,8 +452,9 @@ class FlowRun:
                         feedback=feedback,
                     )
                 )
-                if reply.usage is not None:
-                    self.planner_usage.append(reply.usage)
+                priced = self.meter.charge(model, reply.usage)
+                if priced is not None:
+                    self.planner_usage.append(priced)
                 raw = reply.data
             except ProviderError as exc:
                 if exc.retryable:
@@ -484,7 +555,14 @@ class FlowRun:
     ) -> SessionRow:
         """Insert the session row (and its invocation and play); the row."""
         seed = self.options.resume
-        metadata: dict[str, Any] = {"run_id": run_dir.run_id, "poller": "pending", "source": source}
+        metadata: dict[str, Any] = {
+            "run_id": run_dir.run_id,
+            "poller": "pending",
+            "source": source,
+            "budget": settings.caps.to_json(),
+        }
+        if seed is not None and seed.spent is not None:
+            metadata["spent_before"] = seed.spent.to_json()  # ``ctl status``: the chain's
         if seed is not None and seed.degraded:
             metadata["degraded_context"] = seed.degraded
         session, claimed = await create_session(
@@ -597,6 +675,8 @@ class FlowRun:
             status = "interrupted"
         elif self.stopped_by is not None:
             status = "stopped"  # an operator's stop outranks a deadline that came with it
+        elif self.budget_hit:
+            status = "budget_exhausted"
         else:
             status = "timed_out" if self.deadline_hit else "interrupted"
         why = self._no_plan or "planning ended without a plan"
@@ -608,6 +688,7 @@ class FlowRun:
             {
                 "nothing_to_resume": why,
                 "usage": usage_total(Graph(), *self.planner_usage),
+                **self._budget_extra(status),
                 **self._stop_extra(),
             },
         )
@@ -686,7 +767,7 @@ class FlowRun:
                 session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=settings.to_checkpoint_config(),
+                config=self._config(settings),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -707,6 +788,14 @@ class FlowRun:
             raise FlowResumeError(
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
+
+    def _config(self, settings: RunSettings) -> dict[str, Any]:
+        """The checkpoint ``config``, with the chain's spend its entries will not hold."""
+        config = settings.to_checkpoint_config()
+        before = spent_before(self.options.resume, self.planner_usage)
+        if before.tokens or before.cost_usd:  # only when some: older bytes unchanged
+            config[SPENT_KEY] = before.to_json()
+        return config
 
     def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:
         publisher = NodePublisher(
@@ -748,6 +837,7 @@ class FlowRun:
             events=self.bus,
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
+        executor.meter = self.meter
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
         return executor
@@ -763,6 +853,8 @@ class FlowRun:
             executor.close_admission(STOP_REASON, cancel_inflight=bool(self.stopped_by["now"]))
         elif self.deadline_hit:
             executor.close_admission("deadline", cancel_long_running=True)
+        elif self.budget_hit:  # a ctl budget below the spend came while planning
+            executor.close_admission(BUDGET_REASON)
         # Every call and every record checks the lease first (decision 121).
         executor.fence = recorder.fence = s.lease
         if self.lease_loss is not None:
@@ -793,6 +885,7 @@ class FlowRun:
             "checkpoint": checkpoint.to_json(),
             "spawn_rejections": len(executor.spawn_rejections),
             "usage": usage_total(graph, *self.planner_usage),
+            **self._budget_extra(status),
             **self._stop_extra(),
         }
         await self._finish_session(s, status, extra)
@@ -808,8 +901,20 @@ class FlowRun:
         if any(op.status == "pending" for op in graph):
             if self.stopped_by is not None:
                 return "stopped"
+            if self.executor is not None and self.executor.admission_reason == BUDGET_REASON:
+                return "budget_exhausted"
             return "timed_out" if self.deadline_hit else "interrupted"
         return "completed"
+
+    def _budget_extra(self, status: str) -> dict[str, Any]:
+        """The session's ``budget`` (caps) and, once it ended the run, what was spent."""
+        extra: dict[str, Any] = {"budget": self.meter.caps.to_json()}
+        if status == "budget_exhausted":
+            extra["budget_exhausted"] = self._exhausted()
+        return extra
+
+    def _exhausted(self) -> dict[str, Any]:
+        return {"spent": self.meter.total.to_json(), "line": self.meter.exhausted_line()}
 
     def _stop_extra(self) -> dict[str, Any]:
         return {"stopped_by": dict(self.stopped_by)} if self.stopped_by is not None else {}
@@ -860,6 +965,8 @@ class FlowRun:
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             stranded_messages=_stranded_json(seed),
+            budget=self.meter.caps.to_json(),
+            budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
         )
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -9,6 +11,7 @@ from typing import Any
 
 from steerflow.artifacts import CONFIG_KEY
 from steerflow.errors import UsageError
+from steerflow.executor import Caps
 from steerflow.orchestrate._claim import LINEAGE_KEY
 from steerflow.orchestrate._options import FlowOptions
 from steerflow.plan import (
@@ -19,6 +22,7 @@ from steerflow.plan import (
     ReactivePolicy,
     parse_reactive,
 )
+from steerflow.providers._pricing import Price, positive_price
 from steerflow.state import InvocationKind
 
 __all__ = ["RunSettings"]
@@ -54,6 +58,9 @@ class RunSettings:
     #: A resumed run's own source (``_claim.lineage``); never read back into a resume's
     #: settings, so each run of a chain records the run it resumed, not its source's.
     resumed_from: Mapping[str, Any] | None = None
+    #: Spend caps of the whole resume chain, and price overrides by model (spec or name).
+    caps: Caps = field(default_factory=Caps)
+    prices: Mapping[str, Price] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -86,6 +93,27 @@ class RunSettings:
                 "--compact-bytes",
             ),
             synthesis=_synthesis(options, plan),
+            caps=_caps(
+                options.max_cost if options.max_cost is not None else _plan_cost(plan),
+                options.max_tokens if options.max_tokens is not None else _plan_tokens(plan),
+            ),
+            prices={
+                **{k: Price(v.input, v.output) for k, v in (plan.prices if plan else {}).items()},
+                **options.prices,
+            },
+        )
+
+    def with_budget(
+        self, max_cost: float | None, max_tokens: int | None, prices: Mapping[str, Price]
+    ) -> RunSettings:
+        """A resume's settings: a cap it was given replaces its chain's; prices add up."""
+        return replace(
+            self,
+            caps=_caps(
+                self.caps.max_cost if max_cost is None else max_cost,
+                self.caps.max_tokens if max_tokens is None else max_tokens,
+            ),
+            prices={**self.prices, **prices},
         )
 
     def with_compaction(self, records: int | None, size: int | None) -> RunSettings:
@@ -115,6 +143,8 @@ class RunSettings:
             compact_bytes=_stored(config.get("compact_bytes"), COMPACT_BYTES),
             artifact_contract=config.get(CONFIG_KEY),
             synthesis=_stored_synthesis(config.get("synthesis")),
+            caps=_stored_caps(config.get("budget")),
+            prices=_stored_prices(config.get("prices")),
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
@@ -146,6 +176,12 @@ class RunSettings:
             config["synthesis"] = dict(self.synthesis)
         if self.resumed_from is not None:
             config[LINEAGE_KEY] = dict(self.resumed_from)
+        # Stored only when set, so the config of a run without them keeps its bytes.
+        if self.caps.any:
+            config["budget"] = self.caps.to_json()
+        if self.prices:
+            config["prices"] = {k: {"input": p.input, "output": p.output}
+                                for k, p in self.prices.items()}  # fmt: skip
         return config
 
     @property
@@ -177,6 +213,58 @@ class RunSettings:
         """The role's system prompt, if it has one."""
         system = (self.roles.get(assignee or "") or {}).get("system")
         return system if isinstance(system, str) else None
+
+
+def _plan_cost(plan: PlanFile | None) -> float | None:
+    return plan.max_cost if plan is not None else None
+
+
+def _plan_tokens(plan: PlanFile | None) -> int | None:
+    return plan.max_tokens if plan is not None else None
+
+
+def _caps(max_cost: object, max_tokens: object) -> Caps:
+    """Checked caps (library callers hand FlowOptions over unparsed)."""
+    if max_cost is not None:
+        if (
+            isinstance(max_cost, bool)
+            or not isinstance(max_cost, int | float)
+            or not math.isfinite(max_cost)
+            or max_cost <= 0
+        ):
+            raise UsageError(
+                f"--max-cost must be a positive, finite number of USD, got {max_cost!r}"
+            )
+        max_cost = float(max_cost)
+    if max_tokens is not None and (
+        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
+    ):
+        raise UsageError(f"--max-tokens must be a whole number >= 1, got {max_tokens!r}")
+    return Caps(max_cost, max_tokens)
+
+
+def _stored_caps(value: object) -> Caps:
+    if not isinstance(value, Mapping):
+        return Caps()
+    cost, tokens = value.get("max_cost"), value.get("max_tokens")
+    return Caps(
+        float(cost) if isinstance(cost, int | float) and not isinstance(cost, bool) else None,
+        tokens if isinstance(tokens, int) and not isinstance(tokens, bool) else None,
+    )
+
+
+def _stored_prices(value: object) -> dict[str, Price]:
+    if not isinstance(value, Mapping):
+        return {}
+    out = {}
+    for model, spec in value.items():
+        if isinstance(spec, Mapping):
+            with contextlib.suppress(UsageError):
+                out[str(model)] = Price(
+                    positive_price(spec.get("input"), str(model)),
+                    positive_price(spec.get("output"), str(model)),
+                )
+    return out
 
 
 def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, flag: str) -> int:

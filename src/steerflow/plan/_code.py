@@ -143,6 +143,9 @@ _SETTINGS = (
     "compact_bytes",
 )
 
+#: The budget keys, after ``roles`` and ``synthesis`` as in the plan file model.
+_BUDGET = ("max_cost", "max_tokens")
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -167,16 +170,25 @@ class Plan:
     compact_bytes: int | None = None
     roles: Mapping[str, Role] = field(default_factory=dict)
     synthesis: Synthesis | None = None
+    #: Spend caps for the whole resume chain, and USD per million tokens by model
+    #: (``{"MODEL": {"input": IN, "output": OUT}}``): the plan file's keys (CONTRACT §11).
+    max_cost: float | None = None
+    max_tokens: int | None = None
+    prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     _file: PlanFile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _freeze(self, "ops", tuple(self.ops))
         _freeze(self, "roles", MappingProxyType(dict(self.roles)))
+        _freeze(self, "prices", MappingProxyType(dict(self.prices)))
         self._check_types()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
         # The model's spelling: a plan file's `reactive: true` reads back as "all".
         _freeze(self, "reactive", checked.reactive)
+        # ... and its numbers: a cap or price given as an int reads back as a float.
+        _freeze(self, "max_cost", checked.max_cost)
+        _freeze(self, "prices", MappingProxyType(_prices_of(checked)))
 
     def _check_types(self) -> None:
         # A mapping would pass the model's check: the typed objects are the API.
@@ -211,6 +223,12 @@ class Plan:
             out["roles"] = {name: role._data() for name, role in self.roles.items()}
         if self.synthesis is not None:
             out["synthesis"] = self.synthesis._data()
+        out |= {name: getattr(self, name) for name in _BUDGET if getattr(self, name) is not None}
+        if self.prices:
+            out["prices"] = {
+                model: dict(price) if isinstance(price, Mapping) else price
+                for model, price in self.prices.items()
+            }
         out["plan"] = [op._data() for op in self.ops]
         return out
 
@@ -241,6 +259,8 @@ class Plan:
             **{name: getattr(plan, name) for name in _SETTINGS},
             roles={name: _role_of(role) for name, role in plan.roles.items()},
             synthesis=_synthesis_of(plan.synthesis),
+            **{name: getattr(plan, name) for name in _BUDGET},
+            prices=_prices_of(plan),
         )
 
 
@@ -286,6 +306,13 @@ def _role_of(role: RoleSpec) -> Role:
     return Role(
         model=role.model, system=role.system, artifacts=role.artifacts, escalation=role.escalation
     )
+
+
+def _prices_of(plan: PlanFile) -> dict[str, Mapping[str, float]]:
+    return {
+        model: MappingProxyType({"input": price.input, "output": price.output})
+        for model, price in plan.prices.items()
+    }
 
 
 def _synthesis_of(spec: SynthesisSpec | None) -> Synthesis | None:

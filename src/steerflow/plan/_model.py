@@ -143,6 +143,20 @@ class SynthesisSpec(_Strict):
     when_all_failed: Literal["skip", "run"] = "skip"
 
 
+class PriceSpec(_Strict):
+    """``prices.<MODEL>``: USD per million input and output tokens."""
+
+    input: float = Field(ge=0, allow_inf_nan=False)
+    output: float = Field(ge=0, allow_inf_nan=False)
+
+    @field_validator("input", "output", mode="before")
+    @classmethod
+    def _price_is_a_number(cls, value: object) -> object:
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            raise ValueError(f"must be a number (USD per million tokens), not {value!r}")
+        return value
+
+
 class PlanFile(_Strict):
     """A plan file, playbook, or planner reply."""
 
@@ -162,6 +176,10 @@ class PlanFile(_Strict):
     )
     roles: dict[str, RoleSpec] = Field(default_factory=dict)
     synthesis: SynthesisSpec | None = None
+    # Spend caps for the whole resume chain and prices by model; the flags win (§11).
+    max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
+    max_tokens: int | None = Field(default=None, ge=1, strict=True)
+    prices: dict[str, PriceSpec] = Field(default_factory=dict)
     plan: list[PlanEntry] = Field(min_length=1)
 
     @field_validator("reactive", mode="before")
@@ -172,6 +190,13 @@ class PlanFile(_Strict):
             return "off"
         if value is True:
             return "all"
+        return value
+
+    @field_validator("max_cost", mode="before")
+    @classmethod
+    def _cost_is_a_number(cls, value: object) -> object:
+        if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)):
+            raise ValueError(f"must be a number of USD, not {value!r}")
         return value
 
     @field_validator("max_ops", "concurrency", mode="before")

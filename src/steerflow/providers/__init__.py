@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from steerflow.providers._base import (
+    USAGE_MEMBERS,
     DependencyResult,
     Message,
     PlanReply,
@@ -23,6 +24,7 @@ __all__ = [
     "BUILTIN_NAMES",
     "ENTRY_POINT_GROUP",
     "INVOCATION_LOG",
+    "USAGE_MEMBERS",
     "DependencyResult",
     "EchoProvider",
     "FunctionProvider",

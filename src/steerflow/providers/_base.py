@@ -13,9 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import ClassVar, Literal
 
+from steerflow._usage import USAGE_MEMBERS, Usage
 from steerflow.providers._paths import ensure_leg_dir
 
 __all__ = [
+    "USAGE_MEMBERS",
     "DependencyResult",
     "Message",
     "PlanReply",
@@ -33,15 +35,6 @@ class Message:
 
     role: Literal["system", "user", "assistant"]
     content: str
-
-
-@dataclass(frozen=True)
-class Usage:
-    """Token usage and cost of one call, where the provider reports them."""
-
-    input_tokens: int | None = None
-    output_tokens: int | None = None
-    cost_usd: float | None = None
 
 
 @dataclass(frozen=True)
@@ -181,6 +174,9 @@ class Provider(abc.ABC):
     #: it themselves, and only when they write into it (``ensure_leg_dir`` /
     #: ``write_leg_file``), so a node that writes nothing gets no directory (decision 62).
     needs_artifact_dir: ClassVar[bool] = True
+    #: False for a provider that never reports token usage (``echo``): a token or cost
+    #: cap cannot be enforced on it, so such a run is refused before it starts.
+    reports_usage: ClassVar[bool] = True
 
     @abc.abstractmethod
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:

@@ -439,6 +439,8 @@ class ClaudeCodeProvider(AgentCLIProvider):
             input_tokens=sum(counted) if counted else None,
             output_tokens=_as_int(usage_map.get("output_tokens")),
             cost_usd=_as_float(result.get("total_cost_usd")),
+            cache_read_tokens=_as_int(usage_map.get("cache_read_input_tokens")),
+            cache_write_tokens=_as_int(usage_map.get("cache_creation_input_tokens")),
         )
         return (text if isinstance(text, str) else ""), usage
 

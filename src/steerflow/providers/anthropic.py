@@ -238,5 +238,11 @@ def _usage(raw: object) -> Usage | None:
     output = getattr(raw, "output_tokens", None)
     return Usage(
         input_tokens=input_tokens if seen else None,
-        output_tokens=output if isinstance(output, int) and not isinstance(output, bool) else None,
+        output_tokens=_count(output),
+        cache_read_tokens=_count(getattr(raw, "cache_read_input_tokens", None)),
+        cache_write_tokens=_count(getattr(raw, "cache_creation_input_tokens", None)),
     )
+
+
+def _count(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None

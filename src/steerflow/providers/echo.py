@@ -50,6 +50,7 @@ class EchoProvider(Provider):
     """Echoes what it was asked, optionally after ``delay`` seconds."""
 
     needs_artifact_dir: ClassVar[bool] = False  # it writes nothing
+    reports_usage: ClassVar[bool] = False
 
     def __init__(self, spec: str = "echo") -> None:
         self.spec = spec

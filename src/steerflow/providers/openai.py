@@ -197,10 +197,13 @@ def _usage(raw: object) -> Usage | None:
         cost = extra.get("cost_usd")
     if isinstance(cost, bool) or not isinstance(cost, int | float):
         cost = None
+    # prompt_tokens already counts the cached ones; the details say how many were.
+    details = getattr(raw, "prompt_tokens_details", None)
     return Usage(
         input_tokens=_int_or_none(getattr(raw, "prompt_tokens", None)),
         output_tokens=_int_or_none(getattr(raw, "completion_tokens", None)),
         cost_usd=None if cost is None else float(cost),
+        cache_read_tokens=_int_or_none(getattr(details, "cached_tokens", None)),
     )
 
 

@@ -14,13 +14,34 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
+from steerflow.providers._base import (
+    PlanRequest,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+)
 from steerflow.providers._paths import write_leg_file
 from steerflow.providers.echo import echo_plan, echo_text
 
 __all__ = ["INVOCATION_LOG", "NodeScript", "ScriptProvider", "load_script"]
 
 INVOCATION_LOG = "script-invocations.jsonl"
+
+
+class ScriptUsage(BaseModel):
+    """The usage a scripted call reports (CONTRACT §11): token counts, never negative."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    input_tokens: int | None = Field(default=None, ge=0, strict=True)
+    output_tokens: int | None = Field(default=None, ge=0, strict=True)
+    cache_read_tokens: int | None = Field(default=None, ge=0, strict=True)
+    cache_write_tokens: int | None = Field(default=None, ge=0, strict=True)
+
+    def reported(self) -> Usage:
+        """As a provider's :class:`Usage` (no cost: the price table prices it)."""
+        return Usage(**self.model_dump())
 
 
 class NodeScript(BaseModel):
@@ -37,6 +58,7 @@ class NodeScript(BaseModel):
     #: Chunks of live output, emitted in order with ``delay`` spread between them
     #: (CONTRACT §11); the response is still ``response`` (else the echo text).
     stream: list[str] | None = None
+    usage: ScriptUsage | None = None
 
 
 def load_script(path: Path) -> dict[str, NodeScript]:
@@ -140,7 +162,10 @@ class ScriptProvider(Provider):
         text = echo_text(request) if node.response is None else node.response
         if not isinstance(text, str):
             text = json.dumps(text, sort_keys=True)
-        return ProviderResponse(text=text, spawns=list(node.spawn or []), artifacts=written)
+        usage = node.usage.reported() if node.usage is not None else None
+        return ProviderResponse(
+            text=text, spawns=list(node.spawn or []), artifacts=written, usage=usage
+        )
 
     async def plan(self, request: PlanRequest) -> object:
         """Scripts do not plan: they reuse the deterministic echo plan."""

@@ -120,6 +120,8 @@ class ReplayPlan:
     #: Planned leg key -> recorded (failed) response of each planned attempt an
     #: escalation retry replaced.
     superseded: dict[str, object] = field(default_factory=dict)
+    #: Leg key -> the ``usage`` its replayed entry recorded (what that call cost once).
+    usage: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -200,6 +202,7 @@ def plan_replay(
         unsettled=settled.unsettled,
         rerun_unsettled=settled.rerun,
         superseded=superseded,
+        usage=_recorded_usage(state, [*completed, *superseded], spawned),
     )
 
 
@@ -251,6 +254,16 @@ def _check_recorded(state: CheckpointState, plan: PlanFile, *, retry_failed: boo
     )
     _check_witnesses(state.ops, kept)
     return _Checked(completed, rerun, spawned, notes, superseded, planned_keys)
+
+
+def _recorded_usage(
+    state: CheckpointState, planned: list[str], spawned: list[ReplaySpawn]
+) -> dict[str, dict[str, Any]]:
+    """The recorded ``usage`` of every entry the resume replays (and so keeps)."""
+    raw = {key: entry.raw for key, entry in state.ops.items()}
+    raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
+    keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed" or s.superseded)]
+    return {key: used for key in keys if isinstance(used := raw.get(key, {}).get("usage"), dict)}
 
 
 def _is_synthesis(state: CheckpointState, key: str) -> bool:

@@ -43,6 +43,17 @@ _STATUS_V3 = (
 )
 
 
+_STATUS_V5 = (
+    "ALTER TABLE sessions ADD CONSTRAINT sessions_status_check CHECK (status IN"
+    " ('running', 'completed', 'failed', 'timed_out', 'interrupted', 'stopped',"
+    " 'budget_exhausted'))"
+)
+_VERB_V5 = (
+    "ALTER TABLE session_controls ADD CONSTRAINT session_controls_verb_check CHECK (verb IN"
+    " ('pause', 'resume', 'message', 'stop', 'budget'))"
+)
+
+
 def to_postgres_ddl(statement: str) -> str:
     """Translate one statement of the shared DDL to PostgreSQL's types (see the module doc)."""
     text = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
@@ -51,7 +62,7 @@ def to_postgres_ddl(statement: str) -> str:
 
 
 def _translated(step: Migration) -> Migration:
-    if step.apply is not None and step.version != 3:
+    if step.apply is not None and step.version not in (3, 6):
         raise NotImplementedError(f"migration {step.version} has no PostgreSQL translation")
     statements = tuple(to_postgres_ddl(s) for s in step.statements)
     if step.version == 1:
@@ -59,6 +70,13 @@ def _translated(step: Migration) -> Migration:
     elif step.version == 3:
         # The column CHECK of migration 1 is named <table>_<column>_check by PostgreSQL.
         statements = ("ALTER TABLE sessions DROP CONSTRAINT sessions_status_check", _STATUS_V3)
+    elif step.version == 6:
+        statements = (
+            "ALTER TABLE sessions DROP CONSTRAINT sessions_status_check",
+            _STATUS_V5,
+            "ALTER TABLE session_controls DROP CONSTRAINT session_controls_verb_check",
+            _VERB_V5,
+        )
     return Migration(step.version, step.description, statements)
 
 

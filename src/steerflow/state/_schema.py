@@ -208,6 +208,41 @@ def _allow_stopped_status(tx: StateTransaction) -> None:
         tx.execute("PRAGMA writable_schema = OFF")
 
 
+_STATUS_CHECK_V5 = "'timed_out', 'interrupted', 'stopped', 'budget_exhausted')"
+_VERB_CHECK_V1 = "('pause', 'resume', 'message', 'stop')"
+_VERB_CHECK_V5 = "('pause', 'resume', 'message', 'stop', 'budget')"
+
+
+def _allow_budget(tx: StateTransaction) -> None:
+    """Widen ``sessions.status`` by ``budget_exhausted`` and the control verbs by ``budget``.
+
+    The same in-place edit of the stored DDL as migration 3, for the same reasons.
+    """
+    version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
+    tx.execute("PRAGMA writable_schema = ON")
+    try:
+        for table, old, new in (
+            ("sessions", _STATUS_CHECK_V3, _STATUS_CHECK_V5),
+            ("session_controls", _VERB_CHECK_V1, _VERB_CHECK_V5),
+        ):
+            tx.execute(
+                "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
+                " AND name = ?",
+                (old, new, table),
+            )
+            stored = tx.query(
+                "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = ?", (table,)
+            )
+            if not stored or new not in str(stored[0]["sql"]):
+                raise RefusedError(
+                    f"state database: the {table} table's CHECK has an unexpected"
+                    " definition; cannot widen it for budgets (schema migration 6)"
+                )
+        tx.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        tx.execute("PRAGMA writable_schema = OFF")
+
+
 # The session's lease (docs/decisions.md, decision 120): the fencing token its owner holds,
 # when the lease runs out by the database's own clock, and who took it over. A resume bumps
 # the epoch of the session it takes over in the transaction that creates its own session,
@@ -258,6 +293,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=5,
         description="sessions.name: the run's name (plan, playbook or prompt line)",
         statements=("ALTER TABLE sessions ADD COLUMN name TEXT",),
+    ),
+    Migration(
+        version=6,
+        description="sessions.status accepts 'budget_exhausted', controls the verb 'budget'",
+        statements=(),
+        apply=_allow_budget,
     ),
 )
 """Every migration, oldest first."""

@@ -18,7 +18,9 @@ __all__ = [
     "TargetVia",
 ]
 
-SessionStatus = Literal["running", "completed", "failed", "timed_out", "interrupted", "stopped"]
+SessionStatus = Literal[
+    "running", "completed", "failed", "timed_out", "interrupted", "stopped", "budget_exhausted"
+]
 """Stored status of a session (and of an invocation)."""
 
 Phase = Literal["planning", "executing", "paused"]
@@ -27,7 +29,7 @@ Phase = Literal["planning", "executing", "paused"]
 InvocationKind = Literal["flow", "play", "agent"]
 """Kind of a session or an invocation."""
 
-ControlVerb = Literal["pause", "resume", "message", "stop"]
+ControlVerb = Literal["pause", "resume", "message", "stop", "budget"]
 """Verbs the ``session_controls`` CHECK accepts."""
 
 NodeKind = Literal["planned", "spawned"]

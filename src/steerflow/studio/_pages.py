@@ -36,7 +36,15 @@ __all__ = [
 ]
 
 #: Session statuses a filter may name (anything else is ignored: the filter is shown off).
-STATUSES = ("running", "completed", "failed", "timed_out", "interrupted", "stopped")
+STATUSES = (
+    "running",
+    "completed",
+    "failed",
+    "timed_out",
+    "interrupted",
+    "stopped",
+    "budget_exhausted",
+)
 
 CSS = """\
 body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #1d1d1f; }
@@ -50,7 +58,7 @@ td.num { text-align: right; font-variant-numeric: tabular-nums; }
 .status { border-radius: .6rem; padding: 0 .5rem; background: #eee; }
 .status-running { background: #d7ebff; } .status-completed { background: #d9f5dd; }
 .status-failed { background: #ffd9d6; } .status-interrupted, .status-timed_out,
-.status-stopped { background: #fff0c2; }
+.status-stopped, .status-budget_exhausted { background: #fff0c2; }
 .notice { padding: .5rem .8rem; background: #eef6ff; border: 1px solid #bcd; margin: .5rem 0; }
 .error { padding: .5rem .8rem; background: #fff0f0; border: 1px solid #dbb; margin: .5rem 0; }
 form.inline { display: inline; }
@@ -217,7 +225,7 @@ def _links(run: RunListing) -> str:
 def control_forms(
     session_id: str, csrf: str, *, back: str = "/runs", target: str | None = None
 ) -> str:
-    """Pause, Resume and Message forms (POST, with CSRF) and Stop, which confirms first.
+    """Pause, Resume, Message and Set cap forms (POST, with CSRF) and Stop, which confirms first.
 
     Stop is a GET to the run's stop page (``target``: its run id, else the session id):
     it says what is in flight before anything is sent.
@@ -242,12 +250,14 @@ def control_forms(
         '<label><input type="checkbox" name="now" value="1"> now</label>'
         "<button>Stop…</button></form>"
     )
+    usd = '<input type="text" name="max_cost" maxlength="32" placeholder="max cost USD" required>'
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
             stop,
+            button("budget", "Set cap", usd),
         ]
     )
 

@@ -104,8 +104,21 @@ def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) ->
         return enqueue_control(home, session_id, "resume")
     if verb == "message":
         return enqueue_control(home, session_id, "message", field_of(form, "text") or "")
+    if verb == "budget":
+        caps = {"max_cost": _usd(field_of(form, "max_cost")), "max_tokens": None}
+        return enqueue_control(home, session_id, "budget", budget=caps)
     now = field_of(form, "now") == "1"
     return enqueue_control(home, session_id, "stop", field_of(form, "reason") or None, now=now)
+
+
+def _usd(text: str | None) -> float | None:
+    """The form's new spend cap; a malformed one is a usage error (400), as for ``ctl``."""
+    if not text:
+        return None
+    try:
+        return float(text)
+    except ValueError:
+        raise UsageError(f"--max-cost: {text[:50]!r} is not a number of USD") from None
 
 
 def _runs_query(request: Request) -> RunsQuery:

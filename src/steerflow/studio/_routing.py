@@ -28,7 +28,7 @@ __all__ = [
 #: The largest form body read: a message is at most 64 KiB, plus the other fields.
 MAX_FORM_BYTES = 128 * 1024
 SESSION_ID = re.compile(r"[0-9a-f]{32}")
-VERBS = ("pause", "resume", "message", "stop")
+VERBS = ("pause", "resume", "message", "stop", "budget")
 
 
 @dataclass

@@ -40,7 +40,7 @@ __all__ = [
 ]
 
 #: Run statuses the Recovery section is shown for.
-RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped")
+RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped", "budget_exhausted")
 
 
 def _status(value: str | None) -> str:

@@ -30,7 +30,8 @@ SCRIPT = """\
     function two(n) { return (n < 10 ? "0" : "") + n; }
     return h ? h + "h" + two(m) + "m" : m + "m" + two(rest) + "s";
   }
-  var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped"];
+  var RUN = ["running", "completed", "failed", "timed_out", "interrupted", "stopped",
+             "budget_exhausted"];
   function setStatus(el, status, known) {
     var keep = (el.getAttribute("class") || "").split(/\\s+/).filter(function (c) {
       return c && c.indexOf("status-") !== 0;

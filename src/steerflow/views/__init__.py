@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from steerflow.views._control import (
         ControlEntry,
         ControlStatus,
+        budget,
         control_status,
         message,
         pause,
@@ -52,6 +53,7 @@ __all__ = [
     "RunProgress",
     "RunResult",
     "RunView",
+    "budget",
     "checkpoint_report",
     "control_status",
     "list_runs",
@@ -88,6 +90,7 @@ __getattr__, __dir__ = lazy_exports(
         "RunProgress": "_progress",
         "RunResult": "_node",
         "RunView": "_runs",
+        "budget": "_control",
         "checkpoint_report": "_recovery",
         "control_status": "_control",
         "list_runs": "_runs",

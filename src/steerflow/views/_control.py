@@ -12,11 +12,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from steerflow._usage import Usage
 from steerflow.control import open_existing_db, send_control, session_target
+from steerflow.state import ControlRow, NodeRow
 
 __all__ = [
     "ControlEntry",
     "ControlStatus",
+    "budget",
     "control_status",
     "message",
     "pause",
@@ -76,6 +79,30 @@ def stop(
     return send_control(home, target, "stop", reason, now=now, state_db=state_db)
 
 
+def budget(
+    home: Path | str,
+    target: str,
+    *,
+    max_cost: float | None = None,
+    max_tokens: int | None = None,
+    state_db: str | None = None,
+) -> str:
+    """Queue ``ctl budget TARGET``: new caps for the whole resume chain.
+
+    The caps are checked at the run's next admission; one below what the chain has
+    spent closes admission. At least one of ``max_cost`` (USD) and ``max_tokens`` is
+    given, each positive and finite. Arguments, result and errors otherwise as
+    :func:`pause` (``UsageError`` for no cap or a bad one).
+    """
+    return send_control(
+        home,
+        target,
+        "budget",
+        state_db=state_db,
+        budget={"max_cost": max_cost, "max_tokens": max_tokens},
+    )
+
+
 @dataclass(frozen=True)
 class ControlEntry:
     """One ``session_controls`` row: ``result`` is None while it is pending."""
@@ -110,6 +137,10 @@ class ControlStatus:
     controls: tuple[ControlEntry, ...]
     #: An ``agent`` session's finished turns (issue 19); None for a flow.
     turns: int | None = None
+    #: The caps in force (``{max_cost, max_tokens}``, the last applied ``ctl budget``
+    #: over the run's own) and what the resume chain has spent so far (CONTRACT §11 usage).
+    budget: dict[str, Any] | None = None
+    spent: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``ctl status --json`` object (CONTRACT §3)."""
@@ -122,6 +153,8 @@ class ControlStatus:
         }
         if self.turns is not None:
             out["turns"] = self.turns
+        out["budget"] = self.budget
+        out["spent"] = self.spent
         return out
 
 
@@ -138,6 +171,7 @@ def control_status(home: Path, target: str, *, state_db: str | None = None) -> C
         resolved = db.resolve_target(session_target(db, target))
         session = db.get_session(resolved.session_id)
         assert session is not None
+        controls = db.list_controls(session.id)
         return ControlStatus(
             session_id=session.id,
             status=db.effective_status(session),
@@ -152,10 +186,32 @@ def control_status(home: Path, target: str, *, state_db: str | None = None) -> C
                     applied_at=c.applied_at,
                     result=c.result,
                 )
-                for c in db.list_controls(session.id)
+                for c in controls
             ),
             turns=_agent_turns(session.kind, session.node_metadata),
+            budget=_caps(session.node_metadata, controls),
+            spent=_spent(session.node_metadata, db.list_nodes(session.id)),
         )
+
+
+def _caps(meta: dict[str, Any], controls: list[ControlRow]) -> dict[str, Any]:
+    stored = meta.get("budget")
+    caps = {"max_cost": None, "max_tokens": None}
+    caps.update(stored if isinstance(stored, dict) else {})
+    for row in controls:  # stored in (created_at, id) order: the last applied wins
+        if row.verb == "budget" and row.result == "applied" and isinstance(row.payload, dict):
+            caps.update({k: v for k, v in row.payload.items() if k in caps and v is not None})
+    return caps
+
+
+def _spent(meta: dict[str, Any], nodes: list[NodeRow]) -> dict[str, Any]:
+    """The chain's spend: what the runs before spent, plus this run's (its rows, live)."""
+    own = Usage.from_json(meta.get("usage"))
+    if own is None:
+        own = Usage()
+        for node in nodes:
+            own = own + (Usage.from_json(node.detail) or Usage())
+    return ((Usage.from_json(meta.get("spent_before")) or Usage()) + own).to_json()
 
 
 def _agent_turns(kind: str, meta: dict[str, Any]) -> int | None:

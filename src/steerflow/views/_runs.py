@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, get_args
 
+from steerflow._usage import Usage
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
 from steerflow.errors import CheckpointRecoveryError, UsageError, quote_input
 from steerflow.orchestrate._agent_state import ordered_keys
@@ -40,6 +41,9 @@ class RunListing:
     resumed_by: tuple[dict[str, Any], ...] = ()
     #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
     name: str | None = None
+    #: What the run spent (stored when it ended; null while it runs) and its caps.
+    usage: dict[str, Any] | None = None
+    budget: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``runs --json`` row."""
@@ -55,6 +59,8 @@ class RunListing:
             "resumed_from": self.resumed_from,
             "resumed_from_run": self.resumed_from_run,
             "resumed_by": list(self.resumed_by),
+            "usage": self.usage,
+            "budget": self.budget,
         }
 
 
@@ -138,6 +144,8 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         resumed_from_run=r.node_metadata.get("resumed_from_run"),
         resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
         name=r.name,
+        usage=r.node_metadata.get("usage"),
+        budget=_budget(r.node_metadata),
     )
 
 
@@ -186,6 +194,9 @@ class NodeState:
         if self.live:
             out["model"] = self.model
             out["duration_s"] = self.duration_s
+            # CONTRACT §11: every member, null where the provider reported nothing.
+            used = Usage.from_json(self.detail)
+            out["usage"] = used.to_json() if used is not None else None
             if self.detail:
                 out["detail"] = self.detail
         if self.artifacts:
@@ -225,6 +236,8 @@ class RunView:
     owner_host: str | None = None
     #: Plan ``name``, playbook name, else the prompt's first line (CONTRACT §11).
     name: str | None = None
+    #: The run's caps, ``{max_cost, max_tokens}`` (null members when not set).
+    budget: dict[str, Any] | None = None
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -257,6 +270,7 @@ class RunView:
             out["resumed_from"] = self.resumed_from
             out["resumed_from_run"] = self.resumed_from_run
             out["usage"] = self.usage
+            out["budget"] = self.budget
         out["resumed_by"] = list(self.resumed_by)
         out["summary"] = self.summary
         return out
@@ -328,6 +342,7 @@ def show_run(home: Path, target: str) -> RunView:
         reachable=run.reachable,
         owner_host=owner_host or run.owner_host,
         name=name,
+        budget=_budget(meta),
     )
 
 
@@ -364,6 +379,12 @@ def _live_node(n: NodeRow, settled_at: float | None = None) -> NodeState:
         # The rendered instruction can be large: node_detail has it.
         detail={k: v for k, v in n.detail.items() if k != "instruction"} if n.detail else None,
     )
+
+
+def _budget(meta: dict[str, Any]) -> dict[str, Any]:
+    stored = meta.get("budget")
+    stored = stored if isinstance(stored, dict) else {}
+    return {"max_cost": stored.get("max_cost"), "max_tokens": stored.get("max_tokens")}
 
 
 def _with_artifacts(node: NodeState, artifacts: list[Any]) -> NodeState:
