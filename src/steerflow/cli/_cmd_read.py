@@ -6,6 +6,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import click
 
 from steerflow.cli._common import (
@@ -135,12 +137,20 @@ def show(
         return show_node(home_of(ctx), target, node, as_json=as_json, raw=raw)
     if raw:
         raise UsageError("--raw needs a NODE: steerflow show RUN NODE --raw")
-    from steerflow.cli._views import resume_links, show_view
+    from steerflow.cli._views import show_view
 
     view = show_view(home_of(ctx), target)
     if as_json:
         emit_json(view)
         return 0
+    emit_text(_show_text(view))
+    return 0
+
+
+def _show_text(view: dict[str, Any]) -> str:
+    """``show RUN``'s human form of the ``show --json`` object."""
+    from steerflow.cli._views import resume_links
+
     # A run without a session row or checkpoint says so, never "None" / "(vNone)".
     lines = [
         f"run: {view['run_id']}  session: {view['session_id'] or '(none recorded)'}",
@@ -188,8 +198,7 @@ def show(
     caps = view.get("budget") or {}
     if caps.get("max_cost") is not None or caps.get("max_tokens") is not None:
         lines.append(f"budget: {caps_text(caps)}")
-    emit_text("\n".join(lines))
-    return 0
+    return "\n".join(lines)
 
 
 @click.command(epilog=RESULT_EPILOG)

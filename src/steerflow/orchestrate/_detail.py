@@ -16,11 +16,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steerflow._usage import USAGE_MEMBERS, Usage
 from steerflow.checkpoint import CheckpointState, PlannedEntry, SpawnedEntry, load_state
 from steerflow.errors import AmbiguousIdError, CheckpointRecoveryError, UnknownIdError
 from steerflow.orchestrate._agent_state import is_agent_state, read_turns
 from steerflow.plan import SYNTHESIS_KEY
-from steerflow.providers import USAGE_MEMBERS, Usage
 from steerflow.resume import resolve_run_target
 from steerflow.state import NodeKind, NodeRow, NodeStatus, Phase, StateDB, db_exists
 
