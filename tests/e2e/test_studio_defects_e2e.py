@@ -231,3 +231,21 @@ def test_stop_confirms_with_now_and_a_reason_and_is_not_queued_twice(tmp_path: P
         again = client.get(f"/runs/{RUN}/stop").text
         assert f"a stop is already queued (control {stop.id}" in again
         assert "<button>Stop" not in again
+
+
+def test_runs_page_shows_what_each_finished_run_spent(tmp_path: Path) -> None:
+    """Issue 32 item 2: tokens and cost per run, from the usage the run stored at its end."""
+    home = _home(tmp_path)
+    with StateDB.open(home) as db:
+        paid = db.create_session(kind="flow", run_id=RUN, phase="executing")
+        db.update_node_metadata(
+            paid.id, {"usage": {"input_tokens": 1200, "output_tokens": 34, "cost_usd": 0.0123}}
+        )
+        db.set_session_status(paid.id, "completed")
+        free = db.create_session(kind="flow", run_id="20260101T000000-000001")
+        db.set_session_status(free.id, "completed")
+    with studio(home) as s, s.client() as client:
+        page = client.get("/runs").text
+        assert "<th>spent</th>" in page
+        assert "1,234 tok $0.0123</td>" in _row(page, paid.id)
+        assert '<td class="num nowrap">-</td>' in _row(page, free.id)

@@ -291,9 +291,21 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f"<td>{esc(model or '-')}</td>"
         f'<td class="nowrap">{esc(when(run.created_at))}</td>'
         f'<td class="num" data-field="duration">{esc(duration(run.duration_s))}</td>'
+        f'<td class="num nowrap">{esc(spend(run.usage))}</td>'
         f"<td>{_links(run)}</td>"
         f"<td>{forms}</td></tr>"
     )
+
+
+def spend(usage: Mapping[str, Any] | None) -> str:
+    """Tokens and cost of a finished run (``-`` while it runs or when nothing was reported)."""
+    if not usage:
+        return "-"
+    tokens = (usage.get("input_tokens") or 0) + (usage.get("output_tokens") or 0)
+    cost = usage.get("cost_usd")
+    if not tokens and cost is None:
+        return "-"
+    return f"{tokens:,} tok" + ("" if cost is None else f" ${cost:.4f}")
 
 
 def _phase(run: RunListing) -> str:
@@ -388,7 +400,7 @@ def runs_page(
         body.append(
             '<div class="wide"><table class="runs"><thead><tr><th>run</th><th>status</th>'
             "<th>phase</th><th>nodes</th><th>model</th><th>started</th><th>duration</th>"
-            "<th>resumes</th><th>controls</th></tr></thead>\n<tbody>\n"
+            "<th>spent</th><th>resumes</th><th>controls</th></tr></thead>\n<tbody>\n"
             + "\n".join(rows)
             + "\n</tbody></table></div>"
         )
