@@ -249,3 +249,5 @@ def test_runs_page_shows_what_each_finished_run_spent(tmp_path: Path) -> None:
         assert "<th>spent</th>" in page
         assert "1,234 tok $0.0123</td>" in _row(page, paid.id)
         assert '<td class="num nowrap">-</td>' in _row(page, free.id)
+        run_page = client.get(f"/runs/{RUN}").text
+        assert "<dt>spent</dt><dd>1200 in / 34 out tokens, $0.0123</dd>" in run_page

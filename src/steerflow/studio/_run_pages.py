@@ -341,6 +341,7 @@ def run_page(
                     f"{esc(summary.get('failed'))} failed, {esc(summary.get('running'))} "
                     f"running of {esc(summary.get('total'))}</span>",
                 ),
+                ("spent", esc(_usage(summary.get("usage")))),
                 ("resumes", _resume_links(view)),
                 (
                     "checkpoint",
