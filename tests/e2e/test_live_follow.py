@@ -31,6 +31,7 @@ class Follower:
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env=clean_env(),
+                preexec_fn=_as_from_a_terminal,
             )
         self._out = bytearray()
         self._cond = threading.Condition()
@@ -58,11 +59,27 @@ class Follower:
         return self.text
 
     def finish(self, timeout: float = 60.0) -> int:
-        code = self.proc.wait(timeout=timeout)
+        try:
+            code = self.proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()  # never leak a follower into the next test on this worker
+            self.proc.wait(timeout=10)
+            raise
         self._thread.join(timeout=10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
         return code
+
+
+def _as_from_a_terminal() -> None:
+    """The child's SIGINT as a shell in a terminal leaves it: default and not blocked.
+
+    A pytest worker may hand its children SIGINT blocked or ignored (whatever ran before on
+    that worker), and Ctrl-C would then never reach the follower: seen once in a full run,
+    a follower that outlived its SIGINT by the whole 60 s bound.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def _flow_args(tmp_path: Path, script: dict[str, object], keys: str = "s") -> list[str]:
