@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -82,19 +83,27 @@ class LiveWriter:
     )
     _thread: threading.Thread | None = field(default=None, init=False)
     _nodes: dict[str, _Node] = field(default_factory=dict, init=False)
+    _root_made: bool = field(default=False, init=False)
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
     def sink(self, node_key: str) -> Callable[[str], None] | None:
-        """The callable a provider's chunks go to, or None when live files are off."""
+        """The callable a provider's chunks go to, or None when live files are off.
+
+        What a chunk costs the loop: one C-level queue append and nothing else; no
+        wake-up while the writer is busy, since it wakes on its own timer (decision 196).
+        """
         if not self.enabled:
             return None
+        put = self._queue.put
 
         def emit(text: str) -> None:
             if text:
-                self._put(node_key, text)
+                if self._thread is None:
+                    self._start()
+                put((node_key, text))
 
         return emit
 
@@ -112,24 +121,31 @@ class LiveWriter:
 
     def _put(self, key: str, text: str | None) -> None:
         if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
-            self._thread.start()
+            self._start()
         self._queue.put((key, text))
 
+    def _start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
+        self._thread.start()
+
     def _run(self) -> None:
-        running = True
-        while running:
-            # Everything queued since the last wake-up, one write per node: under a burst
-            # (100 calls streaming at once) that is a few syscalls, not one per chunk, and
-            # the pause first makes this thread ask the loop's thread for the GIL at most
-            # 1 / _COALESCE_S times a second, whatever the chunk rate (decision 190).
-            batch = [self._queue.get()]
-            if batch[0][0]:
+        busy = False
+        while True:
+            # Idle, block until the loop queues something; busy, wake on our own timer
+            # instead, so a steady stream never has the loop hand this thread a wake-up.
+            # Either way everything queued in the last tick goes out as one write per
+            # node: under a burst (100 calls streaming at once) that is a few syscalls,
+            # not one per chunk, and this thread asks the loop's thread for the GIL once
+            # a tick plus once per syscall, whatever the chunk rate (decisions 190, 196).
+            batch = [] if busy else [self._queue.get()]
+            if not batch or batch[0][0]:
                 time.sleep(_COALESCE_S)
-            with contextlib.suppress(queue.Empty):
-                while len(batch) < _BATCH:
-                    batch.append(self._queue.get_nowait())
-            running = self._apply(batch)
+                with contextlib.suppress(queue.Empty):
+                    while len(batch) < _BATCH:
+                        batch.append(self._queue.get_nowait())
+            busy = bool(batch)
+            if busy and not self._apply(batch):
+                break
         for key in list(self._nodes):
             with contextlib.suppress(OSError):
                 self._finish(key)
@@ -173,11 +189,13 @@ class LiveWriter:
     def _node(self, key: str) -> _Node:
         node = self._nodes.get(key)
         if node is None:
-            directory = self.run_dir / LIVE_DIR
-            directory.mkdir(mode=0o700, exist_ok=True)
-            directory = directory / key
-            directory.mkdir(mode=0o700, exist_ok=True)
-            node = self._nodes[key] = _Node(directory)
+            root = self.run_dir / LIVE_DIR
+            if not self._root_made:
+                root.mkdir(mode=0o700, exist_ok=True)
+                self._root_made = True
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(root / key, 0o700)
+            node = self._nodes[key] = _Node(root / key)
         return node
 
     def _write(self, key: str, data: bytes) -> None:
@@ -211,9 +229,22 @@ class LiveWriter:
         directory = node.directory if node is not None else self.run_dir / LIVE_DIR / key
         if node is not None and node.fd is not None:
             os.close(node.fd)
-        if directory.is_dir():
-            fd = os.open(directory / END_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            os.close(fd)
+        _mark(directory / END_MARK)
+
+
+def _mark(path: Path) -> None:
+    """Create an empty 0600 file, never through a symlink; nothing if the directory is gone.
+
+    One ``mknod`` where ``open`` + ``close`` (and a ``stat`` first) were three syscalls:
+    each is a GIL round trip the loop's thread pays for while it is busy (decision 196).
+    """
+    try:
+        os.mknod(path, 0o600 | stat.S_IFREG)
+    except (FileExistsError, FileNotFoundError):
+        return
+    except PermissionError:  # where only the superuser may mknod (macOS)
+        with contextlib.suppress(FileNotFoundError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
 
 
 @dataclass
