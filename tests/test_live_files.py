@@ -103,9 +103,10 @@ def _writer_calls(run: object) -> Counter[str]:
 def test_a_steady_stream_costs_the_loop_no_wake_ups_and_a_node_few_syscalls(
     tmp_path: Path,
 ) -> None:
-    """Decision 196: what the loop's thread pays for live output is the GIL round trips
-    of the writer thread, one per syscall or wake-up, so they are counted here. While
-    chunks keep coming the writer sleeps on its own timer and never blocks on the queue
+    """Decision 196: what the loop's thread pays for live output is its own work per
+    chunk and the GIL round trips of the writer thread, one per syscall or wake-up, so
+    they are counted here. Chunks reach the writer through a list, not one queue item
+    each; while they keep coming it sleeps on its own timer and never blocks on the queue
     (a blocked writer is one the loop must wake); a node costs a ``mkdir``, an ``open``,
     a ``close`` and one ``mknod`` for its end mark, plus one ``write`` per tick."""
     nodes = [f"n{i}" for i in range(20)]
@@ -127,6 +128,8 @@ def test_a_steady_stream_costs_the_loop_no_wake_ups_and_a_node_few_syscalls(
     ticks = calls["sleep"]
     assert ticks >= 5, calls
     assert calls["SimpleQueue.get"] <= 2, calls  # blocked once at the start (and maybe once idle)
+    # No queue item per chunk: a stream's first chunk and its end, one empty look a tick.
+    assert calls["SimpleQueue.get_nowait"] <= 2 * len(nodes) + ticks + 2, calls
     for name in ("open", "close", "mknod"):
         assert calls[name] == len(nodes), (name, calls)
     assert calls["mkdir"] == len(nodes) + 1, calls  # the live/ root once
@@ -153,3 +156,18 @@ def test_an_end_mark_is_never_made_through_a_symlink(tmp_path: Path) -> None:
     writer.close()
     assert not target.exists()
     assert (live_dir(tmp_path, "n") / "0.txt").read_text() == "x"
+
+
+def test_a_chunk_after_the_writer_went_idle_wakes_it(tmp_path: Path) -> None:
+    writer = LiveWriter(tmp_path, max_bytes=1 << 20)
+    emit = writer.sink("n")
+    assert emit is not None
+    segment = live_dir(tmp_path, "n") / "0.txt"
+    emit("a")
+    wait_until(lambda: segment.exists() and segment.read_text() == "a", timeout=10, what="a")
+    wait_until(lambda: writer._idle, timeout=10, what="the writer idle")  # blocked on its queue
+    emit("b")
+    wait_until(lambda: segment.read_text() == "ab", timeout=10, what="b, written once woken")
+    writer.end("n")
+    writer.close()
+    assert (live_dir(tmp_path, "n") / "end").exists()
