@@ -1,8 +1,8 @@
-"""Live output of running nodes: the per-node files beside a run (issue 31, decision 190).
+"""Live output of running nodes: the per-node files beside a run (decisions 190, 196).
 
 A provider hands text chunks to a sink (``ProviderRequest.emit``); the run's one
 :class:`LiveWriter` thread appends them to ``<run_dir>/live/<node_key>/<n>.txt`` so the
-event loop only queues them. The files are never part of the checkpoint: they are a
+event loop only appends them to a list. The files are never part of the checkpoint: they are a
 view of a call in flight, and the recorded response stays the only truth.
 
 Bounded with the head and the tail kept: segment ``0`` holds the first ``head`` bytes and
@@ -40,7 +40,6 @@ LIVE_DIR = "live"
 END_MARK = "end"
 MAX_BYTES_ENV = "STEERFLOW_LIVE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1 << 20
-_BATCH = 1 << 16  # queue items written per wake-up at most
 _COALESCE_S = 0.02  # what a viewer waits at most for a chunk, on top of its own polling
 _ELIDED = "\n[… output not kept: only the head and the tail are …]\n"
 
@@ -87,7 +86,7 @@ _Item = tuple[int, _Stream | None]
 
 @dataclass
 class LiveWriter:
-    """The run's one writer thread: chunks queued from the loop, appended off it.
+    """The run's one writer thread: chunks listed by the loop, appended to files off it.
 
     No ``fsync``: a live file is a view, never recovery data (decision 190); a crash
     that loses the page cache loses only what an operator was watching.
