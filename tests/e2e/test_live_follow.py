@@ -177,10 +177,12 @@ def _sigint_blocked() -> None:
 
 
 @pytest.mark.parametrize(
-    "inherited", [_sigint_ignored, _sigint_blocked], ids=["ignored", "blocked"]
+    ("inherited", "node"),
+    [(_sigint_ignored, ("s",)), (_sigint_blocked, ("s",)), (_sigint_ignored, ())],
+    ids=["ignored", "blocked", "ignored-whole-run"],
 )
 def test_ctrl_c_stops_a_follower_that_inherited_sigint_ignored_or_blocked(
-    tmp_path: Path, inherited: Callable[[], None]
+    tmp_path: Path, inherited: Callable[[], None], node: tuple[str, ...]
 ) -> None:
     """Decision 198: the root cause of a follower that outlived its SIGINT by the whole
     bound was a full run started as a background job (``sh -c '... &'``), whose children
@@ -190,8 +192,8 @@ def test_ctrl_c_stops_a_follower_that_inherited_sigint_ignored_or_blocked(
     args = _flow_args(tmp_path, {"s": {"stream": ["x\n", "y\n"]}})
     with live_flow(home, args, argv=_gated(home, args)) as flow:
         wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed")
-        follower = Follower(home, flow.run_id, "s", preexec=inherited)
-        follower.wait_text("x\n")
+        follower = Follower(home, flow.run_id, *node, preexec=inherited)
+        follower.wait_text("x\n")  # "s | x" for the whole run
         follower.proc.send_signal(signal.SIGINT)
         assert follower.finish(timeout=30) == 130
         assert flow.proc.poll() is None  # the run goes on
