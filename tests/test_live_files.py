@@ -4,6 +4,7 @@ read incrementally by a cursor while the writer thread rolls segments."""
 from __future__ import annotations
 
 import os
+import random
 import stat
 import threading
 import time
@@ -171,3 +172,30 @@ def test_a_chunk_after_the_writer_went_idle_wakes_it(tmp_path: Path) -> None:
     writer.end("n")
     writer.close()
     assert (live_dir(tmp_path, "n") / "end").exists()
+
+
+def test_every_chunk_lands_once_in_order_whatever_the_writer_is_doing(tmp_path: Path) -> None:
+    """The loop appends while the writer takes prefixes, sleeps, goes idle and is woken:
+    pauses of 0 to 30 ms between chunks put emits on every side of a tick and of the idle
+    flag; every node's file must still be its chunks, in order, each once."""
+    rng = random.Random(31)
+    writer = LiveWriter(tmp_path, max_bytes=1 << 20)
+    keys = [f"n{i}" for i in range(12)]
+    sinks = {key: writer.sink(key) for key in keys}
+    sent: dict[str, list[str]] = {key: [] for key in keys}
+    for step in range(400):
+        key = rng.choice(keys)
+        chunk = f"{key}:{step}|"
+        emit = sinks[key]
+        assert emit is not None
+        emit(chunk)
+        sent[key].append(chunk)
+        if rng.random() < 0.1:
+            time.sleep(rng.choice([0.0, 0.001, 0.019, 0.021, 0.03]))
+    for key in keys:
+        writer.end(key)
+    writer.close()
+    for key in keys:
+        directory = live_dir(tmp_path, key)
+        assert (directory / "0.txt").read_text() == "".join(sent[key]), key
+        assert (directory / "end").exists()
