@@ -11,6 +11,7 @@ follower inherited (decision 198).
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -52,6 +53,8 @@ def _take_ctrl_c() -> None:
     the node ends: the one way it is meant to stop must work (decision 198). A SIGINT
     held pending by the mask is raised here, before anything is read.
     """
+    if threading.current_thread() is not threading.main_thread():
+        return  # the CLI called in-process from a thread: signals are not its to change
     if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
         signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
