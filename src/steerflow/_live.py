@@ -1,8 +1,8 @@
-"""Live output of running nodes: the per-node files beside a run (issue 31, decision 190).
+"""Live output of running nodes: the per-node files beside a run (decisions 190, 196).
 
 A provider hands text chunks to a sink (``ProviderRequest.emit``); the run's one
 :class:`LiveWriter` thread appends them to ``<run_dir>/live/<node_key>/<n>.txt`` so the
-event loop only queues them. The files are never part of the checkpoint: they are a
+event loop only appends them to a list. The files are never part of the checkpoint: they are a
 view of a call in flight, and the recorded response stays the only truth.
 
 Bounded with the head and the tail kept: segment ``0`` holds the first ``head`` bytes and
@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import os
 import queue
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -39,7 +40,6 @@ LIVE_DIR = "live"
 END_MARK = "end"
 MAX_BYTES_ENV = "STEERFLOW_LIVE_MAX_BYTES"
 DEFAULT_MAX_BYTES = 1 << 20
-_BATCH = 1 << 16  # queue items written per wake-up at most
 _COALESCE_S = 0.02  # what a viewer waits at most for a chunk, on top of its own polling
 _ELIDED = "\n[… output not kept: only the head and the tail are …]\n"
 
@@ -67,9 +67,26 @@ class _Node:
     fd: int | None = None
 
 
+@dataclass(eq=False)
+class _Stream:
+    """One call's chunks on their way from the loop to the writer thread.
+
+    The loop only appends to ``parts`` and the writer only takes a prefix of it (``len``,
+    slice, ``del``), each one operation under the GIL: no lock and no queue item per chunk.
+    """
+
+    key: str
+    parts: list[str] = field(default_factory=list)
+    open: bool = False  # announced to the writer thread now running
+
+
+_OPEN, _END, _WAKE, _STOP = range(4)
+_Item = tuple[int, _Stream | None]
+
+
 @dataclass
 class LiveWriter:
-    """The run's one writer thread: chunks queued from the loop, appended off it.
+    """The run's one writer thread: chunks listed by the loop, appended to files off it.
 
     No ``fsync``: a live file is a view, never recovery data (decision 190); a crash
     that loses the page cache loses only what an operator was watching.
@@ -77,81 +94,120 @@ class LiveWriter:
 
     run_dir: Path
     max_bytes: int = field(default_factory=max_bytes_from_env)
-    _queue: queue.SimpleQueue[tuple[str, str | None]] = field(
-        default_factory=queue.SimpleQueue, init=False
-    )
+    #: What is not a chunk, in order: a stream's first chunk, its end, a wake-up, stop.
+    _control: queue.SimpleQueue[_Item] = field(default_factory=queue.SimpleQueue, init=False)
     _thread: threading.Thread | None = field(default=None, init=False)
     _nodes: dict[str, _Node] = field(default_factory=dict, init=False)
+    _latest: dict[str, _Stream] = field(default_factory=dict, init=False)
+    _idle: bool = field(default=False, init=False)  # the writer waits for a control item
+    _root_made: bool = field(default=False, init=False)
 
     @property
     def enabled(self) -> bool:
         return self.max_bytes > 0
 
     def sink(self, node_key: str) -> Callable[[str], None] | None:
-        """The callable a provider's chunks go to, or None when live files are off."""
+        """The callable a provider's chunks go to, or None when live files are off.
+
+        What a chunk costs the loop: a list append and two flag checks. It hands the
+        writer a control item only for a call's first chunk or when the writer has
+        gone idle; a busy writer wakes on its own timer (decision 196).
+        """
         if not self.enabled:
             return None
+        stream = self._latest[node_key] = _Stream(node_key)
+        parts = stream.parts
 
         def emit(text: str) -> None:
             if text:
-                self._put(node_key, text)
+                parts.append(text)
+                if self._idle or not stream.open:
+                    self._notify(stream)
 
         return emit
 
     def end(self, node_key: str) -> None:
         """The node's call ended (any outcome): close its segment, mark it ended."""
+        stream = self._latest.pop(node_key, None)
         if self.enabled and self._thread is not None:
-            self._put(node_key, None)
+            self._control.put((_END, stream or _Stream(node_key)))
 
     def close(self) -> None:
         """Write everything queued and stop the thread (blocking: call it off the loop)."""
         thread, self._thread = self._thread, None
         if thread is not None:
-            self._queue.put(("", None))
+            self._control.put((_STOP, None))
             thread.join()
 
-    def _put(self, key: str, text: str | None) -> None:
+    def _notify(self, stream: _Stream) -> None:
         if self._thread is None:
             self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
             self._thread.start()
-        self._queue.put((key, text))
+        if not stream.open:
+            stream.open = True
+            self._control.put((_OPEN, stream))
+        elif self._idle:
+            self._idle = False
+            self._control.put((_WAKE, None))
 
     def _run(self) -> None:
-        running = True
-        while running:
-            # Everything queued since the last wake-up, one write per node: under a burst
-            # (100 calls streaming at once) that is a few syscalls, not one per chunk, and
-            # the pause first makes this thread ask the loop's thread for the GIL at most
-            # 1 / _COALESCE_S times a second, whatever the chunk rate (decision 190).
-            batch = [self._queue.get()]
-            if batch[0][0]:
+        active: dict[_Stream, None] = {}
+        items: list[_Item] = []
+        while True:
+            # Woken by the loop or busy, first a tick on our own timer: what came in it
+            # goes out as one write per node, so under a burst (100 calls streaming at
+            # once) this thread asks the loop's thread for the GIL once a tick plus once
+            # per syscall, whatever the chunk rate (decisions 190, 196).
+            if not items or items[-1][0] != _STOP:
                 time.sleep(_COALESCE_S)
             with contextlib.suppress(queue.Empty):
-                while len(batch) < _BATCH:
-                    batch.append(self._queue.get_nowait())
-            running = self._apply(batch)
+                while True:
+                    items.append(self._control.get_nowait())
+            if not self._apply(items, active):
+                break
+            wrote = sum(self._take(stream) for stream in active)
+            items = []
+            if wrote or any(stream.parts for stream in active):
+                continue
+            # Idle: the flag first, then a last look, so a chunk appended before the
+            # loop saw the flag is found here and one appended after it sends a wake-up.
+            self._idle = True
+            if not any(stream.parts for stream in active):
+                items.append(self._control.get())
+            self._idle = False
+        for stream in active:
+            self._take(stream)
+            stream.open = False  # a later chunk announces it to the next thread
         for key in list(self._nodes):
             with contextlib.suppress(OSError):
                 self._finish(key)
 
-    def _apply(self, batch: list[tuple[str, str | None]]) -> bool:
-        """Write one batch in order; False once the stop item is reached."""
-        pending: dict[str, list[str]] = {}
-        for key, text in batch:
-            if key and text is not None:
-                pending.setdefault(key, []).append(text)
-                continue
-            self._flush(pending)
-            if not key:
+    def _apply(self, items: list[_Item], active: dict[_Stream, None]) -> bool:
+        """Act on the control items in order; False once stop is reached."""
+        for kind, stream in items:
+            if kind == _STOP:
                 return False
-            self._guarded(key, None)
-        self._flush(pending)
+            if stream is None:
+                continue
+            if kind == _OPEN:
+                active[stream] = None
+            elif kind == _END:
+                # Every chunk of the call was appended before its end was queued.
+                self._take(stream)
+                active.pop(stream, None)
+                self._guarded(stream.key, None)
         return True
 
-    def _flush(self, pending: dict[str, list[str]]) -> None:
-        for key, parts in pending.items():
-            self._guarded(key, "".join(parts))
-        pending.clear()
+    def _take(self, stream: _Stream) -> bool:
+        """Write what the stream holds now; chunks appended meanwhile stay for the next."""
+        parts = stream.parts
+        count = len(parts)
+        if not count:
+            return False
+        text = parts[0] if count == 1 else "".join(parts[:count])
+        del parts[:count]
+        self._guarded(stream.key, text)
+        return True
 
     def _guarded(self, key: str, text: str | None) -> None:
         try:
@@ -173,11 +229,13 @@ class LiveWriter:
     def _node(self, key: str) -> _Node:
         node = self._nodes.get(key)
         if node is None:
-            directory = self.run_dir / LIVE_DIR
-            directory.mkdir(mode=0o700, exist_ok=True)
-            directory = directory / key
-            directory.mkdir(mode=0o700, exist_ok=True)
-            node = self._nodes[key] = _Node(directory)
+            root = self.run_dir / LIVE_DIR
+            if not self._root_made:
+                root.mkdir(mode=0o700, exist_ok=True)
+                self._root_made = True
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(root / key, 0o700)
+            node = self._nodes[key] = _Node(root / key)
         return node
 
     def _write(self, key: str, data: bytes) -> None:
@@ -211,9 +269,22 @@ class LiveWriter:
         directory = node.directory if node is not None else self.run_dir / LIVE_DIR / key
         if node is not None and node.fd is not None:
             os.close(node.fd)
-        if directory.is_dir():
-            fd = os.open(directory / END_MARK, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-            os.close(fd)
+        _mark(directory / END_MARK)
+
+
+def _mark(path: Path) -> None:
+    """Create an empty 0600 file, never through a symlink; nothing if the directory is gone.
+
+    One ``mknod`` where ``open`` + ``close`` (and a ``stat`` first) were three syscalls:
+    each is a GIL round trip the loop's thread pays for while it is busy (decision 196).
+    """
+    try:
+        os.mknod(path, 0o600 | stat.S_IFREG)
+    except (FileExistsError, FileNotFoundError):
+        return
+    except PermissionError:  # where only the superuser may mknod (macOS)
+        with contextlib.suppress(FileNotFoundError):
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW, 0o600))
 
 
 @dataclass

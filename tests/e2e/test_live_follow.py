@@ -12,8 +12,10 @@ import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
+import pytest
 from ctl_support import clean_env, live_flow, run_cli, steerflow_argv, wait_for, write_yaml
 
 GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
@@ -23,7 +25,7 @@ CHUNKS = ["one ", "two\n", "\x1b]0;pwned\x07red\n", "four\n"]
 class Follower:
     """A ``show --follow`` process whose stdout is read as it comes."""
 
-    def __init__(self, home: Path, *args: str) -> None:
+    def __init__(self, home: Path, *args: str, preexec: Callable[[], None] | None = None) -> None:
         self.err_path = home.parent / f"follower-{len(list(home.parent.glob('follower-*')))}.err"
         with open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
@@ -31,7 +33,7 @@ class Follower:
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env=clean_env(),
-                preexec_fn=_as_from_a_terminal,
+                preexec_fn=preexec or _as_from_a_terminal,
             )
         self._out = bytearray()
         self._cond = threading.Condition()
@@ -161,6 +163,42 @@ def test_ctrl_c_stops_only_the_follower(tmp_path: Path) -> None:
         (home / "release-s").touch()
         assert flow.finish() == 0
     assert flow.result()["status"] == "completed"
+
+
+def _sigint_ignored() -> None:
+    """What ``cmd &`` in a non-interactive shell hands its job (and Python then keeps)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def _sigint_blocked() -> None:
+    """A parent's leaked mask: SIGINT would stay pending for good."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+
+
+@pytest.mark.parametrize(
+    ("inherited", "node"),
+    [(_sigint_ignored, ("s",)), (_sigint_blocked, ("s",)), (_sigint_ignored, ())],
+    ids=["ignored", "blocked", "ignored-whole-run"],
+)
+def test_ctrl_c_stops_a_follower_that_inherited_sigint_ignored_or_blocked(
+    tmp_path: Path, inherited: Callable[[], None], node: tuple[str, ...]
+) -> None:
+    """Decision 198: the root cause of a follower that outlived its SIGINT by the whole
+    bound was a full run started as a background job (``sh -c '... &'``), whose children
+    all inherit SIGINT ignored; the follower now takes SIGINT back itself."""
+    home = tmp_path / "home"
+    _hold(home, "s", 1)
+    args = _flow_args(tmp_path, {"s": {"stream": ["x\n", "y\n"]}})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed")
+        follower = Follower(home, flow.run_id, *node, preexec=inherited)
+        follower.wait_text("x\n")  # "s | x" for the whole run
+        follower.proc.send_signal(signal.SIGINT)
+        assert follower.finish(timeout=30) == 130
+        assert flow.proc.poll() is None  # the run goes on
+        (home / "release-s").touch()
+        assert flow.finish() == 0
 
 
 def test_sigkill_mid_stream_then_resume_records_the_whole_response(tmp_path: Path) -> None:

@@ -4,11 +4,14 @@ Imported only when ``--follow`` is given, so ``show`` itself stays light. It rea
 files :mod:`steerflow._live` writes beside the run, polling them every
 :data:`POLL_S`, and asks the state DB (through ``views.show_run``) every
 :data:`STATUS_S` whether the node or the run has ended. It writes nothing: Ctrl-C
-stops the follower (exit 130) and leaves the run as it was.
+stops the follower (exit 130) and leaves the run as it was, whatever SIGINT state the
+follower inherited (decision 198).
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -40,10 +43,28 @@ def _status(view: dict[str, Any], key: str) -> str | None:
     return next((n["status"] for n in view["nodes"] if n["id"] == key), None)
 
 
+def _take_ctrl_c() -> None:
+    """Make SIGINT stop this process with KeyboardInterrupt, as in a terminal.
+
+    A follower started as a background job of a non-interactive shell (``cmd &`` in a
+    script, a CI runner, a test run launched that way) inherits SIGINT ignored, and
+    Python then installs no handler; a parent may also leak a blocked mask. Either way
+    the follower outlived its Ctrl-C, and a follower writes nothing and runs until
+    the node ends: the one way it is meant to stop must work (decision 198). A SIGINT
+    held pending by the mask is raised here, before anything is read.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return  # the CLI called in-process from a thread: signals are not its to change
+    if signal.getsignal(signal.SIGINT) in (signal.SIG_IGN, None):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+
+
 def follow_node(home: Path, target: str, node: str) -> int:
     """Print one node's output so far, then every new chunk, then its final status line."""
     from steerflow.orchestrate._detail import node_detail
 
+    _take_ctrl_c()
     key = node_detail(home, target, node)["id"]
     view = _view(home, target)
     cursor = LiveCursor(live_dir(_run_dir(view), key))
@@ -91,6 +112,7 @@ def _final_line(key: str, status: str | None, view: dict[str, Any]) -> str:
 
 def follow_run(home: Path, target: str) -> int:
     """Every running node's output, each line prefixed with its node id, until the run ends."""
+    _take_ctrl_c()
     view = _view(home, target)
     run_dir = _run_dir(view)
     cursors: dict[str, LiveCursor] = {}
