@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -26,6 +27,8 @@ __all__ = ["EXECUTORS", "Executor", "RayCluster", "RayUnavailableError", "connec
 Executor = Literal["local", "ray"]
 EXECUTORS: tuple[Executor, ...] = ("local", "ray")
 
+#: How long the head's address may take to accept a TCP connection.
+_CONNECT_TIMEOUT_S = 5.0
 #: How long a node list stays fresh for the pre-dispatch placement check.
 _NODES_TTL_S = 1.0
 
@@ -66,6 +69,8 @@ def connect_ray(address: str | None) -> RayCluster:
             "on a node of the cluster and give the GCS address (HOST:PORT)"
         )
     try:
+        if target != "auto":
+            _reachable(target)
         _init(ray, target)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         hint = (
@@ -81,6 +86,20 @@ def connect_ray(address: str | None) -> RayCluster:
             f"--executor ray: cannot connect to the Ray cluster at {target!r}: {first}{hint}"
         ) from None
     return RayCluster(ray, target)
+
+
+def _reachable(target: str) -> None:
+    """Fail fast when nothing listens at ``HOST:PORT``: ``ray.init`` retries for minutes."""
+    host, sep, port = target.rpartition(":")
+    if not sep or not host or not port.isdigit():
+        raise UsageError(
+            f"--ray-address {target!r}: not HOST:PORT (the head's GCS address, as "
+            "`ray start --head` prints it)"
+        )
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except OSError as exc:
+        raise ConnectionError(exc.strerror or str(exc)) from None
 
 
 def _init(ray: ModuleType, target: str) -> None:

@@ -1,0 +1,97 @@
+"""``--executor``/``--ray-address`` refusals through the real CLI, with no cluster at all.
+
+Each is one line on stderr with the contract's exit code, before a run directory exists:
+nothing was allocated, nothing paid for.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PLAY = ["play", "demo"]
+
+
+def _run(
+    home: Path, *args: str, env: dict[str, str] | None = None
+) -> subprocess.CompletedProcess[str]:
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("STEERFLOW_", "RAY_"))}
+    return subprocess.run(
+        [sys.executable, "-m", "steerflow", "--home", str(home), *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**base, **(env or {})},
+        check=False,
+    )
+
+
+def _no_run_dir(home: Path) -> bool:
+    runs = home / "runs"
+    return not runs.exists() or not any(runs.iterdir())
+
+
+def _closed_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])  # closed again when the block ends
+
+
+def test_without_the_ray_extra_executor_ray_is_one_usage_line_naming_it(tmp_path: Path) -> None:
+    # a `ray` that cannot be imported, first on the path: what a venv without the extra sees
+    fake = tmp_path / "site" / "ray"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("raise ImportError(\"No module named 'ray'\", name='ray')\n")
+    done = _run(tmp_path / "home", *PLAY, "--executor", "ray",
+                env={"PYTHONPATH": str(tmp_path / "site")})  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        "steerflow: error: --executor ray needs the 'ray' Python package, which is not "
+        "installed: pip install 'steerflow[ray]'"
+    ]
+    assert _no_run_dir(tmp_path / "home")
+
+
+@pytest.mark.parametrize(
+    ("address", "code", "says"),
+    [
+        ("nonsense", 2, "not HOST:PORT"),
+        ("ray://head:10001", 2, "Ray Client addresses are not supported"),
+        ("127.0.0.1:{port}", 3, "cannot connect to the Ray cluster at '127.0.0.1:"),
+    ],
+)
+def test_a_bad_or_dead_ray_address_is_refused_at_once(
+    tmp_path: Path, address: str, code: int, says: str
+) -> None:
+    address = address.format(port=_closed_port())
+    done = _run(tmp_path / "home", *PLAY, "--executor", "ray", "--ray-address", address)
+    assert done.returncode == code, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1 and says in lines[0], done.stderr
+    assert _no_run_dir(tmp_path / "home")
+
+
+def test_the_executor_comes_from_the_environment_and_is_checked(tmp_path: Path) -> None:
+    done = _run(tmp_path / "home", *PLAY, env={"STEERFLOW_EXECUTOR": "dask"})
+    assert done.returncode == 2
+    assert "'dask' is not one of 'local', 'ray'" in done.stderr
+    # and the variable selects ray, whose missing cluster is then the refusal
+    port = _closed_port()
+    done = _run(tmp_path / "home", *PLAY, env={"STEERFLOW_EXECUTOR": "ray",
+                                               "RAY_ADDRESS": f"127.0.0.1:{port}"})  # fmt: skip
+    assert done.returncode == 3, done.stderr
+    assert f"cannot connect to the Ray cluster at '127.0.0.1:{port}'" in done.stderr
+
+
+def test_every_running_command_takes_the_executor_flags() -> None:
+    for command in ("flow", "play", "resume", "agent"):
+        shown = subprocess.run([sys.executable, "-m", "steerflow", command, "--help"],
+                               capture_output=True, text=True, check=True)  # fmt: skip
+        assert "--executor [local|ray]" in shown.stdout, command
+        assert "--ray-address ADDR" in shown.stdout, command
