@@ -36,11 +36,11 @@ _OBJECT_STORE = str(80 * 1024 * 1024)
 _ADDRESS = re.compile(r"ray start --address='([0-9.]+:[0-9]+)'")
 
 
-def cluster_env() -> dict[str, str]:
+def cluster_env(path: str = str(HERE)) -> dict[str, str]:
     """The environment of the cluster's processes (and so of its workers)."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
-    env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=str(HERE), PYTHONUNBUFFERED="1")
+    env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path, PYTHONUNBUFFERED="1")
     return env
 
 
@@ -49,6 +49,8 @@ class RayTestCluster:
     """The running cluster: its GCS address, and the two ``ray start --block`` processes."""
 
     root: Path
+    #: The workers' ``PYTHONPATH`` (where the ``python:`` node functions import from).
+    path: str = str(HERE)
     address: str = ""
     head: subprocess.Popen[bytes] | None = None
     side: subprocess.Popen[bytes] | None = None
@@ -63,7 +65,9 @@ class RayTestCluster:
                 f"--object-store-memory={_OBJECT_STORE}", f"--temp-dir={temp}",
                 "--disable-usage-stats", *args]  # fmt: skip
         with log.open("wb") as out:
-            proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=cluster_env())
+            proc = subprocess.Popen(
+                argv, stdout=out, stderr=subprocess.STDOUT, env=cluster_env(self.path)
+            )
         return proc, log
 
     def start_head(self) -> None:
@@ -99,7 +103,9 @@ class RayTestCluster:
             "    time.sleep(0.1)\n"
             "sys.exit(1)\n"
         )
-        subprocess.run([sys.executable, "-c", probe], env=cluster_env(), check=True, timeout=90)
+        subprocess.run(
+            [sys.executable, "-c", probe], env=cluster_env(self.path), check=True, timeout=90
+        )
 
     def ensure_side(self) -> None:
         """The side node is up (a test may have killed it)."""
@@ -145,10 +151,10 @@ class RayTestCluster:
         )
 
 
-def start_cluster() -> RayTestCluster:
-    """Head and side node, up; the caller closes it."""
+def start_cluster(path: str = str(HERE)) -> RayTestCluster:
+    """Head and side node, up, workers importing from ``path``; the caller closes it."""
     # Short and under /tmp: Ray's unix sockets live below the temp dir (108-byte paths).
-    cluster = RayTestCluster(Path(tempfile.mkdtemp(prefix="sfray-", dir="/tmp")))
+    cluster = RayTestCluster(Path(tempfile.mkdtemp(prefix="sfray-", dir="/tmp")), path)
     try:
         cluster.start_head()
         cluster.start_side()

@@ -48,6 +48,9 @@ class NodeDetail:
     spawned: tuple[str, ...]
     depends_on: tuple[str, ...]
     replayed: bool
+    #: Where the call ran when not in the flow's process (``--executor ray``: ``executor``,
+    #: ``node_id``, ``node_ip``, ``pid``, ``worker_id``); None for a local call.
+    placement: dict[str, Any] | None
     note: str | None
     checkpoint_error: str | None
     #: The ``show RUN NODE --json`` object this was read from, every member included.
@@ -82,6 +85,7 @@ class NodeDetail:
             spawned=tuple(data.get("spawned") or ()),
             depends_on=tuple(data.get("depends_on") or ()),
             replayed=bool(data.get("replayed")),
+            placement=data.get("placement"),
             note=_str(data.get("note")),
             checkpoint_error=_str(data.get("checkpoint_error")),
             raw=dict(data),
