@@ -258,3 +258,24 @@ def test_an_agent_turn_runs_on_ray(tmp_path: Path, ray_env: dict[str, str]) -> N
     said = json.loads(done.json["result"])
     assert said["ip"] in (HEAD_IP, SIDE_IP) and said["pid"] != os.getpid()
     assert [e for e, _, _ in _events(log)] == ["start", "end"]
+
+
+def test_a_remote_calls_output_streams_back_to_the_live_view(
+    tmp_path: Path, ray_env: dict[str, str]
+) -> None:
+    home = tmp_path / "home"
+    chunks = [f"line {i}\n" for i in range(5)]
+    script = write_yaml(tmp_path / "s.yaml", {"s": {"stream": chunks, "response": "whole"}})
+    plan = write_yaml(tmp_path / "plan.yaml", {
+        "roles": {"side": {"resources": {"side": 1, "num_cpus": 0.5}}},
+        "plan": [{"agent_id": "s", "assignee": "side", "instruction": "talk"}],
+    })  # fmt: skip
+    done = run_cli(home, "flow", "--plan", plan, "--model", f"script:{script}", "--executor",
+                   "ray", "--json", env=child_env(**ray_env), timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.explain()
+    run_id = done.json["run_id"]
+    # the worker's chunks, in order, in the flow process's live file; the response recorded
+    live = home / "runs" / run_id / "live" / "s" / "0.txt"
+    assert live.read_text() == "".join(chunks)
+    shown = run_cli(home, "show", run_id, "s", "--json", env=child_env()).json
+    assert shown["response"] == "whole" and shown["placement"]["node_ip"] == SIDE_IP
