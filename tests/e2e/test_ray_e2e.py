@@ -279,3 +279,36 @@ def test_a_remote_calls_output_streams_back_to_the_live_view(
     assert live.read_text() == "".join(chunks)
     shown = run_cli(home, "show", run_id, "s", "--json", env=child_env()).json
     assert shown["response"] == "whole" and shown["placement"]["node_ip"] == SIDE_IP
+
+
+def test_artifacts_usage_and_errors_come_back_exactly_as_a_local_calls(
+    tmp_path: Path, ray_env: dict[str, str]
+) -> None:
+    script = write_yaml(tmp_path / "s.yaml", {
+        "w": {"response": "wrote", "artifacts": {"out/report.md": "# done\n"},
+              "usage": {"input_tokens": 100, "output_tokens": 20}},
+        "bad": {"fail": "the model said no"},
+    })  # fmt: skip
+    plan = write_yaml(tmp_path / "plan.yaml", {"plan": [
+        {"agent_id": "w", "instruction": "write", "artifacts": ["out/report.md"]},
+        {"agent_id": "bad", "instruction": "fail"},
+    ]})  # fmt: skip
+    results = {}
+    for executor in ("local", "ray"):
+        home = tmp_path / executor
+        done = run_cli(home, "flow", "--plan", plan, "--model", f"script:{script}", "--executor",
+                       executor, "--json", env=child_env(**ray_env), timeout=120)  # fmt: skip
+        assert done.returncode == 1, done.explain()  # "bad" failed
+        ops = _ops(Path(done.json["run_dir"]))
+        # the worker wrote into the leg directory the flow process checked and hashed
+        verified = run_cli(home, "verify", done.json["run_id"], "--json", env=child_env())
+        assert verified.returncode == 0, verified.explain()
+        results[executor] = (
+            {n["id"]: (n["status"], n.get("error")) for n in done.json["nodes"]},
+            done.json["usage"]["input_tokens"],
+            done.json["usage"]["output_tokens"],
+            [(a["path"], a["bytes"], a["digest"]) for a in ops["w"]["artifacts"]],
+            ops["w"]["response"],
+        )
+    assert results["ray"] == results["local"], results
+    assert results["ray"][0]["bad"] == ("failed", "the model said no")
