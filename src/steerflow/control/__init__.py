@@ -20,11 +20,13 @@ if TYPE_CHECKING:
         DB_BUSY_TIMEOUT_S,
         MAX_MESSAGE_BYTES,
         CliVerb,
+        FrontEnd,
         Queued,
         enqueue_control,
         open_existing_db,
         resolve_control,
         send_control,
+        sender_id,
         session_target,
     )
 
@@ -36,6 +38,7 @@ __all__ = [
     "POLL_ENV",
     "CliVerb",
     "ControlPoller",
+    "FrontEnd",
     "PollerState",
     "Queued",
     "SteeringTarget",
@@ -44,6 +47,7 @@ __all__ = [
     "poll_interval",
     "resolve_control",
     "send_control",
+    "sender_id",
     "session_target",
 ]
 
@@ -67,6 +71,8 @@ __getattr__, __dir__ = lazy_exports(
         "resolve_control": "_queue",
         "CliVerb": "_queue",
         "send_control": "_queue",
+        "sender_id": "_queue",
+        "FrontEnd": "_queue",
         "session_target": "_queue",
     },
 )

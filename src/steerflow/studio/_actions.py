@@ -207,7 +207,8 @@ def stop_confirm_page(
     if pending or view.status != "running" or not view.session_id:
         body.append(
             f'<p class="notice" id="already-running">a stop is already queued (control '
-            f"{esc(pending[0].id)}, not yet applied): it is not sent twice</p>"
+            f"{esc(pending[0].id)} by {esc(pending[0].sender or 'unknown')}, not yet applied):"
+            " it is not sent twice</p>"
             if pending
             else f'<p class="notice">the run is {esc(view.status or "-")}: nothing to stop</p>'
         )

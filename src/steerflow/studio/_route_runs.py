@@ -99,16 +99,20 @@ def routes(state: StudioState) -> list[Route]:
 def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) -> Queued:
     """Queue the control with the ``ctl`` writer (the page shows the session it went to)."""
     if verb == "pause":
-        return enqueue_control(home, session_id, "pause")
+        return enqueue_control(home, session_id, "pause", via="studio")
     if verb == "resume":
-        return enqueue_control(home, session_id, "resume")
+        return enqueue_control(home, session_id, "resume", via="studio")
     if verb == "message":
-        return enqueue_control(home, session_id, "message", field_of(form, "text") or "")
+        return enqueue_control(
+            home, session_id, "message", field_of(form, "text") or "", via="studio"
+        )
     if verb == "budget":
         caps = {"max_cost": _usd(field_of(form, "max_cost")), "max_tokens": None}
-        return enqueue_control(home, session_id, "budget", budget=caps)
+        return enqueue_control(home, session_id, "budget", budget=caps, via="studio")
     now = field_of(form, "now") == "1"
-    return enqueue_control(home, session_id, "stop", field_of(form, "reason") or None, now=now)
+    return enqueue_control(
+        home, session_id, "stop", field_of(form, "reason") or None, now=now, via="studio"
+    )
 
 
 def _usd(text: str | None) -> float | None:

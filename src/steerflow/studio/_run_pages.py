@@ -114,13 +114,14 @@ def _control_log(status: ControlStatus | None) -> str:
         return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.verb, c.payload))}</td><td>{esc(when(c.created_at))}</td>"
+        f"<td>{esc(_payload(c.verb, c.payload))}</td>"
+        f'<td class="sender">{esc(sender_of(c.sender))}</td><td>{esc(when(c.created_at))}</td>'
         f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
     ]
     return (
-        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>sent</th>"
-        "<th>applied</th><th>result</th></tr></thead><tbody>"
+        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>by</th>"
+        "<th>sent</th><th>applied</th><th>result</th></tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table></div>"
     )
@@ -137,6 +138,11 @@ def _errors(view: RunView) -> str:
         for n in failed
     )
     return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+
+
+def sender_of(sender: str | None) -> str:
+    """Who queued a control, as the pages say it ("unknown": a row from before migration 7)."""
+    return sender or "unknown"
 
 
 def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
@@ -158,7 +164,8 @@ def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, s
             events.append((float(end), f"node {node.status}", node.id))
     for c in control.controls if control is not None else ():
         what = f"{c.verb} {c.id[:8]}"
-        events.append((c.created_at, "control queued", f"{what}: {_payload(c.verb, c.payload)}"))
+        queued = f"{what}: {_payload(c.verb, c.payload)}; by {sender_of(c.sender)}"
+        events.append((c.created_at, "control queued", queued))
         if c.applied_at is not None:
             by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
             result = readable_result(c.result or "")
