@@ -228,6 +228,7 @@ EXPECTED: dict[str, set[str]] = {
         "ControlPoller",
         "DB_BUSY_TIMEOUT_S",
         "DEFAULT_POLL_S",
+        "FrontEnd",
         "MAX_MESSAGE_BYTES",
         "POLL_ENV",
         "PollerState",
@@ -238,6 +239,7 @@ EXPECTED: dict[str, set[str]] = {
         "poll_interval",
         "resolve_control",
         "send_control",
+        "sender_id",
         "session_target",
     },
     "steerflow.executor": {
