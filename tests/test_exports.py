@@ -234,6 +234,7 @@ EXPECTED: dict[str, set[str]] = {
         "PollerState",
         "Queued",
         "SteeringTarget",
+        "check_budget",
         "enqueue_control",
         "open_existing_db",
         "poll_interval",

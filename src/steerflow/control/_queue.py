@@ -37,6 +37,7 @@ __all__ = [
     "CliVerb",
     "FrontEnd",
     "Queued",
+    "check_budget",
     "check_message_text",
     "enqueue_control",
     "open_existing_db",
