@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
-from steerflow.studio._node_live import lines_section, live_section
+from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
 from steerflow.studio._pages import (
     STATUSES,
     control_forms,
@@ -432,8 +432,11 @@ def _links(run: str, keys: tuple[str, ...] | list[str]) -> str:
     return ", ".join(f'<a href="{esc(_node_href(run, k))}">{esc(k)}</a>' for k in keys) or "-"
 
 
-def node_page(detail: NodeDetail) -> str:
-    """One node: facts, the instruction as sent (steer blocks marked), response, artifacts."""
+def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
+    """One node: facts, the instruction as sent (steer blocks marked), response, artifacts.
+
+    ``kept``: what the node's live files hold (streamed so far, or as it was streamed).
+    """
     run = detail.run_id
     facts = [
         ("run", f'<a href="{esc(run_href(run))}">{esc(run)}</a>'),
@@ -476,7 +479,10 @@ def node_page(detail: NodeDetail) -> str:
     if detail.status in ("pending", "running", "paused"):
         # The call's output as it comes (issue 31); the script stops once the node ended.
         output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
-        body.append(live_section(output, esc))
+        body.append(live_section(output, esc, kept))
+    else:
+        # The reload on completion must not lose what was streamed: keep it on the page.
+        body.append(kept_section(kept, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
     # The node page reloads when the node's status moves (its response or error lands).
