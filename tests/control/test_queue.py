@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import getpass
 import itertools
 import os
 import sqlite3
@@ -14,7 +15,14 @@ from typing import Any
 import pytest
 
 from pg_support import PgRaw
-from steerflow.control import MAX_MESSAGE_BYTES, enqueue_control, resolve_control
+from steerflow.control import (
+    MAX_MESSAGE_BYTES,
+    FrontEnd,
+    enqueue_control,
+    resolve_control,
+    send_control,
+    sender_id,
+)
 from steerflow.control._queue import DB_BUSY_TIMEOUT_S, CliVerb, Queued, check_message_text
 from steerflow.errors import (
     ControlNotApplyingError,
@@ -25,7 +33,7 @@ from steerflow.errors import (
     RefusedError,
     UsageError,
 )
-from steerflow.state import STATE_DB_URL_ENV, ResolvedTarget, StateDB
+from steerflow.state import STATE_DB_URL_ENV, ResolvedTarget, StateDB, this_host
 from steerflow.state._postgres import _key
 
 
@@ -296,3 +304,42 @@ def test_a_target_whose_session_row_is_gone_is_refused(home: Path) -> None:
         enqueue_control(home, orphan[:6], "pause")
     with StateDB.open(home) as db:
         assert db.count_controls() == 0
+
+
+@pytest.mark.parametrize("via", ["cli", "studio", "mcp", "api"])
+def test_every_row_records_its_sender(home: Path, sid: str, via: FrontEnd) -> None:
+    queued = enqueue_control(home, sid, "pause", via=via)
+    with StateDB.open(home) as db:
+        (row,) = db.list_controls(sid)
+    assert row.id == queued.control_id
+    assert row.sender == f"{via}:{getpass.getuser()}@{this_host()}:{os.getpid()}"
+    assert row.sender == sender_id(via)
+
+
+def test_the_python_writers_are_the_api_front_end(home: Path, sid: str) -> None:
+    control_id = send_control(home, sid, "message", "hi")
+    with StateDB.open(home) as db:
+        assert (db.get_control(control_id) or pytest.fail("no row")).sender == sender_id("api")
+
+
+def test_an_unknown_front_end_is_refused_without_a_row(home: Path, sid: str) -> None:
+    with pytest.raises(UsageError, match="unknown front end 'web'"):
+        enqueue_control(home, sid, "pause", via="web")  # type: ignore[arg-type]
+    with StateDB.open(home) as db:
+        assert db.count_controls() == 0
+
+
+def test_sender_parts_are_bounded_and_a_nameless_user_is_its_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STEERFLOW_HOST_ID", "h" * 100)
+    monkeypatch.setattr(getpass, "getuser", lambda: "u" * 100)
+    assert sender_id("cli") == f"cli:{'u' * 64}@{'h' * 64}:{os.getpid()}"
+
+    def nameless() -> str:
+        raise OSError("no user name")  # what getuser raises without LOGNAME and passwd entry
+
+    monkeypatch.setattr(getpass, "getuser", nameless)
+    assert sender_id("mcp") == f"mcp:uid{os.getuid()}@{'h' * 64}:{os.getpid()}"
+    monkeypatch.setattr(getpass, "getuser", lambda: "")
+    assert sender_id("api") == f"api:uid{os.getuid()}@{'h' * 64}:{os.getpid()}"
