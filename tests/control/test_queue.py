@@ -311,7 +311,7 @@ def test_every_row_records_its_sender(home: Path, sid: str, via: FrontEnd) -> No
     queued = enqueue_control(home, sid, "pause", via=via)
     with StateDB.open(home) as db:
         (row,) = db.list_controls(sid)
-    assert row.id == queued.control_id
+    assert row.id == queued.control_id and queued.sender == row.sender
     assert row.sender == f"{via}:{getpass.getuser()}@{this_host()}:{os.getpid()}"
     assert row.sender == sender_id(via)
 

@@ -57,9 +57,12 @@ def _parts(sender: str | None) -> tuple[str, str, str, int]:
     return match[1], match[2], match[3], int(match[4])
 
 
-async def _mcp_message(home: Path) -> None:
+async def _mcp_message(home: Path) -> str | None:
+    """The sender the MCP ``message`` tool answers with."""
     async with _client(home, "--allow-control") as session:
-        await _call(session, "message", target=RUN, text="from mcp")
+        answer = await _call(session, "message", target=RUN, text="from mcp")
+    sender: str | None = answer["sender"]
+    return sender
 
 
 def test_sender_id_names_front_end_user_host_and_pid() -> None:
@@ -86,7 +89,7 @@ def test_each_front_end_records_itself_as_the_sender(tmp_path: Path) -> None:
             data={"verb": "message", "text": "from the studio", "csrf": csrf[1]},
         )
         assert sent.status_code == 303, sent.text
-        asyncio.run(_mcp_message(home))
+        answered = asyncio.run(_mcp_message(home))
 
         senders = _senders(home, sid)
         assert set(senders) == {"from the cli", "from python", "from the studio", "from mcp"}
@@ -97,6 +100,7 @@ def test_each_front_end_records_itself_as_the_sender(tmp_path: Path) -> None:
         assert _parts(senders["from the studio"]) == ("studio", user, host, os.getpid())
         mcp_front, _, _, mcp_pid = _parts(senders["from mcp"])
         assert mcp_front == "mcp" and mcp_pid not in (os.getpid(), cli_pid)
+        assert answered == senders["from mcp"]  # the tool's answer names the sender too
 
         status = json.loads(run_cli(home, "ctl", "status", sid, "--json").stdout)
         by_text = {c["payload"]["text"]: c["sender"] for c in status["controls"]}

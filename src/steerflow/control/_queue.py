@@ -99,6 +99,8 @@ class Queued:
     control_id: str
     session_id: str
     verb: str
+    #: Who queued it, as the row stores it (:func:`sender_id`).
+    sender: str | None = None
 
 
 def open_existing_db(
@@ -221,7 +223,7 @@ def enqueue_control(
             require_running=True,
             sender=sender,
         )
-        return Queued(control_id=row.id, session_id=session.id, verb=verb)
+        return Queued(control_id=row.id, session_id=session.id, verb=verb, sender=row.sender)
 
 
 def send_control(

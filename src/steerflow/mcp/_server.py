@@ -64,6 +64,7 @@ def _queued(queued: Queued) -> dict[str, Any]:
         "control_id": queued.control_id,
         "session_id": queued.session_id,
         "verb": queued.verb,
+        "sender": queued.sender,
         "queued": True,
         "note": "queued, not yet applied: the flow's poller applies it and stamps its "
         "result (show_run's phase; `steerflow ctl status`)",
