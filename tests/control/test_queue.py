@@ -418,6 +418,7 @@ def test_send_control_takes_a_run_id_every_option_and_an_explicit_state_db(
 ) -> None:
     with StateDB.open(home) as db:
         sid = db.create_session(kind="flow", run_id=RUN_ID).id
+    first = send_control(home, RUN_ID, "pause")  # the run id looked up in the home's DB
     url = _state_db_url(home)
     # Another home, no environment: only the explicit URL leads to the session's database.
     monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
@@ -431,7 +432,8 @@ def test_send_control_takes_a_run_id_every_option_and_an_explicit_state_db(
     assert not other.exists()
     with StateDB.open_url(url, create=False) as db:
         rows = {c.id: c for c in db.list_controls(sid)}
-    assert list(rows) == [stop, calm, cap, msg]
+    assert list(rows) == [first, stop, calm, cap, msg]
+    assert rows[first].verb == "pause"
     assert rows[stop].payload == {"now": True, "reason": "why"}
     assert rows[stop].sender == sender_id("cli")
     assert rows[calm].payload == {"now": False, "reason": "later"}
