@@ -61,6 +61,7 @@ def test_the_expected_packages_are_found() -> None:
         "steerflow.artifacts",
         "steerflow.checkpoint",
         "steerflow.cli",
+        "steerflow.cluster",
         "steerflow.control",
         "steerflow.executor",
         "steerflow.orchestrate",
@@ -221,6 +222,15 @@ EXPECTED: dict[str, set[str]] = {
         "app",
         "cli_exit",
         "main",
+    },
+    "steerflow.cluster": {
+        "EXECUTORS",
+        "Executor",
+        "RayCluster",
+        "connect_ray",
+        "ray_options",
+        "request_of",
+        "unplaceable",
     },
     "steerflow.control": {
         "CONTROL_LOG_MAX",

@@ -22,7 +22,7 @@ LAYERS: list[set[str]] = [
     # _usage: stored token usage and cost, summed by the readers without the providers
     {"errors", "home", "plan", "_faults", "_lazy", "_live", "_usage"},
     {"state", "checkpoint", "providers", "artifacts"},
-    {"control", "resume"},
+    {"control", "resume", "cluster"},  # cluster: node calls on Ray (--executor ray)
     {"executor"},
     {"orchestrate"},
     {"views"},  # the typed readers the CLI, the MCP server and the Studio share

@@ -23,6 +23,8 @@ from steerflow.cli._common import (
     budget_line,
     budget_options,
     compact_options,
+    executor_kw,
+    executor_options,
     home_of,
 )
 from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
@@ -76,6 +78,7 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
     ),
     compact_options,
     budget_options,
+    executor_options,
     click.option(
         "--max-plan-entries",
         type=click.IntRange(min=1),
@@ -151,6 +154,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
         allow_python=bool(kw.get("allow_python")),
         synthesize=kw.get("synthesize"),
         **budget_kw(kw),
+        **executor_kw(kw),
     )
 
 
@@ -312,10 +316,11 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
 )
 @budget_options
+@executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
-          save: Path | None, as_json: bool, **budget: Any) -> int:  # fmt: skip
+          save: Path | None, as_json: bool, **more: Any) -> int:  # fmt: skip
     """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
 
     After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
@@ -331,7 +336,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     if not task.strip():
         raise UsageError("agent needs a non-empty TASK")
     options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                           save=save, **budget_kw(budget))  # fmt: skip
+                           save=save, **budget_kw(more), **executor_kw(more))  # fmt: skip
     return execute_agent(home_of(ctx), options, as_json=as_json)
 
 
@@ -399,6 +404,7 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
 )
 @compact_options
 @budget_options
+@executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
@@ -450,6 +456,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         compact_records=kw["compact_records"],
         compact_bytes=kw["compact_bytes"],
         **budget_kw(kw),
+        **executor_kw(kw),
     )
     return execute(home, options, as_json=kw["as_json"])
 
@@ -481,5 +488,5 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     )
     if kw.get("dry_run"):
         return print_agent_dry_run(seed, as_json=kw["as_json"])
-    options = AgentOptions(resume=seed, timeout_s=kw["timeout"], **budget_kw(kw))
+    options = AgentOptions(resume=seed, timeout_s=kw["timeout"], **budget_kw(kw), **executor_kw(kw))
     return execute_agent(home, options, as_json=kw["as_json"])

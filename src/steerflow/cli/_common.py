@@ -36,6 +36,8 @@ __all__ = [
     "budget_options",
     "caps_text",
     "compact_options",
+    "executor_kw",
+    "executor_options",
     "home_of",
 ]
 
@@ -248,6 +250,31 @@ class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only 
                 ctx,
             )
         return number
+
+
+def executor_options(func: F) -> F:
+    """``--executor`` and ``--ray-address`` (flow, play, resume, agent)."""
+    func = click.option(
+        "--ray-address",
+        metavar="ADDR",
+        help="The Ray cluster's GCS address (HOST:PORT) for --executor ray. Default: Ray's "
+        "own RAY_ADDRESS, else a cluster `ray start` runs on this host (never a new one).",
+    )(func)
+    return click.option(
+        "--executor",
+        type=click.Choice(["local", "ray"]),
+        envvar="STEERFLOW_EXECUTOR",
+        default="local",
+        show_default=True,
+        help="Where node calls run: in this process, or as Ray tasks (extra 'ray'; "
+        "placement by roles.<role>.resources). Scheduling, steering and the checkpoint "
+        "stay here. Env: STEERFLOW_EXECUTOR.",
+    )(func)
+
+
+def executor_kw(kw: dict[str, Any]) -> dict[str, Any]:
+    """The FlowOptions/AgentOptions executor fields from the parsed flags."""
+    return {"executor": kw.get("executor") or "local", "ray_address": kw.get("ray_address")}
 
 
 def compact_options(func: F) -> F:

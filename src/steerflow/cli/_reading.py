@@ -117,6 +117,8 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
         f"duration: {fmt_duration(d['duration_s'])}",
         f"usage: {fmt_usage(d['usage'])}",
     ]
+    if d.get("placement"):
+        lines.append(f"ran on: {placement_text(d['placement'])}")
     if d.get("parent"):
         lines.append(f"spawned by: {printable(d['parent'])}")
     if d.get("spawned"):
@@ -287,3 +289,12 @@ def result_tail(text: str, run_id: str | None) -> list[str]:
         rest = len(lines) - RESULT_TAIL_LINES
         out.append(f"... {rest} more lines: steerflow result {run_id or 'RUN'}")
     return out
+
+
+def placement_text(placement: dict[str, Any]) -> str:
+    """Where a call ran (``--executor ray``): ``ray node 6856b74f (127.0.0.3), pid 19670``."""
+    node = str(placement.get("node_id") or "?")[:8]
+    return (
+        f"{printable(str(placement.get('executor') or 'ray'))} node {printable(node)} "
+        f"({printable(str(placement.get('node_ip') or '?'))}), pid {placement.get('pid')}"
+    )

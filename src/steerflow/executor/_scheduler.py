@@ -428,6 +428,8 @@ class FlowExecutor:
         except Exception as exc:  # a provider bug fails its node, never the whole flow
             op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
             return op.status
+        if response.placement is not None:
+            op.extra["placement"] = response.placement  # shown with the node, not recorded
         # Paid for whatever follows: a node that fails its artifact check still cost this.
         op.usage = self.meter.charge(op.model, response.usage) if self.meter else response.usage
         if op.declared_artifacts:

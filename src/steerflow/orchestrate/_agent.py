@@ -226,10 +226,22 @@ class AgentRun:
 
     async def run(self) -> AgentResult:
         """Open the session, run the turns, persist; return the result."""
-        provider = self._provider
-        if provider is None:
-            provider = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
-            self._provider = provider
+        cluster = None
+        if self.options.executor == "ray":
+            from steerflow.cluster import connect_ray
+
+            # On the loop's thread, before anything exists (see FlowRun._join_cluster).
+            cluster = connect_ray(self.options.ray_address)
+        try:
+            if self._provider is None:
+                built = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
+                self._provider = cluster.wrap(lambda role: None)(built) if cluster else built
+            return await self._run_with_provider(self._provider)
+        finally:
+            if cluster is not None:
+                await asyncio.to_thread(cluster.close)
+
+    async def _run_with_provider(self, provider: Provider) -> AgentResult:
         opts, seed = self.options, self.options.resume
         chain = seed.caps if seed is not None else Caps()
         caps = Caps(

@@ -97,6 +97,9 @@ class AgentOptions:
     max_cost: float | None = None
     max_tokens: int | None = None
     prices: dict[str, Price] = field(default_factory=dict)
+    # Where each turn's call runs, as for a flow (``--executor``, ``--ray-address``).
+    executor: str = "local"
+    ray_address: str | None = None
 
 
 @dataclass

@@ -434,6 +434,7 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "replayed": bool(call.get("replayed")),
         "replayed_from": replayed_from,
         "steers": call.get("steers") or [],
+        "placement": call.get("placement"),
         "note": _note(info, status, ran),
         # Outcomes live in the checkpoint: when it cannot be read, say why instead of
         # presenting the missing response as "none".

@@ -21,6 +21,7 @@ __all__ = [
     "FlowResult",
     "ResumeSeed",
     "RunStatus",
+    "check_executor",
     "exit_code_for",
     "node_summaries",
     "usage_total",
@@ -138,8 +139,14 @@ class FlowOptions:
     # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
     # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
     plan: Plan | None = None
+    # Where node calls run (``--executor``, env ``STEERFLOW_EXECUTOR``): this process, or a
+    # Ray cluster (``--ray-address``, else Ray's own ``RAY_ADDRESS``). Not recorded: a
+    # resume says again where its calls run.
+    executor: str = "local"
+    ray_address: str | None = None
 
     def __post_init__(self) -> None:
+        check_executor(self.executor)
         if self.plan is None:
             return
         if not isinstance(self.plan, Plan):
@@ -157,6 +164,12 @@ class FlowOptions:
             raise UsageError(
                 f"FlowOptions: give either plan or {others[0]}, not both (a run has one plan)"
             )
+
+
+def check_executor(executor: str) -> None:
+    """Refuse an ``--executor`` value other than ``local`` or ``ray`` (CONTRACT §11)."""
+    if executor not in ("local", "ray"):
+        raise UsageError(f"executor {executor!r}: use 'local' or 'ray'")
 
 
 @dataclass

@@ -152,6 +152,8 @@ def _call_detail(op: Operation, graph: Graph) -> dict[str, object]:
             out[name] = value
     if op.extra.get("steers"):
         out["steers"] = op.extra["steers"]
+    if op.extra.get("placement"):
+        out["placement"] = op.extra["placement"]
     if op.status == "skipped" and op.extra.get("skipped"):
         out["skipped"] = op.extra["skipped"]
     parent = graph.ops.get(op.parent_id) if op.parent_id else None

@@ -6,9 +6,10 @@ import asyncio
 import contextlib
 import signal
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerflow import _faults
 from steerflow._live import LiveWriter
@@ -78,6 +79,9 @@ from steerflow.plan import (
 from steerflow.providers import PlanRequest, ProviderCache, Usage
 from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
+
+if TYPE_CHECKING:
+    from steerflow.cluster import RayCluster
 
 __all__ = ["FlowRun", "run_flow"]
 
@@ -293,6 +297,41 @@ class FlowRun:
                 given_model=opts.model,
                 allowed=opts.allow_python,
             )
+        cluster = self._join_cluster(settings)
+        try:
+            return await self._run_checked(plan, prompt, source, settings)
+        finally:
+            if cluster is not None:
+                await asyncio.to_thread(cluster.close)
+
+    def _join_cluster(self, settings: RunSettings) -> RayCluster | None:
+        """``--executor ray``: join the cluster and route node calls to it; None when local.
+
+        On the loop's thread, before any provider exists: ``ray.init`` must run where it
+        can leave the process's signal handling as it found it, and a refused cluster or
+        placement is refused before anything is allocated or paid for.
+        """
+        opts = self.options
+        if opts.executor == "local" or opts.dry_run:
+            return None
+        from steerflow.cluster import connect_ray
+
+        cluster = connect_ray(opts.ray_address)
+        try:
+            roles = settings.role_resources
+            asked: dict[str | None, Mapping[str, float] | None] = {None: None}
+            asked.update(roles)
+            cluster.check_roles(asked)
+        except BaseException:
+            cluster.close()
+            raise
+        self._providers = ProviderCache(wrap=cluster.wrap(lambda role: roles.get(role or "")))
+        return cluster
+
+    async def _run_checked(
+        self, plan: PlanFile | None, prompt: str, source: str, settings: RunSettings
+    ) -> FlowResult:
+        opts = self.options
         models = {settings.model, *settings.role_models.values(), *settings.escalation_models}
         models.add(settings.synthesis_model)
         for spec in models:

@@ -20,6 +20,7 @@ from steerflow.plan import (
     CompactBound,
     PlanFile,
     ReactivePolicy,
+    RoleSpec,
     parse_reactive,
 )
 from steerflow.providers._pricing import Price, positive_price
@@ -82,7 +83,7 @@ class RunSettings:
             save=options.save,
             playbook=options.playbook,
             kind=options.kind,
-            roles={k: v.model_dump() for k, v in (plan.roles if plan else {}).items()},
+            roles={k: _role_config(v) for k, v in (plan.roles if plan else {}).items()},
             compact_records=_flag_or(
                 options.compact_records,
                 plan.compact_records if plan else None,
@@ -200,6 +201,16 @@ class RunSettings:
         """The model spec that serves an operation assigned to ``assignee``."""
         return self.role_models.get(assignee or "", self.model)
 
+    @property
+    def role_resources(self) -> dict[str, dict[str, float]]:
+        """Roles that ask a Ray cluster for resources (``roles.<role>.resources``)."""
+        out: dict[str, dict[str, float]] = {}
+        for name, role in self.roles.items():
+            asked = role.get("resources")
+            if isinstance(asked, dict):
+                out[name] = {str(k): float(v) for k, v in asked.items()}
+        return out
+
     def escalation_for(self, assignee: str | None) -> list[str]:
         """The role's escalation ladder (``roles.<role>.escalation``), models in order."""
         ladder = (self.roles.get(assignee or "") or {}).get("escalation")
@@ -272,6 +283,15 @@ def _stored_prices(value: object) -> dict[str, Price]:
                     positive_price(spec.get("output"), str(model)),
                 )
     return out
+
+
+def _role_config(role: RoleSpec) -> dict[str, Any]:
+    """A role as the checkpoint's config stores it.
+
+    ``resources`` only when given: the stored form of every plan without Ray placement
+    stays byte for byte what it was.
+    """
+    return role.model_dump(exclude={"resources"} if role.resources is None else None)
 
 
 def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, flag: str) -> int:

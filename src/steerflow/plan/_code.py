@@ -98,10 +98,14 @@ class Role:
     system: str | None = None
     artifacts: Sequence[str] = ()
     escalation: Sequence[str] = ()
+    #: Ray resources per call (``num_cpus``, ``num_gpus``, ``memory``, custom names).
+    resources: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
         _freeze(self, "artifacts", tuple(self.artifacts))
         _freeze(self, "escalation", tuple(self.escalation))
+        if self.resources is not None:
+            _freeze(self, "resources", MappingProxyType(dict(self.resources)))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -111,6 +115,8 @@ class Role:
         for name in ("artifacts", "escalation"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
+        if self.resources is not None:
+            out["resources"] = dict(self.resources)
         return out
 
 
@@ -304,7 +310,11 @@ def _edge_of(dep: Dependency) -> Edge:
 
 def _role_of(role: RoleSpec) -> Role:
     return Role(
-        model=role.model, system=role.system, artifacts=role.artifacts, escalation=role.escalation
+        model=role.model,
+        system=role.system,
+        artifacts=role.artifacts,
+        escalation=role.escalation,
+        resources=role.resources,
     )
 
 

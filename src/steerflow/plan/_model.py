@@ -7,6 +7,7 @@ acyclic plans with unique ids.
 
 from __future__ import annotations
 
+import math
 import re
 from typing import Annotated, Literal, NamedTuple
 
@@ -30,6 +31,7 @@ __all__ = [
     "SpawnSpec",
     "SynthesisSpec",
     "artifact_path_problem",
+    "resource_problem",
 ]
 
 # The first character keeps ids from naming a path component: ``.``, ``..`` and dot-files
@@ -104,12 +106,29 @@ class PlanEntry(_Strict):
 
 
 class RoleSpec(_Strict):
-    """Per-role settings: model, system prompt and declared artifacts."""
+    """Per-role settings: model, system prompt, declared artifacts, Ray placement."""
 
     model: str | None = None
     system: str | None = None
     artifacts: list[str] = Field(default_factory=list)
     escalation: list[str] = Field(default_factory=list)
+    #: What one of the role's calls asks a Ray cluster for (``--executor ray``): ``num_cpus``,
+    #: ``num_gpus``, ``memory`` (bytes) and custom resources by name. Ignored when local.
+    resources: dict[str, float] | None = Field(
+        default=None,
+        description="Ray resources per call of this role (num_cpus, num_gpus, memory in "
+        "bytes, custom names); only used with --executor ray.",
+    )
+
+    @field_validator("resources")
+    @classmethod
+    def _resources(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value is not None:
+            for name, amount in value.items():
+                problem = resource_problem(name, amount)
+                if problem:
+                    raise ValueError(f"resources.{name}: {problem}")
+        return value
 
 
 class SpawnSpec(_Strict):
@@ -249,6 +268,34 @@ class PlanFile(_Strict):
                     raise ValueError(
                         f"plan[{at}] ({entry.agent_id!r}).artifacts[{index}] {path!r}: {problem}"
                     )
+
+
+#: Ray's own resource names, which a plan spells as keyword options instead.
+_RAY_BUILTIN_RESOURCES = {"CPU": "num_cpus", "GPU": "num_gpus"}
+_RESOURCE_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:/-]{0,127}$")
+
+
+def resource_problem(name: str, amount: object) -> str | None:
+    """Why ``resources.<name>: <amount>`` cannot be a Ray request, or None.
+
+    Ray's rules, checked here so a bad plan is refused when it is read rather than when a
+    call is placed: a quantity is a finite number >= 0, one above 1 is whole (Ray rounds
+    fractions only below 1), ``memory`` is whole bytes, and ``CPU``/``GPU`` are spelled
+    ``num_cpus``/``num_gpus``.
+    """
+    if name in _RAY_BUILTIN_RESOURCES:
+        return f"spell it {_RAY_BUILTIN_RESOURCES[name]!r}"
+    if name == "object_store_memory" or not _RESOURCE_NAME_RE.match(name):
+        return "not a resource name a call can request"
+    if isinstance(amount, bool) or not isinstance(amount, int | float):
+        return f"{amount!r} is not a number"
+    if not math.isfinite(amount) or amount < 0:
+        return f"{amount!r} is not a finite number >= 0"
+    if name == "memory" and amount != int(amount):
+        return f"{amount!r} is not a whole number of bytes"
+    if amount > 1 and amount != int(amount):
+        return f"{amount!r}: a quantity above 1 must be a whole number"
+    return None
 
 
 def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:

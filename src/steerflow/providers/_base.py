@@ -114,6 +114,9 @@ class ProviderResponse:
     artifacts: list[str] = field(default_factory=list)
     #: The vendor-side conversation this call ran in, when the worker reports one.
     conversation: str | None = None
+    #: Where the call ran when it was not this process (``--executor ray``: the Ray node
+    #: id and address, worker pid): shown with the node, never part of its result.
+    placement: dict[str, object] | None = None
 
 
 @dataclass(frozen=True)
@@ -192,6 +195,14 @@ class Provider(abc.ABC):
         The planner call is paid work of the run: its usage counts in the run's total.
         """
         return PlanReply(await self.plan(request))
+
+    def portable_spec(self) -> str:
+        """The spec that builds this provider again in another process (a Ray worker).
+
+        The same as ``spec`` unless it depends on this process (``script:`` gives its
+        file's absolute path, so a worker with another working directory reads that file).
+        """
+        return self.spec
 
     async def aclose(self) -> None:  # noqa: B027 - optional hook, most providers hold nothing
         """Release clients or subprocesses."""

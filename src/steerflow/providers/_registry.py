@@ -9,6 +9,8 @@ the ``steerflow.providers`` entry point group (``_plugins``), and only then.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from steerflow.errors import UsageError
 from steerflow.providers._base import Provider
 from steerflow.providers._plugins import ENTRY_POINT_GROUP, plugin_provider
@@ -114,15 +116,21 @@ def make_remote_provider(vendor: str, model: str, spec: str) -> Provider:
 
 
 class ProviderCache:
-    """One provider per spec for the life of a run."""
+    """One provider per spec for the life of a run.
 
-    def __init__(self) -> None:
+    ``wrap`` (``--executor ray``) turns each provider built into the one the run calls:
+    the same provider, its node calls dispatched elsewhere.
+    """
+
+    def __init__(self, wrap: Callable[[Provider], Provider] | None = None) -> None:
         self._providers: dict[str, Provider] = {}
+        self._wrap = wrap
 
     def get(self, spec: str) -> Provider:
         """Return (building once) the provider for ``spec``."""
         if spec not in self._providers:
-            self._providers[spec] = make_provider(spec)
+            provider = make_provider(spec)
+            self._providers[spec] = self._wrap(provider) if self._wrap else provider
         return self._providers[spec]
 
     async def aclose(self) -> None:

@@ -134,6 +134,10 @@ class ScriptProvider(Provider):
         self.path = Path(raw).expanduser().absolute()
         self.scripts = load_script(self.path)
 
+    def portable_spec(self) -> str:
+        """``script:`` and the file's absolute path: a Ray worker has its own cwd."""
+        return f"script:{self.path}"
+
     def _node(self, key: str) -> NodeScript:
         defaults = self.scripts.get("*", NodeScript())
         own = self.scripts.get(key, NodeScript())

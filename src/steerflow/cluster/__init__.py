@@ -1,0 +1,22 @@
+"""Node calls on a Ray cluster (``--executor ray``): the flow process stays their one owner.
+
+Only the provider call of an admitted node leaves the process, as a Ray task
+(:mod:`steerflow.cluster._worker`); scheduling, steering, the control poller, admission, the
+lease and the checkpoint writer stay where they are, so every rule of a local run holds
+unchanged. ``ray`` (extra ``ray``) is imported only when a run asks for it.
+"""
+
+from __future__ import annotations
+
+from steerflow.cluster._connect import EXECUTORS, Executor, RayCluster, connect_ray
+from steerflow.cluster._placement import ray_options, request_of, unplaceable
+
+__all__ = [
+    "EXECUTORS",
+    "Executor",
+    "RayCluster",
+    "connect_ray",
+    "ray_options",
+    "request_of",
+    "unplaceable",
+]
