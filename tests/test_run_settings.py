@@ -115,3 +115,21 @@ def test_synthesis_flag_replaces_the_plans_instruction_and_is_recorded() -> None
     assert RunSettings.from_checkpoint_config({"synthesis": {"model": "echo"}}).synthesis is None
     with pytest.raises(UsageError, match="--synthesize"):
         RunSettings.from_options(FlowOptions(synthesize="  "), None)
+
+
+def test_the_plans_name_is_recorded_only_when_it_has_one() -> None:
+    """Decision 206: ``config.name`` lets ``db rebuild`` and a resume name the run."""
+    named = parse_plan(
+        {"name": "weekly", "plan": [{"agent_id": "a", "instruction": "x"}]},
+        source="test",
+        max_entries=None,
+    )
+    config = RunSettings.from_options(FlowOptions(), named).to_checkpoint_config()
+    assert config["name"] == "weekly" and list(config)[-1] == "name"
+    assert RunSettings.from_checkpoint_config(config).plan_name == "weekly"
+    unnamed = parse_plan(
+        {"plan": [{"agent_id": "a", "instruction": "x"}]}, source="test", max_entries=None
+    )
+    assert "name" not in RunSettings.from_options(FlowOptions(), unnamed).to_checkpoint_config()
+    assert "name" not in RunSettings.from_options(FlowOptions(), None).to_checkpoint_config()
+    assert RunSettings.from_checkpoint_config({"name": 7}).plan_name is None  # hand-edited

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import getpass
 import itertools
+import math
 import os
 import sqlite3
 import time
@@ -14,7 +16,17 @@ from typing import Any
 import pytest
 
 from pg_support import PgRaw
-from steerflow.control import MAX_MESSAGE_BYTES, enqueue_control, resolve_control
+from steerflow.control import (
+    MAX_MESSAGE_BYTES,
+    FrontEnd,
+    check_budget,
+    enqueue_control,
+    open_existing_db,
+    resolve_control,
+    send_control,
+    sender_id,
+    session_target,
+)
 from steerflow.control._queue import DB_BUSY_TIMEOUT_S, CliVerb, Queued, check_message_text
 from steerflow.errors import (
     ControlNotApplyingError,
@@ -23,9 +35,10 @@ from steerflow.errors import (
     KindNotAllowedError,
     NotRunningError,
     RefusedError,
+    UnknownIdError,
     UsageError,
 )
-from steerflow.state import STATE_DB_URL_ENV, ResolvedTarget, StateDB
+from steerflow.state import STATE_DB_URL_ENV, ResolvedTarget, StateDB, this_host
 from steerflow.state._postgres import _key
 
 
@@ -161,7 +174,9 @@ def test_kind_verb_matrix(home: Path, kind: str, verb: CliVerb, via: str) -> Non
     text = "steer" if verb == "message" else None
     if _ACCEPTS[(kind, verb)]:
         queued = enqueue_control(home, target, verb, text)
-        assert queued == Queued(control_id=queued.control_id, session_id=session_id, verb=verb)
+        assert queued == Queued(
+            control_id=queued.control_id, session_id=session_id, verb=verb, sender=sender_id("api")
+        )
         with StateDB.open(home) as db:
             (row,) = db.list_controls(session_id)
         assert (row.id, row.session_id, row.verb, row.is_pending) == (
@@ -296,3 +311,164 @@ def test_a_target_whose_session_row_is_gone_is_refused(home: Path) -> None:
         enqueue_control(home, orphan[:6], "pause")
     with StateDB.open(home) as db:
         assert db.count_controls() == 0
+
+
+@pytest.mark.parametrize("via", ["cli", "studio", "mcp", "api"])
+def test_every_row_records_its_sender(home: Path, sid: str, via: FrontEnd) -> None:
+    queued = enqueue_control(home, sid, "pause", via=via)
+    with StateDB.open(home) as db:
+        (row,) = db.list_controls(sid)
+    assert row.id == queued.control_id and queued.sender == row.sender
+    assert row.sender == f"{via}:{getpass.getuser()}@{this_host()}:{os.getpid()}"
+    assert row.sender == sender_id(via)
+
+
+def test_the_python_writers_are_the_api_front_end(home: Path, sid: str) -> None:
+    control_id = send_control(home, sid, "message", "hi")
+    with StateDB.open(home) as db:
+        assert (db.get_control(control_id) or pytest.fail("no row")).sender == sender_id("api")
+
+
+def test_an_unknown_front_end_is_refused_without_a_row(home: Path, sid: str) -> None:
+    with pytest.raises(UsageError, match="unknown front end 'web'"):
+        enqueue_control(home, sid, "pause", via="web")  # type: ignore[arg-type]
+    with StateDB.open(home) as db:
+        assert db.count_controls() == 0
+
+
+def test_sender_parts_are_bounded_and_a_nameless_user_is_its_uid(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("STEERFLOW_HOST_ID", "h" * 100)
+    monkeypatch.setattr(getpass, "getuser", lambda: "u" * 100)
+    assert sender_id("cli") == f"cli:{'u' * 64}@{'h' * 64}:{os.getpid()}"
+
+    def nameless() -> str:
+        raise OSError("no user name")  # what getuser raises without LOGNAME and passwd entry
+
+    monkeypatch.setattr(getpass, "getuser", nameless)
+    assert sender_id("mcp") == f"mcp:uid{os.getuid()}@{'h' * 64}:{os.getpid()}"
+    monkeypatch.setattr(getpass, "getuser", lambda: "")
+    assert sender_id("api") == f"api:uid{os.getuid()}@{'h' * 64}:{os.getpid()}"
+
+
+# -- budgets, run-id targets and an explicit state DB (the library's writers) ------------------
+
+RUN_ID = "20260101T000000-c0ffee"
+NEEDS_A_CAP = "ctl budget needs --max-cost USD and/or --max-tokens N"
+
+
+@pytest.mark.parametrize(
+    ("given", "checked"),
+    [
+        ({"max_cost": 0.5}, {"max_cost": 0.5, "max_tokens": None}),
+        ({"max_cost": 2}, {"max_cost": 2.0, "max_tokens": None}),
+        ({"max_tokens": 1}, {"max_cost": None, "max_tokens": 1}),
+        ({"max_cost": 1e-9, "max_tokens": 7}, {"max_cost": 1e-9, "max_tokens": 7}),
+    ],
+)
+def test_check_budget_keeps_positive_finite_caps(
+    given: dict[str, float | int | None], checked: dict[str, float | int | None]
+) -> None:
+    out = check_budget(given)
+    assert out == checked and list(out) == ["max_cost", "max_tokens"]
+    assert isinstance(out["max_cost"], float | None)
+
+
+@pytest.mark.parametrize(
+    ("given", "message"),
+    [
+        (None, NEEDS_A_CAP),
+        ({}, NEEDS_A_CAP),
+        ({"max_cost": None, "max_tokens": None}, NEEDS_A_CAP),
+        *[
+            ({"max_cost": bad}, f"--max-cost must be a positive, finite number of USD, got {bad!r}")
+            for bad in (0, 0.0, -1.0, math.inf, math.nan, True, "1")
+        ],
+        *[
+            ({"max_tokens": bad}, f"--max-tokens must be a whole number >= 1, got {bad!r}")
+            for bad in (0, -3, 1.5, True, "3")
+        ],
+    ],
+)
+def test_check_budget_refuses_what_ctl_budget_refuses(
+    given: dict[str, Any] | None, message: str
+) -> None:
+    with pytest.raises(UsageError) as refused:
+        check_budget(given)
+    assert str(refused.value) == message
+
+
+def test_a_budget_row_holds_the_checked_caps(home: Path, sid: str) -> None:
+    enqueue_control(home, sid, "budget", budget={"max_cost": 3, "max_tokens": None})
+    with pytest.raises(UsageError, match="--max-tokens must be"):
+        enqueue_control(home, sid, "budget", budget={"max_tokens": 0})
+    with StateDB.open(home) as db:
+        (row,) = db.list_controls(sid)
+    assert (row.verb, row.payload) == ("budget", {"max_cost": 3.0, "max_tokens": None})
+
+
+def _state_db_url(home: Path) -> str:
+    """The URL of the backend ``home`` uses: PostgreSQL's from the environment, else its file."""
+    return os.environ.get(STATE_DB_URL_ENV) or f"sqlite:///{home / 'state.db'}"
+
+
+def test_send_control_takes_a_run_id_every_option_and_an_explicit_state_db(
+    home: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with StateDB.open(home) as db:
+        sid = db.create_session(kind="flow", run_id=RUN_ID).id
+    first = send_control(home, RUN_ID, "pause")  # the run id looked up in the home's DB
+    url = _state_db_url(home)
+    # Another home, no environment: only the explicit URL leads to the session's database.
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    other = tmp_path / "other-home"
+    stop = send_control(other, RUN_ID, "stop", "why", now=True, state_db=url, via="cli")
+    calm = send_control(other, RUN_ID, "stop", "later", state_db=url)
+    cap = send_control(other, RUN_ID, "budget", state_db=url, budget={"max_tokens": 9})
+    msg = send_control(other, sid, "message", "by session id", state_db=url)
+    with pytest.raises(UnknownIdError, match="unknown run id '20260101T000000-000000'"):
+        send_control(other, "20260101T000000-000000", "pause", state_db=url)
+    assert not other.exists()
+    with StateDB.open_url(url, create=False) as db:
+        rows = {c.id: c for c in db.list_controls(sid)}
+    assert list(rows) == [first, stop, calm, cap, msg]
+    assert rows[first].verb == "pause"
+    assert rows[stop].payload == {"now": True, "reason": "why"}
+    assert rows[stop].sender == sender_id("cli")
+    assert rows[calm].payload == {"now": False, "reason": "later"}
+    assert rows[calm].sender == sender_id("api")
+    assert rows[cap].payload == {"max_cost": None, "max_tokens": 9}
+    assert rows[msg].payload == {"text": "by session id"}
+
+
+def test_session_target_maps_a_run_id_and_leaves_other_targets(home: Path) -> None:
+    with StateDB.open(home) as db:
+        sid = db.create_session(kind="flow", run_id=RUN_ID).id
+        assert session_target(db, RUN_ID) == sid
+        assert session_target(db, sid[:8]) == sid[:8]  # a prefix is resolve_target's job
+        with pytest.raises(UnknownIdError) as unknown:
+            session_target(db, "20260101T000000-000000")
+    assert str(unknown.value) == "unknown run id '20260101T000000-000000': no session ran it"
+
+
+def test_an_explicit_state_db_that_is_missing_is_refused_not_created(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    missing = tmp_path / "nowhere" / "state.db"
+    with pytest.raises(RefusedError, match="no state database"):
+        open_existing_db(tmp_path / "home", state_db=f"sqlite:///{missing}")
+    assert not missing.parent.exists() and not (tmp_path / "home").exists()
+
+
+def test_an_explicit_state_db_waits_only_as_long_as_asked(
+    home: Path, sid: str, tmp_path: Path
+) -> None:
+    url = _state_db_url(home)
+    queued = enqueue_control(home, sid, "message", "x")
+    with StateDB.open(home) as db, _write_lock_held(db, sid, queued.control_id):
+        started = time.monotonic()
+        with pytest.raises(DatabaseBusyError, match="database busy"):
+            enqueue_control(tmp_path / "x", sid, "pause", busy_timeout_s=0.2, state_db=url)
+        assert time.monotonic() - started < 5.0  # the default bound is 10 s

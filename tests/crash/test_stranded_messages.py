@@ -122,7 +122,9 @@ def test_a_message_sent_mid_turn_survives_a_sigkill_of_the_agent(tmp_path: Path)
         "claimant": None,
         "claimed_by": None,
         "redelivered_as": None,
+        "sender": sent.sender,  # who sent it (decision 205): `steerflow ctl`
     }
+    assert (sent.sender or "").startswith("cli:")
     assert any(msg in w and "re-queues it" in w for w in dry.json["warnings"])
     assert msg in dry.stderr
     assert dry.json["nodes"] == [{"id": "turn-1", "kind": "planned", "status": "pending"}]
@@ -152,6 +154,7 @@ def test_a_message_sent_mid_turn_survives_a_sigkill_of_the_agent(tmp_path: Path)
     again = control(home, new)
     assert again.session_id == out["session_id"] and again.result == "applied"
     assert again.payload == {"text": "hello", "redelivered_from": msg}
+    assert again.sender == sent.sender  # the operator sent it; the resume only moved it
     assert [line["node"] for line in read_invocations(home)] == ["turn-1", "turn-1", "turn-2"]
 
 

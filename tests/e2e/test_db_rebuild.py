@@ -80,6 +80,12 @@ def _sessions(home: Path) -> dict[str, tuple[str, str, str]]:
         return {str(s.run_id): (s.id, s.kind, s.status) for s in db.list_sessions(limit=None)}
 
 
+def _names(home: Path) -> dict[str, str | None]:
+    """run id -> the run's stored name."""
+    with StateDB.open(home, create=False) as db:
+        return {str(s.run_id): s.name for s in db.list_sessions(limit=None)}
+
+
 @contextmanager
 def _studio_client(home: Path) -> Iterator[httpx.Client]:
     """A real Studio on loopback (a thread of this process), and a client past its token."""
@@ -168,6 +174,14 @@ def test_rebuild_registers_every_run_once_and_twice_changes_nothing(
     monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
     home, runs = _home_with_runs(tmp_path)
     expected = _sessions(home)
+    names = _names(home)
+    # The plan's name, kept by its resume too; the agent is named by its task.
+    assert {k: names[p.name] for k, p in runs.items()} == {
+        "completed": "chain",
+        "interrupted": "chain",
+        "resumed": "chain",
+        "agent": "say hi",
+    }
     _delete_state_db(home)
     if target == "postgresql":  # the new DB is a PostgreSQL one
         monkeypatch.setenv(STATE_DB_URL_ENV, request.getfixturevalue("pg").new_database())
@@ -192,6 +206,9 @@ def test_rebuild_registers_every_run_once_and_twice_changes_nothing(
     assert {run: (sid, kind) for run, (sid, kind, _) in rebuilt.items()} == {
         run: (sid, kind) for run, (sid, kind, _) in expected.items()
     }
+    assert _names(home) == names, "db rebuild lost or changed a run's name"
+    shown_name = _ok(run_cli(home, "show", runs["completed"].name, "--json"))["name"]
+    assert shown_name == "chain"
     tables = _tables(home)
 
     second = _ok(run_cli(home, "db", "rebuild", "--json"))

@@ -273,6 +273,20 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         _shot(node, tmp_path / "node.png")
         node.close()
 
+        # Set cap confirms first too: the new cap against what the chain has spent.
+        page.get_by_placeholder("max tokens").fill("1000000")
+        page.get_by_role("button", name="Set cap…").click()
+        expect(page.locator("h2")).to_contain_text("change the budget")
+        expect(page.locator("#confirm-budget")).to_contain_text("1,000,000 tokens")
+        expect(page.locator("#confirm-effect")).to_contain_text("more tokens")
+        assert controls(home, sid)[-1].verb == "resume"  # nothing sent by the confirmation
+        page.get_by_role("button", name="Set the new cap").click()
+        expect(page.locator("p.notice")).to_contain_text("queued control")
+        wait_for(lambda: controls(home, sid)[-1].result, what="the budget change stamped")
+        # The history says who queued each control (decision 205).
+        expect(page.locator("#history")).to_contain_text("budget")
+        expect(page.locator("#history")).to_contain_text("; by studio:")
+
         page.get_by_role("button", name="Stop").click()  # a confirmation page first
         expect(page.locator("h2")).to_contain_text("stop run")
         page.get_by_role("button", name="Stop").click()
@@ -287,7 +301,7 @@ def test_live_run_page_pause_message_stop(tmp_path: Path, watched: Watched) -> N
         expect(page.locator("#recovery")).to_be_visible()
         expect(page.get_by_role("button", name="Pause")).to_have_count(0)
         verbs = [c["verb"] for c in ctl_status(home, sid)["controls"]]
-        assert verbs == ["pause", "message", "resume", "stop"]
+        assert verbs == ["pause", "message", "resume", "budget", "stop"]
         _inert(page)
         _shot(page, tmp_path / "run-stopped.png")
 

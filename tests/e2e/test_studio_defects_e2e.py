@@ -231,6 +231,76 @@ def test_stop_confirms_with_now_and_a_reason_and_is_not_queued_twice(tmp_path: P
         again = client.get(f"/runs/{RUN}/stop").text
         assert f"a stop is already queued (control {stop.id}" in again
         assert "<button>Stop" not in again
+        # A second click on the confirmed form: told what is queued, nothing sent twice.
+        twice = client.post(
+            f"/sessions/{row.id}/control",
+            data={"csrf": csrf.group(1), "verb": "stop", "back": f"/runs/{RUN}"},
+        )
+        assert twice.status_code == 409 and f"(control {stop.id} by studio:" in twice.text
+        with StateDB.open(home, create=False) as db:
+            assert len(db.list_controls(row.id)) == 1
+
+
+def test_budget_change_confirms_against_the_spend_and_is_not_queued_twice(
+    tmp_path: Path,
+) -> None:
+    home = _home(tmp_path)
+    spent = {"input_tokens": 1000, "output_tokens": 200, "cost_usd": 0.25}
+    with StateDB.open(home) as db:
+        row = db.create_session(kind="flow", run_id=RUN, phase="executing")
+        db.update_node_metadata(row.id, {"budget": {"max_cost": 1.0, "max_tokens": None}})
+        db.upsert_nodes(row.id, [NodeUpdate("a", "planned", "completed", detail=spent)])
+    with studio(home) as s, s.client() as client:
+        run_page = client.get(f"/runs/{RUN}").text
+        # Set cap is a GET to the confirmation, not a POST that acts at once.
+        assert f'method="get" action="/runs/{RUN}/budget"' in run_page
+        assert 'name="verb" value="budget"' not in run_page
+
+        raised = client.get(f"/runs/{RUN}/budget", params={"max_cost": "0.5"})
+        assert raised.status_code == 200
+        table = raised.text.split('id="confirm-budget"', 1)[1].split("</table>", 1)[0]
+        assert "<th>in force</th><td>$1.0000</td><td>none</td>" in table
+        assert "<th>new</th><td>$0.5000</td><td>none</td>" in table
+        assert "<th>spent</th><td>$0.2500</td><td>1,200 tokens</td>" in table
+        assert "the run may spend $0.2500 more" in raised.text
+        assert "budget_exhausted" not in raised.text.split('id="confirm-effect"', 1)[1]
+
+        below = client.get(f"/runs/{RUN}/budget", params={"max_tokens": "1200"}).text
+        assert "at or below what the chain has spent" in below
+        assert "<code>budget_exhausted</code> (exit 76" in below
+        tokens_room = client.get(f"/runs/{RUN}/budget", params={"max_tokens": "5000"}).text
+        assert "the run may spend 3,800 more tokens" in tokens_room
+        for bad in ({"max_cost": "lots"}, {"max_cost": "0"}, {}, {"max_tokens": "1.5"}):
+            refused = client.get(f"/runs/{RUN}/budget", params=bad)
+            assert refused.status_code == 400, bad
+        assert client.get(f"/runs/{RUN}/budget", params={"max_cost": "<b>"}).status_code == 400
+
+        csrf = re.search(r'name="csrf" value="([0-9a-f]{64})"', raised.text)
+        assert csrf and 'name="max_cost" value="0.5"' in raised.text
+        form = {"csrf": csrf.group(1), "verb": "budget", "max_cost": "0.5", "max_tokens": "",
+                "back": f"/runs/{RUN}"}  # fmt: skip
+        sent = client.post(f"/sessions/{row.id}/control", data=form)
+        assert sent.status_code == 303, sent.text
+        with StateDB.open(home, create=False) as db:
+            (cap,) = db.list_controls(row.id)
+        assert cap.payload == {"max_cost": 0.5, "max_tokens": None}
+        assert (cap.sender or "").startswith("studio:")
+
+        twice = client.post(f"/sessions/{row.id}/control", data=form)
+        assert twice.status_code == 409
+        assert f"a budget change is already queued (control {cap.id} by studio:" in twice.text
+        shown = client.get(f"/runs/{RUN}/budget", params={"max_cost": "0.5"}).text
+        assert 'id="already-queued"' in shown and "Set the new cap" not in shown
+        with StateDB.open(home, create=False) as db:
+            assert len(db.list_controls(row.id)) == 1
+            db.finalize_control(cap.id, "applied")  # the flow applied it: a new one may go
+        assert client.post(f"/sessions/{row.id}/control", data=form).status_code == 303
+
+        with StateDB.open(home) as db:
+            db.set_session_status(row.id, "completed")
+        done = client.get(f"/runs/{RUN}/budget", params={"max_cost": "2"}).text
+        assert "the run is completed: no flow would apply a new cap" in done
+        assert "Set the new cap" not in done
 
 
 def test_runs_page_shows_what_each_finished_run_spent(tmp_path: Path) -> None:

@@ -29,7 +29,10 @@ def _seed(db: StateDB) -> str:
     ).id
     inv = db.create_invocation(session_id=sid, kind="flow")
     db.create_play(session_id=sid, invocation_id=inv.id, playbook="demo")
-    db.insert_control(session_id=sid, verb="message", payload={"text": "héllo"})
+    # One row with a sender (schema migration 7), one as an older release left it.
+    db.insert_control(
+        session_id=sid, verb="message", payload={"text": "héllo"}, sender="cli:alice@h:1"
+    )
     db.insert_control(session_id=sid, verb="pause", payload=None)
     db.upsert_nodes(sid, [NodeUpdate("a", "planned", "running", node_id="n1", detail={"k": 1})])
     db.update_node_metadata(sid, {"poller": "active"})
@@ -81,6 +84,8 @@ def test_copy_into_postgresql_is_complete_and_idempotent(
     assert report["target"] == url
     with StateDB.open_url(url, create=False) as target:
         assert _snapshot(target) == expected
+        senders = [c.sender for c in target.list_controls(sid)]
+        assert senders == ["cli:alice@h:1", None]
     # Again: nothing changes. Then a changed source row is brought up to date.
     assert _copy(home, url, capsys=capsys)[0] == 0
     with StateDB.open(home) as db:

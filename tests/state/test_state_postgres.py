@@ -64,6 +64,7 @@ def test_session_controls_columns_check_and_index_are_d1(raw: PgRaw) -> None:
         ("created_at", "double precision", "NO"),  # REAL would be 4 bytes here
         ("applied_at", "double precision", "YES"),
         ("result", "text", "YES"),
+        ("sender", "text", "YES"),  # schema migration 7: who queued it
     ]
     (fk,) = raw.execute(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint"

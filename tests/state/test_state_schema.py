@@ -12,7 +12,8 @@ from steerflow.errors import UsageError
 from steerflow.state import StateDB
 from steerflow.state._db import PENDING_CONTROLS_SQL
 
-# D1's table, with the verb CONTRACT §11 adds (``budget``, schema migration 5).
+# D1's table, with the verb CONTRACT §11 adds (``budget``, schema migration 6) and the
+# nullable sender column of schema migration 7 (decision 205), appended by ALTER TABLE.
 D1_TABLE = """
 CREATE TABLE session_controls (
   id          TEXT PRIMARY KEY,
@@ -22,7 +23,7 @@ CREATE TABLE session_controls (
   created_at  REAL NOT NULL,
   applied_at  REAL,
   result      TEXT
-)
+, sender TEXT)
 """
 
 D1_INDEX = """
@@ -60,6 +61,7 @@ def test_session_controls_ddl_is_exactly_d1(raw: sqlite3.Connection) -> None:
         ("created_at", "REAL", 1, 0),
         ("applied_at", "REAL", 0, 0),
         ("result", "TEXT", 0, 0),
+        ("sender", "TEXT", 0, 0),
     ]
     fks = raw.execute("PRAGMA foreign_key_list(session_controls)").fetchall()
     assert [(fk[2], fk[3], fk[4], fk[6]) for fk in fks] == [

@@ -27,7 +27,7 @@ def _queued(
 ) -> int:
     from steerflow.control import enqueue_control
 
-    queued = enqueue_control(home, target, verb, text, now=now)  # type: ignore[arg-type]
+    queued = enqueue_control(home, target, verb, text, now=now, via="cli")  # type: ignore[arg-type]
     emit_text(
         f"{queued.control_id}\nqueued {verb} for session {queued.session_id} "
         "(queued, not yet applied: see `steerflow ctl status`)"
@@ -98,7 +98,7 @@ def ctl_budget(ctx: click.Context, target: str, max_cost: float | None,
     from steerflow.control import enqueue_control
 
     budget = {"max_cost": max_cost, "max_tokens": max_tokens}
-    queued = enqueue_control(home_of(ctx), target, "budget", budget=budget)
+    queued = enqueue_control(home_of(ctx), target, "budget", budget=budget, via="cli")
     emit_text(
         f"{queued.control_id}\nqueued budget for session {queued.session_id} "
         "(queued, not yet applied: see `steerflow ctl status`)"
@@ -149,6 +149,9 @@ def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
 
         lines.append(f"budget: {caps_text(caps)}; spent: {fmt_usage(spent)}")
     for c in view["controls"]:
-        lines.append(f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}")
+        sender = printable(c.get("sender") or "unknown")
+        lines.append(
+            f"  {c['id']}  {c['verb']:<8} {printable(c['result'] or 'pending')}  from {sender}"
+        )
     emit_text("\n".join(lines))
     return 0

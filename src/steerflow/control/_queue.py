@@ -13,10 +13,12 @@ stored in commit order (see :meth:`StateDB.insert_control`).
 
 from __future__ import annotations
 
+import getpass
 import math
+import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, get_args
 
 from steerflow.errors import (
     KindNotAllowedError,
@@ -26,23 +28,52 @@ from steerflow.errors import (
     quote_input,
 )
 from steerflow.home import is_run_id
-from steerflow.state import ControlRow, StateDB, normalize_state_db_url
+from steerflow.state import ControlRow, StateDB, normalize_state_db_url, this_host
 
 __all__ = [
     "ALLOWED_KINDS",
     "DB_BUSY_TIMEOUT_S",
     "MAX_MESSAGE_BYTES",
     "CliVerb",
+    "FrontEnd",
     "Queued",
+    "check_budget",
     "check_message_text",
     "enqueue_control",
     "open_existing_db",
     "resolve_control",
     "send_control",
+    "sender_id",
     "session_target",
 ]
 
 CliVerb = Literal["pause", "resume", "message", "stop", "budget"]
+
+FrontEnd = Literal["cli", "studio", "mcp", "api"]
+"""Where a control was sent from: ``steerflow ctl``, the Studio, the MCP server, or the
+Python writers (``steerflow.views`` and ``steerflow.resume``)."""
+
+#: Longest user or host kept in a sender: the column is shown on every history row.
+_SENDER_PART_CHARS = 64
+
+
+def sender_id(front_end: FrontEnd) -> str:
+    """Who is queuing a control from this process: ``<front end>:<user>@<host>:<pid>``.
+
+    The user is the login name of the process (``getpass.getuser``; ``uid<N>`` when the
+    system has no name for it), the host the one leases and claims name
+    (``STEERFLOW_HOST_ID`` or the host name), so a sender and a claimant on one machine
+    read alike (docs/decisions.md, decision 205).
+    """
+    if front_end not in get_args(FrontEnd):
+        raise UsageError(f"unknown front end {front_end!r}: expected cli, studio, mcp or api")
+    try:
+        user = getpass.getuser()
+    except (OSError, KeyError):  # no LOGNAME/USER and no passwd entry (a bare container)
+        user = f"uid{os.getuid()}"
+    user = user[:_SENDER_PART_CHARS] or f"uid{os.getuid()}"
+    return f"{front_end}:{user}@{this_host()[:_SENDER_PART_CHARS]}:{os.getpid()}"
+
 
 DB_BUSY_TIMEOUT_S = 10.0
 #: Largest ``ctl msg`` text, in UTF-8 bytes.
@@ -68,6 +99,8 @@ class Queued:
     control_id: str
     session_id: str
     verb: str
+    #: Who queued it, as the row stores it (:func:`sender_id`).
+    sender: str | None = None
 
 
 def open_existing_db(
@@ -131,6 +164,7 @@ def enqueue_control(
     busy_timeout_s: float = DB_BUSY_TIMEOUT_S,
     state_db: str | None = None,
     budget: dict[str, float | int | None] | None = None,
+    via: FrontEnd = "api",
 ) -> Queued:
     """Insert one control row for the running session ``target`` resolves to.
 
@@ -141,6 +175,8 @@ def enqueue_control(
     For ``stop``, ``text`` is the optional operator reason and ``now`` asks for the
     in-flight operations to be cancelled too; both are kept in the row payload
     (``{"now": bool, "reason": str | None}``). ``state_db``: see :func:`open_existing_db`.
+    ``via`` names the front end the row is sent from; it is stored with the user, host
+    and pid as the row's ``sender`` (:func:`sender_id`).
 
     Raises:
         UsageError: A message without text, or a verb the CLI does not send.
@@ -160,6 +196,7 @@ def enqueue_control(
         check_stop_reason(text)
     elif verb == "budget":
         budget = check_budget(budget)
+    sender = sender_id(via)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s, state_db=state_db) as db:
         resolved = db.resolve_target(target)
         session = db.get_session(resolved.session_id)
@@ -180,9 +217,13 @@ def enqueue_control(
         elif verb == "budget":
             payload = dict(budget or {})
         row = db.insert_control(
-            session_id=session.id, verb=verb, payload=payload, require_running=True
+            session_id=session.id,
+            verb=verb,
+            payload=payload,
+            require_running=True,
+            sender=sender,
         )
-        return Queued(control_id=row.id, session_id=session.id, verb=verb)
+        return Queued(control_id=row.id, session_id=session.id, verb=verb, sender=row.sender)
 
 
 def send_control(
@@ -194,10 +235,12 @@ def send_control(
     now: bool = False,
     state_db: str | None = None,
     budget: dict[str, float | int | None] | None = None,
+    via: FrontEnd = "api",
 ) -> str:
     """:func:`enqueue_control` for the library's writers; returns the control id.
 
-    ``target`` may also be a run id (see :func:`session_target`).
+    ``target`` may also be a run id (see :func:`session_target`); ``via``: the sender's
+    front end (:func:`sender_id`).
 
     Raises:
         UnknownIdError: A run id no session ran; otherwise as :func:`enqueue_control`.
@@ -207,7 +250,7 @@ def send_control(
         with open_existing_db(home, state_db=state_db) as db:
             target = session_target(db, target)
     return enqueue_control(
-        home, target, verb, text, now=now, state_db=state_db, budget=budget
+        home, target, verb, text, now=now, state_db=state_db, budget=budget, via=via
     ).control_id
 
 

@@ -64,6 +64,7 @@ def _queued(queued: Queued) -> dict[str, Any]:
         "control_id": queued.control_id,
         "session_id": queued.session_id,
         "verb": queued.verb,
+        "sender": queued.sender,
         "queued": True,
         "note": "queued, not yet applied: the flow's poller applies it and stamps its "
         "result (show_run's phase; `steerflow ctl status`)",
@@ -170,20 +171,26 @@ def _add_control_tools(server: MCPServer[Any], home: Path) -> None:
     ) -> dict[str, Any]:
         """Queue `ctl budget`: new spend/token caps for the run's whole resume chain."""
         caps = {"max_cost": max_cost, "max_tokens": max_tokens}
-        return _queued(_answer(lambda: enqueue_control(home, target, "budget", budget=caps)))
+        return _queued(_answer(lambda: _enqueue(home, target, "budget", budget=caps)))
 
     for tool in (pause, resume, message, stop, budget):
         server.add_tool(tool, name=tool.__name__)
 
 
 def _enqueue(
-    home: Path, target: str, verb: Any, text: str | None = None, *, now: bool = False
+    home: Path,
+    target: str,
+    verb: Any,
+    text: str | None = None,
+    *,
+    now: bool = False,
+    budget: dict[str, float | int | None] | None = None,
 ) -> Queued:
     """``enqueue_control`` with a run id also taken, as the server's instructions promise."""
     if is_run_id(target):
         with open_existing_db(home) as db:
             target = session_target(db, target)
-    return enqueue_control(home, target, verb, text, now=now)
+    return enqueue_control(home, target, verb, text, now=now, budget=budget, via="mcp")
 
 
 def serve(home: Path, *, allow_control: bool = False) -> None:

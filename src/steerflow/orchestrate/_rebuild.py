@@ -15,6 +15,9 @@ What the files can tell (docs/decisions.md):
 * the node statuses are the checkpoint's entries (nothing about the calls themselves);
 * a run that was a resume of another one records that in its checkpoint ``config``
   (``resumed_from``), so its claim on the source (one resume per source) comes back;
+* the run's name is rebuilt as it was given: the plan's ``name`` its checkpoint
+  ``config`` keeps (runs checkpointed before it was kept fall back to the playbook or
+  the prompt's first line), else the playbook, else the prompt's first line;
 * the artifact contract is *not* copied into the row: the checkpoint's copy is all
   there is, and ``resume``/``verify`` use it only as the lost-DB rule says (without
   ``--accept-checkpoint-contract`` only when it declares no artifacts).
@@ -40,7 +43,7 @@ from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_stat
 from steerflow.errors import HomeRefusedError, SteerflowError
 from steerflow.home import is_run_id
 from steerflow.orchestrate._agent_state import is_agent_state, read_turns
-from steerflow.orchestrate._claim import LINEAGE_KEY
+from steerflow.orchestrate._claim import LINEAGE_KEY, run_name
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.state import InvocationKind, NodeStatus, NodeUpdate, SessionStatus, StateDB
 from steerflow.state._register import RebuiltSession, register_rebuilt
@@ -173,6 +176,24 @@ def _read_run(runs_dir: Path, name: str) -> RebuiltSession | RebuiltRun:
         node_metadata=meta,
         nodes=tuple(_nodes(state)),
         resumed=(resumed[1], resumed[2]) if resumed is not None else None,
+        name=_name(state, kind),
+    )
+
+
+def _name(state: CheckpointState, kind: str) -> str | None:
+    """The name the run was given, from what its checkpoint records (``_claim.run_name``).
+
+    A flow's config keeps the plan's ``name`` (when it had one) and the playbook; an
+    agent is named by its task, its checkpoint's prompt.
+    """
+    if kind == "agent":
+        return run_name(None, None, state.prompt)
+    config = state.config
+    plan_name, playbook = config.get("name"), config.get("playbook")
+    return run_name(
+        plan_name if isinstance(plan_name, str) else None,
+        playbook if isinstance(playbook, str) else None,
+        state.prompt,
     )
 
 

@@ -526,7 +526,8 @@ class FlowRun:
         seed = self.options.resume
         root = seed.artifact_root if seed is not None and seed.artifact_root else settings.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
-        name = run_name(plan.name if plan is not None else None, settings.playbook, prompt)
+        plan_name = plan.name if plan is not None and plan.name else settings.plan_name
+        name = run_name(plan_name, settings.playbook, prompt)
         row = await self._open_session(db, run_dir, prompt, source, settings, name)
         session_id = self.session_id = row.id
         self.run_id = run_dir.run_id

@@ -62,6 +62,9 @@ class RunSettings:
     #: Spend caps of the whole resume chain, and price overrides by model (spec or name).
     caps: Caps = field(default_factory=Caps)
     prices: Mapping[str, Price] = field(default_factory=dict)
+    #: The plan's ``name``, kept in the checkpoint so ``db rebuild`` and a resume can name
+    #: the run as it was named (``_claim.run_name``).
+    plan_name: str | None = None
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -102,6 +105,7 @@ class RunSettings:
                 **{k: Price(v.input, v.output) for k, v in (plan.prices if plan else {}).items()},
                 **options.prices,
             },
+            plan_name=plan.name if plan is not None else None,
         )
 
     def with_budget(
@@ -146,6 +150,7 @@ class RunSettings:
             synthesis=_stored_synthesis(config.get("synthesis")),
             caps=_stored_caps(config.get("budget")),
             prices=_stored_prices(config.get("prices")),
+            plan_name=config["name"] if isinstance(config.get("name"), str) else None,
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
@@ -183,6 +188,8 @@ class RunSettings:
         if self.prices:
             config["prices"] = {k: {"input": p.input, "output": p.output}
                                 for k, p in self.prices.items()}  # fmt: skip
+        if self.plan_name is not None:
+            config["name"] = self.plan_name
         return config
 
     @property

@@ -70,6 +70,8 @@ class StrandedMessage:
     claimed_by: str | None
     #: The control id of the row it was re-queued as, once re-queued.
     redelivered_as: str | None = None
+    #: Who sent it (``control.sender_id``), None for a row from before senders were kept.
+    sender: str | None = None
 
     @property
     def redelivered_without_asking(self) -> bool:
@@ -88,6 +90,7 @@ class StrandedMessage:
             "claimant": self.claimant,
             "claimed_by": self.claimed_by,
             "redelivered_as": self.redelivered_as,
+            "sender": self.sender,
         }
 
     def describe(self, *, redeliver_claimed: bool) -> str:
@@ -176,6 +179,7 @@ class ChainControls:
                     if state == "applying"
                     else None,
                     claimed_by=claimed_by(session, row) if state == "applying" else None,
+                    sender=row.sender,
                 )
             )
         return out

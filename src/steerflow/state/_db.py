@@ -157,7 +157,7 @@ _KEYS_PER_QUERY = 500
 _NODE_COLUMNS_NO_DETAIL = (
     "session_id, node_key, kind, node_id, assignee, status, updated_at, NULL AS detail"
 )
-_CONTROL_COLUMNS = "id, session_id, verb, payload, created_at, applied_at, result"
+_CONTROL_COLUMNS = "id, session_id, verb, payload, created_at, applied_at, result, sender"
 
 _TARGET_SQL: dict[TargetVia, str] = {
     "session": "SELECT id AS sid, kind FROM sessions WHERE id = ?",
@@ -231,6 +231,7 @@ def _insert_control(
     verb: ControlVerb,
     body: dict[str, Any] | None,
     created_at: float,
+    sender: str | None,
 ) -> ControlRow:
     """Insert a pending control inside ``tx``; ``created_at`` kept above the session's newest."""
     # Strictly above the session's newest row even when clocks differ between hosts.
@@ -240,12 +241,13 @@ def _insert_control(
     )[0]["newest"]
     if newest is not None and created_at <= float(newest):
         created_at = math.nextafter(float(newest), math.inf)
-    row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None)
+    row = ControlRow(_new_id(), session_id, verb, body, created_at, None, None, sender)
     tx.execute(
         "INSERT INTO session_controls (id, session_id, verb, payload, created_at,"
-        " applied_at, result) VALUES (?, ?, ?, ?, ?, NULL, NULL)",
-        (row.id, session_id, verb, None if body is None else dump_json(body), created_at),
-    )
+        " applied_at, result, sender) VALUES (?, ?, ?, ?, ?, NULL, NULL, ?)",
+        (row.id, session_id, verb, None if body is None else dump_json(body), created_at,
+         sender),
+    )  # fmt: skip
     return row
 
 
@@ -816,8 +818,11 @@ class StateDB:
         verb: ControlVerb,
         payload: Mapping[str, Any] | None,
         require_running: bool = False,
+        sender: str | None = None,
     ) -> ControlRow:
         """Queue a control: a uuid4-hex id, ``created_at`` now, not applied, no result.
+
+        ``sender`` is stored as who queued it (``control.sender_id``'s form).
 
         With ``require_running`` the "session is running" check and the insert share one
         write transaction, and ``created_at`` is taken under that lock, strictly above the
@@ -847,7 +852,7 @@ class StateDB:
                         f"session {session_id} is {status}, not running: "
                         f"no consumer would apply the {verb}"
                     )
-            row = _insert_control(tx, session_id, verb, body, created_at)
+            row = _insert_control(tx, session_id, verb, body, created_at, sender)
         return row
 
     def redeliver_control(
@@ -876,7 +881,8 @@ class StateDB:
                     return None
                 payload = old.payload if isinstance(old.payload, dict) else {}
                 body = {"text": payload.get("text", ""), "redelivered_from": control_id}
-                row = _insert_control(tx, to_session, "message", body, time.time())
+                # The operator who sent it is still its sender; the re-queue is no new send.
+                row = _insert_control(tx, to_session, "message", body, time.time(), old.sender)
                 # Conditional again: on PostgreSQL another writer may have stamped the row
                 # since the read above; then the insert is rolled back with it.
                 changed = tx.execute(
@@ -968,7 +974,7 @@ class StateDB:
                 (now, result, control_id),
             )
         return ControlRow(current.id, current.session_id, current.verb, current.payload,
-                          current.created_at, now, result)  # fmt: skip
+                          current.created_at, now, result, current.sender)  # fmt: skip
 
     def upsert_nodes(
         self, session_id: str, rows: Sequence[NodeUpdate], *, epoch: int | None = None

@@ -35,6 +35,7 @@ class RebuiltSession:
         node_metadata: ``run_id``, ``rebuilt``, and the ``resumed_from*`` links.
         nodes: The node statuses its checkpoint records.
         resumed: ``(source run id, fork)`` when the run was a resume of another run.
+        name: The run's name as its files give it (``sessions.name``).
     """
 
     id: str
@@ -47,6 +48,7 @@ class RebuiltSession:
     node_metadata: Mapping[str, Any]
     nodes: Sequence[NodeUpdate] = field(default_factory=tuple)
     resumed: tuple[str, bool] | None = None
+    name: str | None = None
 
 
 def register_rebuilt(db: StateDB, session: RebuiltSession) -> str | None:
@@ -70,9 +72,11 @@ def register_rebuilt(db: StateDB, session: RebuiltSession) -> str | None:
             return f"the state DB already has session {row['id']} for run {row['run_id']}"
         tx.execute(
             "INSERT INTO sessions (id, kind, status, phase, created_at, updated_at,"
-            " node_metadata, prompt, run_id) VALUES (?, ?, ?, 'executing', ?, ?, ?, ?, ?)",
+            " node_metadata, prompt, run_id, name)"
+            " VALUES (?, ?, ?, 'executing', ?, ?, ?, ?, ?, ?)",
             (session.id, session.kind, session.status, session.created_at, session.updated_at,
-             dump_json(dict(session.node_metadata)), session.prompt, session.run_id),
+             dump_json(dict(session.node_metadata)), session.prompt, session.run_id,
+             session.name),
         )  # fmt: skip
         for node in session.nodes:
             tx.execute(

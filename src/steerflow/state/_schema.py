@@ -300,6 +300,11 @@ MIGRATIONS: tuple[Migration, ...] = (
         statements=(),
         apply=_allow_budget,
     ),
+    Migration(
+        version=7,
+        description="session_controls.sender: who queued each control",
+        statements=("ALTER TABLE session_controls ADD COLUMN sender TEXT",),
+    ),
 )
 """Every migration, oldest first."""
 
@@ -456,6 +461,8 @@ class ControlRow:
         created_at: Epoch seconds of the insert.
         applied_at: Epoch seconds of the terminal stamp, or ``None``.
         result: ``None`` (pending), ``applying:<claimant>``, or a terminal form.
+        sender: Who queued it, ``<front end>:<user>@<host>:<pid>``
+            (``control.sender_id``); ``None`` for a row written before migration 7.
     """
 
     id: str
@@ -465,6 +472,7 @@ class ControlRow:
     created_at: float
     applied_at: float | None
     result: str | None
+    sender: str | None = None
 
     @property
     def is_pending(self) -> bool:

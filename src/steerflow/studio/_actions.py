@@ -4,9 +4,11 @@ Resume, retry failed (``--retry-failed``), fork (``--fork``) and rerun unsettled
 (``--rerun-unsettled``) each show ``resume --dry-run``'s verdict for exactly those flags
 (``views.resume_preflight``): which nodes are replayed from the checkpoint (free), which
 run (paid), which completed nodes run again (paid again). Stop shows which calls are in
-flight: with "now" they are cancelled, and a resume runs them again. Only the page's POST
-(with the CSRF token) acts. A second start while the first still runs, or a second stop
-while one is queued, is answered with what is already under way, never "started" twice.
+flight: with "now" they are cancelled, and a resume runs them again. A budget change
+shows the new caps against what the resume chain has spent and says what follows (more
+room, or admission closing at once). Only the page's POST (with the CSRF token) acts. A
+second start while the first still runs, or a second stop or budget change while one is
+queued, is answered with what is already under way, never "started" twice.
 """
 
 from __future__ import annotations
@@ -19,16 +21,20 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 from urllib.parse import quote
 
 from steerflow.studio._pages import duration, esc, page, run_href, when
-from steerflow.views import ControlStatus, ResumePreflight, RunView
+from steerflow.views import ControlEntry, ControlStatus, ResumePreflight, RunView
 
 __all__ = [
     "MODES",
     "Started",
     "Starter",
     "already_page",
+    "already_queued_page",
+    "budget_confirm_page",
+    "pending_control",
     "resume_confirm_page",
     "stop_confirm_page",
 ]
@@ -200,17 +206,11 @@ def stop_confirm_page(
             f"({esc(listed)}).</p>"
         )
     body.append("<p>the run exits 75 (resumable); the checkpoint keeps what completed.</p>")
-    pending = [
-        c for c in (control.controls if control is not None else ()) if c.verb == "stop"
-        and not c.result
-    ]  # fmt: skip
-    if pending or view.status != "running" or not view.session_id:
-        body.append(
-            f'<p class="notice" id="already-running">a stop is already queued (control '
-            f"{esc(pending[0].id)}, not yet applied): it is not sent twice</p>"
-            if pending
-            else f'<p class="notice">the run is {esc(view.status or "-")}: nothing to stop</p>'
-        )
+    pending = pending_control(control, "stop")
+    if view.status != "running" or not view.session_id:
+        body.append(f'<p class="notice">the run is {esc(view.status or "-")}: nothing to stop</p>')
+    elif pending is not None:
+        body.append(_queued_notice(pending))
     else:
         action = esc("/sessions/" + quote(view.session_id, safe="") + "/control")
         body.append(
@@ -224,3 +224,117 @@ def stop_confirm_page(
         )
     body.append(f'<p><a href="{esc(run_href(run))}">back to the run</a></p>')
     return page(f"steerflow studio: stop {run}", "\n".join(body))
+
+
+def pending_control(control: ControlStatus | None, verb: str) -> ControlEntry | None:
+    """The oldest control of ``verb`` that is queued and not yet claimed or applied."""
+    for c in control.controls if control is not None else ():
+        if c.verb == verb and not c.result:
+            return c
+    return None
+
+
+def _queued_notice(entry: ControlEntry) -> str:
+    what = "a stop" if entry.verb == "stop" else f"a {entry.verb} change"
+    return (
+        f'<p class="notice" id="already-queued">{esc(what)} is already queued (control '
+        f"{esc(entry.id)} by {esc(entry.sender or 'unknown')}, sent {esc(when(entry.created_at))}"
+        ", not yet applied): it is not sent twice; once the flow has applied it, the control "
+        "log says so</p>"
+    )
+
+
+def already_queued_page(back: str, entry: ControlEntry) -> str:
+    """What a second Stop or Set cap says while the first is still queued."""
+    return page(
+        "steerflow studio: already queued",
+        _queued_notice(entry) + f'<p><a href="{esc(back)}">back</a></p>',
+    )
+
+
+def _cap_words(value: float | int | None, *, usd: bool) -> str:
+    if value is None:
+        return "none"
+    return f"${float(value):.4f}" if usd else f"{int(value):,} tokens"
+
+
+def _spent_tokens(spent: dict[str, Any]) -> int:
+    return int(spent.get("input_tokens") or 0) + int(spent.get("output_tokens") or 0)
+
+
+def _budget_effect(caps: dict[str, float | int | None], spent: dict[str, Any]) -> str:
+    """What the new caps do, against what the chain has spent (``Meter``'s rule)."""
+    cost = spent.get("cost_usd")
+    tokens = _spent_tokens(spent)
+    reached: list[str] = []
+    room: list[str] = []
+    new_cost, new_tokens = caps.get("max_cost"), caps.get("max_tokens")
+    if new_cost is not None:
+        left = float(new_cost) - float(cost or 0)
+        (reached if left <= 0 else room).append(f"${max(left, 0):.4f} more")
+    if new_tokens is not None:
+        left_tokens = int(new_tokens) - tokens
+        (reached if left_tokens <= 0 else room).append(f"{max(left_tokens, 0):,} more tokens")
+    if reached:
+        return (
+            '<p class="error" id="confirm-effect">the new cap is at or below what the chain '
+            "has spent: admission closes at the run's next admission, nothing new starts, the "
+            "calls in flight finish, and the run ends <code>budget_exhausted</code> (exit 76, "
+            "resumable with a higher <code>--max-cost</code>/<code>--max-tokens</code>)</p>"
+        )
+    return (
+        f'<p id="confirm-effect">from its next admission on, the run may spend '
+        f"{esc(' and '.join(room))} (the whole resume chain counts) before admission "
+        "closes; a cap left empty keeps the one in force</p>"
+    )
+
+
+def budget_confirm_page(
+    view: RunView,
+    control: ControlStatus | None,
+    caps: dict[str, float | int | None],
+    *,
+    csrf: str,
+) -> str:
+    """The confirmation of ``ctl budget``: new caps against the caps in force and the spend."""
+    run = view.run_id
+    body = [f'<h2>change the budget of run <a href="{esc(run_href(run))}">{esc(run)}</a></h2>']
+    current = (control.budget if control is not None else None) or {}
+    spent = (control.spent if control is not None else None) or {}
+    tokens = _spent_tokens(spent)
+    cost = spent.get("cost_usd")
+    body.append(
+        '<table id="confirm-budget"><thead><tr><th></th><th>max cost</th><th>max tokens</th>'
+        "</tr></thead><tbody>"
+        f"<tr><th>in force</th><td>{esc(_cap_words(current.get('max_cost'), usd=True))}</td>"
+        f"<td>{esc(_cap_words(current.get('max_tokens'), usd=False))}</td></tr>"
+        f"<tr><th>new</th><td>{esc(_cap_words(caps.get('max_cost'), usd=True))}</td>"
+        f"<td>{esc(_cap_words(caps.get('max_tokens'), usd=False))}</td></tr>"
+        f"<tr><th>spent</th><td>{esc('-' if cost is None else f'${float(cost):.4f}')}</td>"
+        f"<td>{tokens:,} tokens</td></tr></tbody></table>"
+    )
+    body.append(_budget_effect(caps, spent))
+    pending = pending_control(control, "budget")
+    if view.status != "running" or not view.session_id:
+        body.append(
+            f'<p class="notice">the run is {esc(view.status or "-")}: no flow would apply a new '
+            "cap; <code>steerflow resume RUN --max-cost USD</code> resumes it with one</p>"
+        )
+    elif pending is not None:
+        body.append(_queued_notice(pending))
+    else:
+        action = esc("/sessions/" + quote(view.session_id, safe="") + "/control")
+        hidden = "".join(
+            f'<input type="hidden" name="{name}" value="{esc("" if v is None else str(v))}">'
+            for name, v in (("max_cost", caps.get("max_cost")),
+                            ("max_tokens", caps.get("max_tokens")))
+        )  # fmt: skip
+        body.append(
+            f'<form method="post" action="{action}">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<input type="hidden" name="back" value="{esc(run_href(run))}">'
+            f'<input type="hidden" name="verb" value="budget">{hidden}'
+            "<button>Set the new cap</button></form>"
+        )
+    body.append(f'<p><a href="{esc(run_href(run))}">back to the run</a></p>')
+    return page(f"steerflow studio: budget {run}", "\n".join(body))

@@ -9,10 +9,17 @@ Two JSON answers and one script, kept apart from the rest of the Studio:
 * ``GET /api/runs/{target}/last-lines``: the last non-empty line of each running node.
 * ``/static/node-live.js`` polls them and writes with ``textContent`` only (the CSP has
   ``script-src 'self'`` and no inline script); the text is never parsed as HTML.
+
+The node page renders what the files hold so far on the server (:func:`kept_output`):
+while the node runs the script goes on from the position the page was rendered at, so a
+reload (the page reloads when the node's status moves) shows everything streamed so far
+and then the rest; once the node ended, the page keeps the streamed text beside the
+recorded response (:func:`kept_section`), readable without JavaScript.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +34,9 @@ from steerflow.plan import is_agent_id
 
 __all__ = [
     "NODE_LIVE_SCRIPT",
+    "KeptOutput",
+    "kept_output",
+    "kept_section",
     "last_lines",
     "lines_section",
     "live_section",
@@ -112,13 +122,49 @@ def _last_line(directory: Path) -> str:
     return lines[-1][-300:] if lines else ""
 
 
-def live_section(output_url: str, esc: Any) -> str:
-    """The node page's live output block; the script fills it."""
+@dataclass(frozen=True)
+class KeptOutput:
+    """A node's live text as its files hold it now, and where a reader goes on from."""
+
+    text: str
+    segment: int
+    offset: int
+    ended: bool
+
+
+def kept_output(run_dir: Path, node_key: str) -> KeptOutput:
+    """Everything the node's live files hold (blocking I/O: call it in a thread)."""
+    cursor = LiveCursor(live_dir(run_dir, node_key))
+    try:
+        ended = cursor.ended
+        text = cursor.read()
+        segment, offset = cursor.position
+    finally:
+        cursor.close()
+    return KeptOutput(text, segment, offset, ended)
+
+
+def live_section(output_url: str, esc: Any, kept: KeptOutput | None = None) -> str:
+    """The node page's live output block: the text so far, then the script goes on."""
+    kept = kept or KeptOutput("", 0, 0, False)
     return (
-        f'<section id="live-output" data-output="{esc(output_url)}">'
-        '<h3>live output <span id="live-state">…</span></h3>'
-        '<pre id="live-text" class="live"></pre></section>'
+        f'<section id="live-output" data-output="{esc(output_url)}" '
+        f'data-segment="{kept.segment}" data-offset="{kept.offset}">'
+        '<h3>live output <span id="live-state">(streaming)</span></h3>'
+        f'<pre id="live-text" class="live">{esc(kept.text)}</pre></section>'
         '<script src="/static/node-live.js" defer></script>'
+    )
+
+
+def kept_section(kept: KeptOutput | None, esc: Any) -> str:
+    """An ended node's streamed text, kept beside its recorded response (no polling)."""
+    if kept is None or not kept.text:
+        return ""
+    return (
+        '<section id="live-kept"><h3>live output as streamed</h3>'
+        "<p>what the call streamed while it ran, as the run's live files keep it (the head"
+        " and the tail of a long one); the response above is the recorded one</p>"
+        f'<pre id="live-kept-text" class="live">{esc(kept.text)}</pre></section>'
     )
 
 
@@ -154,7 +200,9 @@ NODE_LIVE_SCRIPT = """\
     var base = output.getAttribute("data-output");
     var text = document.getElementById("live-text");
     var state = document.getElementById("live-state");
-    var at = {segment: 0, offset: 0};
+    // The server rendered the text up to this position: go on from there.
+    var at = {segment: Number(output.getAttribute("data-segment")) || 0,
+              offset: Number(output.getAttribute("data-offset")) || 0};
     poll(function () {
       return base + "?segment=" + at.segment + "&offset=" + at.offset;
     }, function (a) {

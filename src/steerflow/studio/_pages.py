@@ -225,10 +225,11 @@ def _links(run: RunListing) -> str:
 def control_forms(
     session_id: str, csrf: str, *, back: str = "/runs", target: str | None = None
 ) -> str:
-    """Pause, Resume, Message and Set cap forms (POST, with CSRF) and Stop, which confirms first.
+    """Pause, Resume and Message forms (POST, with CSRF); Stop and Set cap confirm first.
 
-    Stop is a GET to the run's stop page (``target``: its run id, else the session id):
-    it says what is in flight before anything is sent.
+    Stop and Set cap are GETs to the run's stop and budget pages (``target``: its run id,
+    else the session id): they say what is in flight, or what the new cap is against what
+    was spent, before anything is sent.
     """
     action = esc("/sessions/" + quote(session_id, safe="") + "/control")
     hidden = (
@@ -250,14 +251,20 @@ def control_forms(
         '<label><input type="checkbox" name="now" value="1"> now</label>'
         "<button>Stop…</button></form>"
     )
-    usd = '<input type="text" name="max_cost" maxlength="32" placeholder="max cost USD" required>'
+    # Set cap confirms first, as Stop does: the new cap against what the chain has spent.
+    budget = (
+        f'<form class="inline" method="get" action="{esc(run_href(target or session_id))}/budget">'
+        '<input type="text" name="max_cost" maxlength="32" placeholder="max cost USD">'
+        '<input type="text" name="max_tokens" maxlength="20" placeholder="max tokens">'
+        "<button>Set cap…</button></form>"
+    )
     return " ".join(
         [
             button("pause", "Pause"),
             button("resume", "Resume"),
             button("message", "Send", text),
             stop,
-            button("budget", "Set cap", usd),
+            budget,
         ]
     )
 

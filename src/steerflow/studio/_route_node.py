@@ -30,9 +30,12 @@ class NodePage(Page):
             return HTMLResponse(error_page("not found", "no such node"), 404)
         try:
             detail = views.node_detail(self.home, target, key)
+            run = views.show_run(self.home, detail.run_id)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
-        return HTMLResponse(node_page(detail))
+        # Read after the detail: a node that ended in between shows its whole stream.
+        kept = _node_live.kept_output(run.run_dir, detail.id) if run.reachable else None
+        return HTMLResponse(node_page(detail, kept))
 
     def artifact(self, request: Request) -> Response:
         target, key = request.path_params["target"], request.path_params["node"]

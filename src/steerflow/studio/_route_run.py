@@ -1,4 +1,4 @@
-"""The Run page: facts, graph, timeline, nodes, controls, history; its live JSON; Stop."""
+"""The Run page: facts, graph, timeline, nodes, controls, history; live JSON; Stop, Set cap."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from steerflow import views
-from steerflow.errors import AmbiguousIdError, UnknownIdError
-from steerflow.studio._actions import stop_confirm_page
+from steerflow.errors import AmbiguousIdError, UnknownIdError, UsageError
+from steerflow.studio._actions import budget_confirm_page, stop_confirm_page
 from steerflow.studio._pages import error_page
-from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target
+from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target, requested_caps
 from steerflow.studio._run_pages import RECOVERABLE, run_page
 
 __all__ = ["routes"]
@@ -76,6 +76,21 @@ class RunPage(Page):
             stop_confirm_page(view, control, now=now, reason=reason, csrf=self.csrf)
         )
 
+    def confirm_budget(self, request: Request) -> Response:
+        target = request.path_params["target"]
+        if not is_target(target):
+            return HTMLResponse(error_page("not found", "no such run"), 404)
+        query = request.query_params
+        try:
+            caps = requested_caps(query.get("max_cost"), query.get("max_tokens"))
+            view = views.show_run(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
+        except UsageError as exc:
+            return HTMLResponse(error_page("usage error", str(exc)), 400)
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        return HTMLResponse(budget_confirm_page(view, control, caps, csrf=self.csrf))
+
 
 def routes(state: StudioState) -> list[Route]:
     """The Run page's routes."""
@@ -84,4 +99,5 @@ def routes(state: StudioState) -> list[Route]:
         Route("/runs/{target}", page.run, methods=["GET"]),
         Route("/api/runs/{target}", page.live, methods=["GET"]),
         Route("/runs/{target}/stop", page.confirm_stop, methods=["GET"]),
+        Route("/runs/{target}/budget", page.confirm_budget, methods=["GET"]),
     ]

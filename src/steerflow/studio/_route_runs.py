@@ -13,7 +13,14 @@ from starlette.routing import Route
 
 from steerflow import views
 from steerflow.control import Queued, enqueue_control
-from steerflow.errors import RefusedError, SteerflowError, UsageError
+from steerflow.errors import (
+    AmbiguousIdError,
+    RefusedError,
+    SteerflowError,
+    UnknownIdError,
+    UsageError,
+)
+from steerflow.studio._actions import already_queued_page, pending_control
 from steerflow.studio._pages import PAGE_SIZE, STATUSES, RunsQuery, error_page, runs_page
 from steerflow.studio._routing import (
     SESSION_ID,
@@ -22,8 +29,10 @@ from steerflow.studio._routing import (
     StudioState,
     field_of,
     read_form,
+    requested_caps,
 )
 from steerflow.studio._security import same_secret
+from steerflow.views import ControlEntry
 
 __all__ = ["routes"]
 
@@ -73,6 +82,13 @@ class RunsPage(Page):
         verb = field_of(body, "verb")
         if not SESSION_ID.fullmatch(session_id) or verb not in VERBS:
             return HTMLResponse(error_page("usage error", "unknown session or control"), 400)
+        back = field_of(body, "back") or "/runs"
+        back = back if _BACK.fullmatch(back) else "/runs"
+        if verb in ("stop", "budget"):
+            # A second click on a confirmed Stop or Set cap: say what is queued, send nothing.
+            waiting = await run_in_threadpool(_pending, self.home, session_id, verb)
+            if waiting is not None:
+                return HTMLResponse(already_queued_page(back, waiting), 409)
         try:
             queued = await run_in_threadpool(_send, self.home, session_id, verb, body)
         except UsageError as exc:
@@ -82,8 +98,7 @@ class RunsPage(Page):
         except SteerflowError as exc:
             return HTMLResponse(error_page("error", str(exc)), 500)
         query = urlencode({"queued": queued.control_id, "verb": queued.verb})
-        back = field_of(body, "back") or "/runs"
-        return RedirectResponse(f"{back if _BACK.fullmatch(back) else '/runs'}?{query}", 303)
+        return RedirectResponse(f"{back}?{query}", 303)
 
 
 def routes(state: StudioState) -> list[Route]:
@@ -99,26 +114,28 @@ def routes(state: StudioState) -> list[Route]:
 def _send(home: Path, session_id: str, verb: str, form: dict[str, list[str]]) -> Queued:
     """Queue the control with the ``ctl`` writer (the page shows the session it went to)."""
     if verb == "pause":
-        return enqueue_control(home, session_id, "pause")
+        return enqueue_control(home, session_id, "pause", via="studio")
     if verb == "resume":
-        return enqueue_control(home, session_id, "resume")
+        return enqueue_control(home, session_id, "resume", via="studio")
     if verb == "message":
-        return enqueue_control(home, session_id, "message", field_of(form, "text") or "")
+        return enqueue_control(
+            home, session_id, "message", field_of(form, "text") or "", via="studio"
+        )
     if verb == "budget":
-        caps = {"max_cost": _usd(field_of(form, "max_cost")), "max_tokens": None}
-        return enqueue_control(home, session_id, "budget", budget=caps)
+        caps = requested_caps(field_of(form, "max_cost"), field_of(form, "max_tokens"))
+        return enqueue_control(home, session_id, "budget", budget=caps, via="studio")
     now = field_of(form, "now") == "1"
-    return enqueue_control(home, session_id, "stop", field_of(form, "reason") or None, now=now)
+    return enqueue_control(
+        home, session_id, "stop", field_of(form, "reason") or None, now=now, via="studio"
+    )
 
 
-def _usd(text: str | None) -> float | None:
-    """The form's new spend cap; a malformed one is a usage error (400), as for ``ctl``."""
-    if not text:
-        return None
+def _pending(home: Path, session_id: str, verb: str) -> ControlEntry | None:
+    """The session's queued, not yet applied control of ``verb`` (None: none, or no session)."""
     try:
-        return float(text)
-    except ValueError:
-        raise UsageError(f"--max-cost: {text[:50]!r} is not a number of USD") from None
+        return pending_control(views.control_status(home, session_id), verb)
+    except (UnknownIdError, AmbiguousIdError):
+        return None  # the writer refuses it with its own words
 
 
 def _runs_query(request: Request) -> RunsQuery:

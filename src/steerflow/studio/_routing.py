@@ -9,6 +9,8 @@ from urllib.parse import parse_qs
 
 from starlette.requests import Request
 
+from steerflow.control import check_budget
+from steerflow.errors import UsageError
 from steerflow.home import is_run_id
 from steerflow.studio._actions import Starter
 from steerflow.studio._live import LiveRuns
@@ -23,6 +25,7 @@ __all__ = [
     "field_of",
     "is_target",
     "read_form",
+    "requested_caps",
 ]
 
 #: The largest form body read: a message is at most 64 KiB, plus the other fields.
@@ -78,3 +81,20 @@ def field_of(form: dict[str, list[str]], name: str) -> str | None:
 def is_target(target: str) -> bool:
     """A run id or a session id: the only targets the pages link to."""
     return is_run_id(target) or bool(SESSION_ID.fullmatch(target))
+
+
+def requested_caps(max_cost: str | None, max_tokens: str | None) -> dict[str, float | int | None]:
+    """A Set cap form's caps, checked as ``ctl budget`` checks them (``UsageError``: 400)."""
+    cost: float | None = None
+    tokens: int | None = None
+    if max_cost and max_cost.strip():
+        try:
+            cost = float(max_cost)
+        except ValueError:
+            raise UsageError(f"--max-cost: {max_cost[:50]!r} is not a number of USD") from None
+    if max_tokens and max_tokens.strip():
+        try:
+            tokens = int(max_tokens)
+        except ValueError:
+            raise UsageError(f"--max-tokens: {max_tokens[:50]!r} is not a whole number") from None
+    return check_budget({"max_cost": cost, "max_tokens": tokens})

@@ -8,7 +8,7 @@ from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
-from steerflow.studio._node_live import lines_section, live_section
+from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
 from steerflow.studio._pages import (
     STATUSES,
     control_forms,
@@ -114,13 +114,14 @@ def _control_log(status: ControlStatus | None) -> str:
         return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.verb, c.payload))}</td><td>{esc(when(c.created_at))}</td>"
+        f"<td>{esc(_payload(c.verb, c.payload))}</td>"
+        f'<td class="sender">{esc(sender_of(c.sender))}</td><td>{esc(when(c.created_at))}</td>'
         f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
     ]
     return (
-        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>sent</th>"
-        "<th>applied</th><th>result</th></tr></thead><tbody>"
+        head + "<table><thead><tr><th>control</th><th>verb</th><th>details</th><th>by</th>"
+        "<th>sent</th><th>applied</th><th>result</th></tr></thead><tbody>"
         + "".join(rows)
         + "</tbody></table></div>"
     )
@@ -137,6 +138,11 @@ def _errors(view: RunView) -> str:
         for n in failed
     )
     return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+
+
+def sender_of(sender: str | None) -> str:
+    """Who queued a control, as the pages say it ("unknown": a row from before migration 7)."""
+    return sender or "unknown"
 
 
 def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
@@ -158,7 +164,8 @@ def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, s
             events.append((float(end), f"node {node.status}", node.id))
     for c in control.controls if control is not None else ():
         what = f"{c.verb} {c.id[:8]}"
-        events.append((c.created_at, "control queued", f"{what}: {_payload(c.verb, c.payload)}"))
+        queued = f"{what}: {_payload(c.verb, c.payload)}; by {sender_of(c.sender)}"
+        events.append((c.created_at, "control queued", queued))
         if c.applied_at is not None:
             by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
             result = readable_result(c.result or "")
@@ -425,8 +432,11 @@ def _links(run: str, keys: tuple[str, ...] | list[str]) -> str:
     return ", ".join(f'<a href="{esc(_node_href(run, k))}">{esc(k)}</a>' for k in keys) or "-"
 
 
-def node_page(detail: NodeDetail) -> str:
-    """One node: facts, the instruction as sent (steer blocks marked), response, artifacts."""
+def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
+    """One node: facts, the instruction as sent (steer blocks marked), response, artifacts.
+
+    ``kept``: what the node's live files hold (streamed so far, or as it was streamed).
+    """
     run = detail.run_id
     facts = [
         ("run", f'<a href="{esc(run_href(run))}">{esc(run)}</a>'),
@@ -469,7 +479,10 @@ def node_page(detail: NodeDetail) -> str:
     if detail.status in ("pending", "running", "paused"):
         # The call's output as it comes (issue 31); the script stops once the node ended.
         output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
-        body.append(live_section(output, esc))
+        body.append(live_section(output, esc, kept))
+    else:
+        # The reload on completion must not lose what was streamed: keep it on the page.
+        body.append(kept_section(kept, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
     # The node page reloads when the node's status moves (its response or error lands).

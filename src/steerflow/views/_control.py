@@ -113,6 +113,9 @@ class ControlEntry:
     created_at: float
     applied_at: float | None
     result: str | None
+    #: Who queued it (``<front end>:<user>@<host>:<pid>``); None for a row from before
+    #: senders were stored (pages show it as "unknown").
+    sender: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         """The ``ctl status --json`` control object."""
@@ -123,6 +126,7 @@ class ControlEntry:
             "created_at": self.created_at,
             "applied_at": self.applied_at,
             "result": self.result,
+            "sender": self.sender,
         }
 
 
@@ -185,6 +189,7 @@ def control_status(home: Path, target: str, *, state_db: str | None = None) -> C
                     created_at=c.created_at,
                     applied_at=c.applied_at,
                     result=c.result,
+                    sender=c.sender,
                 )
                 for c in controls
             ),
