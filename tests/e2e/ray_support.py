@@ -36,12 +36,30 @@ _OBJECT_STORE = str(80 * 1024 * 1024)
 _ADDRESS = re.compile(r"ray start --address='([0-9.]+:[0-9]+)'")
 
 
-def cluster_env(path: str = str(HERE)) -> dict[str, str]:
+#: Marks every process of one test cluster (Ray renames its agents' command lines).
+_MARK = "STEERFLOW_TEST_RAY_ROOT"
+
+
+def cluster_env(path: str = str(HERE), root: Path | None = None) -> dict[str, str]:
     """The environment of the cluster's processes (and so of its workers)."""
     env = dict(os.environ)
     env.pop("RAY_ADDRESS", None)
     env.update(RAY_USAGE_STATS_ENABLED="0", PYTHONPATH=path, PYTHONUNBUFFERED="1")
+    if root is not None:
+        env[_MARK] = str(root)
     return env
+
+
+def _marked(root: Path) -> list[int]:
+    """Pids of the processes started with this cluster's mark in their environment."""
+    mark = f"{_MARK}={root}".encode()
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            with contextlib.suppress(OSError):
+                if mark in (proc / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(proc.name))
+    return pids
 
 
 @dataclass
@@ -66,7 +84,7 @@ class RayTestCluster:
                 "--disable-usage-stats", *args]  # fmt: skip
         with log.open("wb") as out:
             proc = subprocess.Popen(
-                argv, stdout=out, stderr=subprocess.STDOUT, env=cluster_env(self.path)
+                argv, stdout=out, stderr=subprocess.STDOUT, env=cluster_env(self.path, self.root)
             )
         return proc, log
 
@@ -137,8 +155,10 @@ class RayTestCluster:
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait(timeout=10)
-        # Whatever a killed raylet left behind runs with this cluster's temp dir in argv.
-        subprocess.run(["pkill", "-9", "-f", str(self.root)], check=False)
+        # Whatever a killed raylet left behind (its agents rename their command lines).
+        for pid in _marked(self.root):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         with contextlib.suppress(OSError):
             shutil.rmtree(self.root)
 
