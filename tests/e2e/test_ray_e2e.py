@@ -22,6 +22,7 @@ from flow_support import child_env, run_cli
 from ray_support import HEAD_IP, SIDE_IP, RayTestCluster, start_cluster
 
 from steerflow.checkpoint import load_checkpoint
+from steerflow.views import node_detail
 
 pytestmark = [pytest.mark.xdist_group("ray"), pytest.mark.timeout(240)]
 
@@ -71,6 +72,11 @@ def _logged(log: Path, event: str, node: str) -> bool:
     return any(e == event and n == node for e, n, _ in _events(log))
 
 
+def _detail(home: Path, run_id: str, node: str) -> dict[str, Any]:
+    """``show RUN NODE --json``'s object, read in this process (the reader needs no Ray)."""
+    return node_detail(home, run_id, node).to_json()
+
+
 def _ops(run_dir: Path) -> dict[str, Any]:
     state, report = load_checkpoint(run_dir / "checkpoint.json")
     assert report["status"] in ("clean", "recovered_prefix"), report
@@ -93,8 +99,7 @@ def test_a_roles_nodes_run_where_its_resources_are_and_say_so(
     for node in ("a", "b", "c"):
         said = json.loads(ops[node]["response"])
         assert said["pid"] != os.getpid()
-        shown = run_cli(home, "show", done.json["run_id"], node, "--json", env=child_env())
-        placement = shown.json["placement"]
+        placement = _detail(home, done.json["run_id"], node)["placement"]
         # steerflow's record of where the call ran is where the function saw itself run
         assert placement["node_id"] == said["ray_node_id"], (placement, said)
         assert placement["pid"] == said["pid"]
@@ -166,7 +171,7 @@ def test_stop_now_cancels_the_remote_call_and_records_why(
     assert not _logged(log, "end", "long")
     result = flow.result()
     assert result["stopped_by"]["reason"] == "wrong branch"
-    node = run_cli(home, "show", flow.run_id, "long", "--json", env=child_env()).json
+    node = _detail(home, flow.run_id, "long")
     assert node["status"] == "pending"
     assert "stop" in json.dumps(node), node
 
@@ -260,33 +265,15 @@ def test_an_agent_turn_runs_on_ray(tmp_path: Path, ray_env: dict[str, str]) -> N
     assert [e for e, _, _ in _events(log)] == ["start", "end"]
 
 
-def test_a_remote_calls_output_streams_back_to_the_live_view(
-    tmp_path: Path, ray_env: dict[str, str]
-) -> None:
-    home = tmp_path / "home"
-    chunks = [f"line {i}\n" for i in range(5)]
-    script = write_yaml(tmp_path / "s.yaml", {"s": {"stream": chunks, "response": "whole"}})
-    plan = write_yaml(tmp_path / "plan.yaml", {
-        "roles": {"side": {"resources": {"side": 1, "num_cpus": 0.5}}},
-        "plan": [{"agent_id": "s", "assignee": "side", "instruction": "talk"}],
-    })  # fmt: skip
-    done = run_cli(home, "flow", "--plan", plan, "--model", f"script:{script}", "--executor",
-                   "ray", "--json", env=child_env(**ray_env), timeout=120)  # fmt: skip
-    assert done.returncode == 0, done.explain()
-    run_id = done.json["run_id"]
-    # the worker's chunks, in order, in the flow process's live file; the response recorded
-    live = home / "runs" / run_id / "live" / "s" / "0.txt"
-    assert live.read_text() == "".join(chunks)
-    shown = run_cli(home, "show", run_id, "s", "--json", env=child_env()).json
-    assert shown["response"] == "whole" and shown["placement"]["node_ip"] == SIDE_IP
+CHUNKS = [f"line {i}\n" for i in range(5)]
 
 
-def test_artifacts_usage_and_errors_come_back_exactly_as_a_local_calls(
+def test_artifacts_usage_output_and_errors_come_back_exactly_as_a_local_calls(
     tmp_path: Path, ray_env: dict[str, str]
 ) -> None:
     script = write_yaml(tmp_path / "s.yaml", {
         "w": {"response": "wrote", "artifacts": {"out/report.md": "# done\n"},
-              "usage": {"input_tokens": 100, "output_tokens": 20}},
+              "usage": {"input_tokens": 100, "output_tokens": 20}, "stream": CHUNKS},
         "bad": {"fail": "the model said no"},
     })  # fmt: skip
     plan = write_yaml(tmp_path / "plan.yaml", {"plan": [
@@ -300,6 +287,9 @@ def test_artifacts_usage_and_errors_come_back_exactly_as_a_local_calls(
                        executor, "--json", env=child_env(**ray_env), timeout=120)  # fmt: skip
         assert done.returncode == 1, done.explain()  # "bad" failed
         ops = _ops(Path(done.json["run_dir"]))
+        # the worker's output streamed back to the flow process's live file, in order
+        live = Path(done.json["run_dir"]) / "live" / "w" / "0.txt"
+        assert live.read_text() == "".join(CHUNKS), executor
         # the worker wrote into the leg directory the flow process checked and hashed
         verified = run_cli(home, "verify", done.json["run_id"], "--json", env=child_env())
         assert verified.returncode == 0, verified.explain()
