@@ -79,16 +79,16 @@ def node_output(home: Path, request: Request) -> Response:
     if view is None or status is None:
         return JSONResponse({"error": "no such node"}, 404)
     segment, offset = _position(request)
-    cursor = LiveCursor(live_dir(Path(view["run_dir"]), key), segment=segment, offset=offset)
-    try:
-        ended = cursor.ended
-        text = cursor.read()
-        segment, offset = cursor.position
-    finally:
-        cursor.close()
-    over = view["status"] != "running" or (ended and status not in ("running", "pending"))
+    kept = kept_output(Path(view["run_dir"]), key, segment=segment, offset=offset)
+    over = view["status"] != "running" or (kept.ended and status not in ("running", "pending"))
     return JSONResponse(
-        {"text": text, "segment": segment, "offset": offset, "status": status, "done": over},
+        {
+            "text": kept.text,
+            "segment": kept.segment,
+            "offset": kept.offset,
+            "status": status,
+            "done": over,
+        },
         headers={"cache-control": "no-store"},
     )
 
@@ -132,9 +132,9 @@ class KeptOutput:
     ended: bool
 
 
-def kept_output(run_dir: Path, node_key: str) -> KeptOutput:
-    """Everything the node's live files hold (blocking I/O: call it in a thread)."""
-    cursor = LiveCursor(live_dir(run_dir, node_key))
+def kept_output(run_dir: Path, node_key: str, *, segment: int = 0, offset: int = 0) -> KeptOutput:
+    """What the node's live files hold from ``segment``/``offset`` on (blocking I/O)."""
+    cursor = LiveCursor(live_dir(run_dir, node_key), segment=segment, offset=offset)
     try:
         ended = cursor.ended
         text = cursor.read()
