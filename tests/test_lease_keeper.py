@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from pathlib import Path
 
 import pytest
@@ -23,7 +22,7 @@ from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss
 from steerflow.plan import parse_plan
 from steerflow.providers import PlanRequest, Provider, ProviderRequest, ProviderResponse
 from steerflow.state import STATE_DB_URL_ENV, Owner, ResumeClaim, StateDB
-from waiting import wait_until_async
+from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -37,6 +36,10 @@ def db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> StateDB:
     opened = StateDB.open(tmp_path / "home")
     yield opened  # type: ignore[misc]
     opened.close()
+
+
+def _db_now(db: StateDB) -> float:
+    return float(db.backend.query(f"SELECT {db.backend.clock_sql} AS now")[0]["now"])
 
 
 def _take_over(home: Path) -> str:
@@ -80,7 +83,8 @@ async def test_after_a_stall_the_next_admission_asks_the_database(db: StateDB) -
     row = db.create_session(kind="flow", run_id=RUN, owner=ELSEWHERE, lease_s=1.0)
     keeper = LeaseKeeper(db, row.id, row.lease_epoch, lease_s=1.0)
     assert await keeper.hold()
-    time.sleep(1.0)  # noqa: ASYNC251 - the stall under test: past the lease, no takeover
+    # the stall under test (the loop is blocked): past the lease, no takeover
+    wait_until(lambda: not keeper.fresh(), timeout=30, what="the lease's local deadline")
     assert not keeper.fresh()
     assert await keeper.hold()
     assert (keeper.renewals, keeper.waited) == (2, 2)
@@ -88,12 +92,11 @@ async def test_after_a_stall_the_next_admission_asks_the_database(db: StateDB) -
 
 
 class _Stalling(Provider):
-    """Blocks the loop in its first call for ``stall_s`` while another process takes over."""
+    """Blocks the loop in its first call until another process has taken the lease over."""
 
     spec = "test"
 
-    def __init__(self, stall_s: float, during: threading.Thread, bb: BlockBuster) -> None:
-        self.stall_s = stall_s
+    def __init__(self, during: threading.Thread, bb: BlockBuster) -> None:
         self.during = during
         self.bb = bb
         self.invoked: list[str] = []
@@ -104,8 +107,9 @@ class _Stalling(Provider):
             self.during.start()
             self.bb.deactivate()  # the stall is the point: the blocking call is on purpose
             try:
-                time.sleep(self.stall_s)  # noqa: ASYNC251 - the stall: no task runs meanwhile
+                # the stall: no task runs until the other process has taken the lease over
                 self.during.join(timeout=30)
+                assert not self.during.is_alive(), "the takeover did not happen within 30 s"
             finally:
                 self.bb.activate()
         return ProviderResponse(text=f"done {request.node_key}")
@@ -123,10 +127,13 @@ async def test_a_lease_taken_over_during_a_stall_admits_nothing_more(
     taker: list[str] = []
 
     def take_over_once_expired() -> None:
-        time.sleep(1.2)  # by the database's clock the lease has run out now
-        taker.append(_take_over(db.path.parent))  # type: ignore[union-attr]
+        home = db.path.parent  # type: ignore[union-attr]
+        expires = row.lease_expires or 0.0
+        with StateDB.open(home) as other:  # by the database's clock, not this process's
+            wait_until(lambda: _db_now(other) > expires, timeout=30, what="the lease to run out")
+        taker.append(_take_over(home))
 
-    provider = _Stalling(1.5, threading.Thread(target=take_over_once_expired), blockbuster)
+    provider = _Stalling(threading.Thread(target=take_over_once_expired), blockbuster)
     plan = parse_plan(
         {"plan": [{"agent_id": f"n{i}", "instruction": "x"} for i in range(4)]}, source="t"
     )
