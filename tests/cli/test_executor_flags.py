@@ -64,6 +64,10 @@ def test_without_the_ray_extra_executor_ray_is_one_usage_line_naming_it(tmp_path
         ("nonsense", 2, "not HOST:PORT"),
         ("ray://head:10001", 2, "Ray Client addresses are not supported"),
         ("127.0.0.1:{port}", 3, "cannot connect to the Ray cluster at '127.0.0.1:"),
+        ("", 2, "--ray-address is empty"),
+        ("..:1", 2, "'..' is not a host name"),
+        ("x" * 100_000 + ":1", 2, "(100002 characters): not HOST:PORT"),
+        ("\x1b[31mred\x07:1", 3, "at '\\x1b[31mred\\x07:1'"),
     ],
 )
 def test_a_bad_or_dead_ray_address_is_refused_at_once(
@@ -74,6 +78,8 @@ def test_a_bad_or_dead_ray_address_is_refused_at_once(
     assert done.returncode == code, done.stderr
     lines = done.stderr.strip().splitlines()
     assert len(lines) == 1 and says in lines[0], done.stderr
+    # hostile input is echoed escaped and bounded: no raw control bytes, no flood
+    assert "\x1b" not in done.stderr and "\x07" not in done.stderr and len(lines[0]) < 400
     assert _no_run_dir(tmp_path / "home")
 
 

@@ -18,7 +18,7 @@ from typing import Any, Literal
 
 from steerflow.cluster._placement import describe_request, unplaceable
 from steerflow.cluster._provider import ray_provider
-from steerflow.errors import RefusedError, UsageError
+from steerflow.errors import RefusedError, UsageError, quote_input
 from steerflow.providers import Provider
 
 __all__ = ["EXECUTORS", "Executor", "RayCluster", "RayUnavailableError", "connect_ray"]
@@ -61,11 +61,14 @@ def connect_ray(address: str | None) -> RayCluster:
         UsageError: no ``ray`` package, or a Ray Client (``ray://``) address.
         RayUnavailableError: nothing answers at the address.
     """
+    if address is not None and not address.strip():
+        raise UsageError("--ray-address is empty: give the head's HOST:PORT, or leave it out")
     ray = import_ray()
     target = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
     if target.startswith("ray://"):
         raise UsageError(
-            f"--ray-address {target!r}: Ray Client addresses are not supported; run steerflow "
+            f"--ray-address {quote_input(target)}: Ray Client addresses are not supported; "
+            "run steerflow "
             "on a node of the cluster and give the GCS address (HOST:PORT)"
         )
     try:
@@ -83,7 +86,8 @@ def connect_ray(address: str | None) -> RayCluster:
         )
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RayUnavailableError(
-            f"--executor ray: cannot connect to the Ray cluster at {target!r}: {first}{hint}"
+            f"--executor ray: cannot connect to the Ray cluster at {quote_input(target)}: "
+            f"{first}{hint}"
         ) from None
     return RayCluster(ray, target)
 
@@ -91,13 +95,19 @@ def connect_ray(address: str | None) -> RayCluster:
 def _reachable(target: str) -> None:
     """Fail fast when nothing listens at ``HOST:PORT``: ``ray.init`` retries for minutes."""
     host, sep, port = target.rpartition(":")
-    if not sep or not host or not port.isdigit():
+    host = host.strip("[]")
+    # 253 characters is the longest DNS name; an empty label ("..") is no host name either
+    if not sep or not host or not port.isdigit() or len(host) > 253:
         raise UsageError(
-            f"--ray-address {target!r}: not HOST:PORT (the head's GCS address, as "
+            f"--ray-address {quote_input(target)}: not HOST:PORT (the head's GCS address, as "
             "`ray start --head` prints it)"
         )
     try:
-        socket.create_connection((host.strip("[]"), int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+    except UnicodeError:
+        raise UsageError(
+            f"--ray-address {quote_input(target)}: {host!r} is not a host name"
+        ) from None
     except OSError as exc:
         raise ConnectionError(exc.strerror or str(exc)) from None
 
