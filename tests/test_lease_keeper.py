@@ -128,9 +128,15 @@ async def test_a_lease_taken_over_during_a_stall_admits_nothing_more(
 
     def take_over_once_expired() -> None:
         home = db.path.parent  # type: ignore[union-attr]
-        expires = row.lease_expires or 0.0
-        with StateDB.open(home) as other:  # by the database's clock, not this process's
-            wait_until(lambda: _db_now(other) > expires, timeout=30, what="the lease to run out")
+
+        def lapsed(other: StateDB) -> bool:
+            # the lease as last renewed, against the database's clock (not this process's)
+            current = other.get_session(row.id)
+            assert current is not None and current.lease_expires is not None
+            return _db_now(other) > current.lease_expires
+
+        with StateDB.open(home) as other:
+            wait_until(lambda: lapsed(other), timeout=30, what="the lease to run out")
         taker.append(_take_over(home))
 
     provider = _Stalling(threading.Thread(target=take_over_once_expired), blockbuster)
