@@ -164,6 +164,7 @@ def test_public_exports_are_pinned() -> None:
         "CheckpointRecoveryError",
         "CheckpointState",
         "CheckpointWriter",
+        "InFlightCall",
         "LoadedCheckpoint",
         "PlannedEntry",
         "SavedHook",

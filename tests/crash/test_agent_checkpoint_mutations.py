@@ -59,23 +59,34 @@ def _journal(run_dir: Path) -> Records:
     return [json.loads(line) for line in text.splitlines()]
 
 
+def _label(record: dict[str, Any]) -> str:
+    """The turn a record is about: an outcome's agent id, a call intent's node."""
+    entry = record["entry"]
+    return str(entry["node"] if record["kind"] == "intent" else entry["agent_id"])
+
+
 def _labels(records: Records) -> list[str]:
-    return [r["entry"]["agent_id"] for r in records]
+    """The outcome records' turns (each turn's call intent comes before its outcome)."""
+    return [_label(r) for r in records if r["kind"] == "op"]
 
 
 def _lose_tail(records: Records) -> Records:
-    return records[:1]  # turn 1's outcome; turn 2's prompt and outcome lost
+    first = next(n for n, r in enumerate(records) if r["kind"] == "op")
+    return records[: first + 1]  # turn 1's intent and outcome; turn 2's prompt and outcome lost
 
 
 def _lose_head(records: Records) -> Records:
-    rest = [r for r in records if r["entry"]["agent_id"] != "turn-1"]
+    rest = [r for r in records if _label(r) != "turn-1"]
     return [{**r, "seq": n} for n, r in enumerate(rest, 1)]
 
 
 def _swap(records: Records) -> Records:
     other = {"turn-1": "turn-2", "turn-2": "turn-1"}
     return [
-        {**r, "entry": {**r["entry"], "agent_id": other[r["entry"]["agent_id"]]}} for r in records
+        {**r, "entry": {**r["entry"], "agent_id": other[r["entry"]["agent_id"]]}}
+        if r["kind"] == "op"
+        else r
+        for r in records
     ]
 
 
@@ -95,7 +106,8 @@ def test_a_mutated_agent_journal_is_refused_naming_the_turn(
     records = _journal(run_dir)
     # turn 1's outcome, turn 1 again carrying turn 2's prompt (``next``), turn 2's outcome
     assert _labels(records) == ["turn-1", "turn-1", "turn-2"]
-    assert records[1]["entry"]["next"]["controls"] == [msg]
+    outcomes = [r for r in records if r["kind"] == "op"]
+    assert outcomes[1]["entry"]["next"]["controls"] == [msg]
     journal = run_dir / "checkpoint.json.journal"
     journal.write_text(
         "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in mutate(records))

@@ -21,6 +21,7 @@ if TYPE_CHECKING:
     from steerflow.checkpoint._capture import context_problem
     from steerflow.checkpoint._digest import entry_digest, result_digest
     from steerflow.checkpoint._entries import CheckpointState, PlannedEntry, SpawnedEntry
+    from steerflow.checkpoint._intents import InFlightCall
     from steerflow.checkpoint._load import (
         CHECKPOINT_FILENAME,
         JOURNAL_FILENAME,
@@ -37,6 +38,7 @@ __all__ = [
     "CheckpointRecoveryError",
     "CheckpointState",
     "CheckpointWriter",
+    "InFlightCall",
     "LoadedCheckpoint",
     "PlannedEntry",
     "SavedHook",
@@ -59,6 +61,7 @@ __getattr__, __dir__ = lazy_exports(
         "CHECKPOINT_FILENAME": "_load",
         "CheckpointState": "_entries",
         "CheckpointWriter": "_writer",
+        "InFlightCall": "_intents",
         "JOURNAL_FILENAME": "_load",
         "LoadedCheckpoint": "_load",
         "PlannedEntry": "_entries",

@@ -24,6 +24,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal, cast
 
+from ._intents import InFlightCall, in_flight_call
+
 __all__ = [
     "CheckpointState",
     "EntryError",
@@ -249,6 +251,9 @@ class CheckpointState:
     max_spawn: int | None
     rejected: tuple[RejectedEntry, ...] = ()
     doc: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    #: Call intents no outcome closed (version 3 only; already checked by the loader):
+    #: calls that left the process and may have been paid (decision 217).
+    in_flight: tuple[InFlightCall, ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The logical checkpoint in the D4 shape, as :func:`load_checkpoint` returns it."""
@@ -310,6 +315,10 @@ def typed_state(doc: dict[str, Any], *, lenient: bool) -> CheckpointState:
         max_spawn=max_spawn if isinstance(max_spawn, int) else None,
         rejected=tuple(rejected),
         doc=doc,
+        # Only a version 3 loader checks (and writes) intents.
+        in_flight=tuple(
+            in_flight_call(raw) for raw in (doc.get("in_flight", ()) if doc["version"] == 3 else ())
+        ),
     )
 
 

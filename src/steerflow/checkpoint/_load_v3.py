@@ -33,6 +33,7 @@ from typing import Any
 
 from . import _entries as entries
 from ._entries import EntryKind, entry_ref
+from ._intents import IntentError, check_intent, closed_by
 from ._patch import PatchError, apply_patch, validate_patch
 from ._read import (
     CHECKPOINT_FILENAME,
@@ -85,6 +86,30 @@ def check_entry(kind: EntryKind, entry: object) -> None:
         raise _InvalidError("invalid-entry", bad.detail) from None
 
 
+def _intent_ref(entry: object) -> dict[str, Any] | None:
+    """How a refusal names a call intent: its node and call id, where readable."""
+    fields = entry if isinstance(entry, dict) else {}
+    node, call_id = fields.get("node"), fields.get("call_id")
+    ref = entry_ref("op", {}, node)
+    if ref is None:
+        return None
+    ref = {"kind": "intent", "node": ref["agent_id"]}
+    if isinstance(call_id, str) and re.fullmatch(r"[0-9a-f]{32}", call_id):
+        ref["call_id"] = call_id
+    return ref
+
+
+def _ref(kind: object, entry: object) -> dict[str, Any] | None:
+    return _intent_ref(entry) if kind == "intent" else entry_ref(kind, entry)
+
+
+def _check_intent(entry: object) -> None:
+    try:
+        check_intent(entry)
+    except IntentError as bad:
+        raise _InvalidError("invalid-intent", bad.detail, entry=_intent_ref(entry)) from None
+
+
 def _check_base(parsed: Parsed) -> dict[str, Any]:
     if parsed.duplicates:
         raise _InvalidError("duplicate-member")
@@ -120,6 +145,18 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
             bad.entry = entry_ref("spawn", entry) or {"kind": "spawn", "index": index}
             raise
         seen.add(entry["node_id"])
+    if "in_flight" in doc:
+        flying = doc["in_flight"]
+        if not isinstance(flying, list) or not flying:
+            raise _InvalidError("invalid-base", "in_flight is not a non-empty list")
+        calls: set[str] = set()
+        for intent in flying:
+            _check_intent(intent)
+            if intent["call_id"] in calls:
+                raise _InvalidError(
+                    "invalid-base", "an in_flight call_id repeats", entry=_intent_ref(intent)
+                )
+            calls.add(intent["call_id"])
     return doc
 
 
@@ -146,7 +183,7 @@ def check_record(raw: bytes) -> dict[str, Any]:
             ):
                 bad.seq = seq
             if bad.entry is None:
-                bad.entry = entry_ref(rec.get("kind"), rec.get("entry"))
+                bad.entry = _ref(rec.get("kind"), rec.get("entry"))
         raise
 
 
@@ -169,6 +206,11 @@ def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
     seq = rec["seq"]
     if not _is_int(seq) or not 1 <= seq <= MAX_SEQ:
         raise _InvalidError("invalid-seq")
+    if rec["kind"] == "intent":
+        if "flow_context" in rec:
+            raise _InvalidError("invalid-intent", "an intent record carries flow_context")
+        _check_intent(rec["entry"])
+        return rec
     if rec["kind"] not in ("op", "spawn"):
         raise _InvalidError("unknown-kind")
     check_entry(rec["kind"], rec["entry"])
@@ -192,8 +234,15 @@ class _Fold:
         self.spawned: list[Any] = list(base["spawned"])
         self.index = {entry["node_id"]: i for i, entry in enumerate(self.spawned)}
         self.context: Any = base["flow_context"]
+        self.intents: dict[str, Any] = {i["call_id"]: i for i in base.get("in_flight", ())}
 
     def apply(self, rec: dict[str, Any]) -> None:
+        if rec["kind"] == "intent":
+            intent = rec["entry"]
+            if intent["call_id"] in self.intents:
+                raise _InvalidError("invalid-intent", "a call_id is recorded twice")
+            self.intents[intent["call_id"]] = intent
+            return
         context = self.context
         if "flow_context" in rec:
             try:
@@ -202,6 +251,13 @@ class _Fold:
                 raise _InvalidError("invalid-transition", str(exc)) from None
         # Everything is validated; only now does the record become visible.
         entry = rec["entry"]
+        closes = closed_by(rec["kind"], entry) if self.intents else None
+        if closes is not None:
+            self.intents = {
+                call_id: intent
+                for call_id, intent in self.intents.items()
+                if (intent["record"], intent["key"]) != closes
+            }
         if rec["kind"] == "op":
             self.ops[entry["agent_id"]] = entry
         elif entry["node_id"] in self.index:
@@ -219,6 +275,8 @@ class _Fold:
         out["flow_context"] = self.context
         out["ops"] = self.ops
         out["spawned"] = self.spawned
+        if self.intents:
+            out["in_flight"] = list(self.intents.values())
         out["config"] = base["config"]
         if base.get("max_spawn") is not None:
             out["max_spawn"] = base["max_spawn"]
@@ -331,7 +389,7 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
                 report.last_seq = report.valid_prefix_seq = expected
         except _InvalidError as bad:
             if bad.entry is None and rec is not None:
-                bad.entry = entry_ref(rec["kind"], rec["entry"])
+                bad.entry = _ref(rec["kind"], rec["entry"])
             raise report.refuse(
                 bad.reason,
                 seq=seq if seq is not None else bad.seq,

@@ -12,7 +12,8 @@ A refusal carries, besides CONTRACT §8's ``reason``, ``seq``, ``line`` and
 ``byte_offset``: ``file`` (the name of the file at fault, ``checkpoint.json`` — the
 version 3 base or the version 2 snapshot — or ``checkpoint.json.journal``) and
 ``entry`` (the ids of the entry at fault: ``{"kind": "op", "agent_id"}`` or
-``{"kind": "spawn", "node_id", "spawn_id"}``).  Ids are names, not values, so the
+``{"kind": "spawn", "node_id", "spawn_id"}``, or for a call intent
+``{"kind": "intent", "node", "call_id"}``).  Ids are names, not values, so the
 report stays free of prompts, responses and context.
 """
 
@@ -115,6 +116,9 @@ def describe_entry(entry: dict[str, Any] | None) -> str:
         return ""
     if entry.get("kind") == "op":
         return f"planned node {entry.get('agent_id')!r}"
+    if entry.get("kind") == "intent":
+        call = f" (call_id {entry['call_id']!r})" if entry.get("call_id") else ""
+        return f"the call intent of node {entry.get('node')!r}{call}"
     spawn_id, node_id = entry.get("spawn_id"), entry.get("node_id")
     if spawn_id is not None and node_id is not None:
         return f"spawned node {spawn_id!r} (node_id {node_id!r})"

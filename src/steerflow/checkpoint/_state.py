@@ -19,6 +19,7 @@ from itertools import accumulate
 from typing import Any, Literal
 
 from ._digest import JSON, entry_digest
+from ._intents import closed_by, intent_digest
 from ._io import Span, read_span
 
 __all__ = [
@@ -31,7 +32,8 @@ __all__ = [
     "seal",
 ]
 
-Kind = Literal["op", "spawn"]
+#: ``op`` and ``spawn`` are outcomes; ``intent`` a call recorded before it left (decision 217).
+Kind = Literal["op", "spawn", "intent"]
 
 #: A kept entry encoding: its bytes, or its length in the published base (its offset
 #: there is in the parallel offsets list; :attr:`State.base_fd`, decision 65).
@@ -85,8 +87,10 @@ class Item:
 def seal(batch: list[Ticket]) -> None:
     """Add ``result_digest`` to each entry (on the worker: hashing can release the GIL)."""
     for ticket in batch:
-        if ticket.item is not None and "result_digest" not in ticket.item.entry:
-            ticket.item.entry["result_digest"] = entry_digest(ticket.item.entry)
+        item = ticket.item
+        if item is not None and "result_digest" not in item.entry:
+            digest = intent_digest if item.kind == "intent" else entry_digest
+            item.entry["result_digest"] = digest(item.entry)
 
 
 @dataclass
@@ -120,6 +124,9 @@ class State:
     ops: dict[str, dict[str, JSON]] = field(default_factory=dict)
     spawned: list[dict[str, JSON]] = field(default_factory=list)
     spawn_index: dict[str, int] = field(default_factory=dict)
+    #: Open call intents by call id, in the order they were recorded (decision 217):
+    #: a base carries them as ``in_flight``; an outcome of their node closes them.
+    intents: dict[str, dict[str, JSON]] = field(default_factory=dict)
     entry_encodes: int = 0
     encoded_bytes: int = 0
     # Parallel encodings (each member without its separating comma: planned entries as
@@ -162,6 +169,14 @@ class State:
         ``encoded`` is the entry's compact JSON when the caller already has it (the
         journal line embeds the same bytes); otherwise it is encoded here.
         """
+        if item.kind == "intent":
+            # Not an entry: no kept encoding and no layout change (a base puts the open
+            # intents after every entry), so nothing adopted from the base moves.
+            self.intents[item.key] = item.entry
+            return
+        closes = closed_by(item.kind, item.entry) if self.intents else None
+        if closes is not None:
+            self._close(closes)
         enc = encoded if encoded is not None else self.encode_entry(item.entry)
         self._changes += 1
         adopted = self.base_fd is not None
@@ -186,10 +201,26 @@ class State:
                 self._spawned_dirty.add(at)
         self.context = item.context
 
+    def _close(self, closes: tuple[str, str]) -> None:
+        """Forget the open intents of the node an outcome was just recorded for."""
+        record, key = closes
+        done = [
+            call_id
+            for call_id, intent in self.intents.items()
+            if intent["record"] == record and intent["key"] == key
+        ]
+        for call_id in done:
+            del self.intents[call_id]
+
     def reset(
-        self, ops: dict[str, dict[str, JSON]], spawned: list[dict[str, JSON]], context: Any
+        self,
+        ops: dict[str, dict[str, JSON]],
+        spawned: list[dict[str, JSON]],
+        context: Any,
+        intents: list[dict[str, JSON]] | None = None,
     ) -> None:
-        """Replace the folded outcomes and context wholesale (reconciliation)."""
+        """Replace the folded outcomes, intents and context wholesale (reconciliation)."""
+        self.intents = {str(i["call_id"]): i for i in intents or []}
         self.ops = ops
         self.spawned = spawned
         self.spawn_index = {str(e["node_id"]): i for i, e in enumerate(spawned)}
@@ -255,6 +286,8 @@ class State:
         doc["flow_context"] = self.to_json(self.context)
         doc["ops"] = dict(self.ops)
         doc["spawned"] = list(self.spawned)
+        if self.intents:
+            doc["in_flight"] = list(self.intents.values())
         doc["config"] = self.meta["config"]
         if self.meta.get("max_spawn") is not None:
             doc["max_spawn"] = self.meta["max_spawn"]
@@ -323,6 +356,9 @@ class State:
         spawned_at = _offsets(spawned_len, end + len(middle))
         self._layout = (self._changes, ops_len, spawned_len, ops_at, spawned_at, fd is not None)
         tail = [b"],", post_b, b"}"]
+        if self.intents:
+            flying = self._counted(list(self.intents.values()))
+            tail = [b'],"in_flight":', flying, b",", post_b, b"}"]
         last = spawned_at[-1] + spawned_len[-1] if spawned_len else end + len(middle)
         self.assembled = last + sum(map(len, tail))
         return self._pieces(lead, ops_pieces, middle, spawned_pieces, tail)

@@ -58,7 +58,9 @@ from ._state import Item, State, Ticket, dumps_compact, group_lines, seal
 __all__ = ["V3Backend"]
 
 _Pin = tuple[int, _io.Identity]  # (open creation fd, identity)
-_KIND_ENTRY = {kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn")}
+_KIND_ENTRY = {
+    kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn", "intent")
+}
 
 
 class V3Backend:
@@ -76,6 +78,11 @@ class V3Backend:
         self.max_bytes = max_bytes
         self.generation = ""
         self.seq = 0  # last sequence number assigned in this generation
+        # Outcome records in the current journal: ``max_records`` counts these. A call
+        # intent is a small line closed by at most one outcome (or carried into the next
+        # base), so counting it too would double the compactions of every run for no
+        # bound the outcomes do not already give (decision 217).
+        self.outcomes = 0
         self.jbytes = 0  # bytes in the current journal (written or buffered)
         self.broken: str | None = None
         self.resync = False  # next record restates the whole context (after reconcile)
@@ -100,13 +107,14 @@ class V3Backend:
         try:
             if self._journal is None or self._base is None:
                 self._initialize()
-            left = sum(ticket.item is not None for ticket in batch)
+            left = sum(_counts(ticket.item) for ticket in batch)
             for index, ticket in enumerate(batch):
                 item = ticket.item
                 if item is None:
                     pending.append(ticket)
                     continue
-                left -= 1
+                counted = _counts(item)
+                left -= counted
                 # The entry and the context change are encoded once: the line for
                 # either generation, and every later base, reuse these bytes.
                 entry = self.state.encode_entry(item.entry)
@@ -121,7 +129,7 @@ class V3Backend:
                     self.resync = False
                     pending.append(ticket)  # acknowledged by the next commit's checks
                     continue
-                if self.seq >= self.max_records and left:
+                if counted and self.outcomes >= self.max_records and left:
                     # The count limit, with more records admitted in the same batch:
                     # all of them go into the base that is being written anyway, and
                     # the new journal starts empty (fewer compactions under load).
@@ -136,7 +144,7 @@ class V3Backend:
                     self.resync = False
                     break
                 if (
-                    self.seq >= self.max_records
+                    (counted and self.outcomes >= self.max_records)
                     or self.jbytes + len(line) > self.max_bytes
                     or self.seq >= MAX_SEQ
                 ):
@@ -144,8 +152,10 @@ class V3Backend:
                     self._compact()
                     line = self._line(tail, 1)
                 buf.append(line)
-                self.resync = False
+                if counted:  # an intent never restates the context: the next outcome does
+                    self.resync = False
                 self.seq += 1
+                self.outcomes += counted
                 self.jbytes += len(line)
                 self.state.apply(item, entry)
                 pending.append(ticket)
@@ -183,6 +193,7 @@ class V3Backend:
                 dict(state["ops"]),
                 list(state["spawned"]),
                 _capture.freeze(state["flow_context"]),
+                list(state.get("in_flight", ())),
             )
             self._compact()
         except (OSError, ValueError) as exc:
@@ -263,6 +274,8 @@ class V3Backend:
     def _tail(self, item: Item, entry: bytes) -> bytes:
         """The members after ``seq``: kind, the encoded entry, the context change."""
         tail = _KIND_ENTRY[item.kind] + entry
+        if item.kind == "intent":
+            return tail + b"}\n"
         if self.resync:
             # Disk and the admitted baseline may differ after reconciliation: restate it.
             patch: object = [{"op": "replace", "path": "", "value": item.context}]
@@ -358,7 +371,7 @@ class V3Backend:
         self._adopt_base()
         if old_base is not None:
             _io.close(old_base[0], "pin")
-        self.seq = self.jbytes = 0
+        self.seq = self.jbytes = self.outcomes = 0
 
     def _adopt_base(self) -> None:
         """Let the state read unchanged entries back from the base just published.
@@ -398,7 +411,7 @@ class V3Backend:
         self._base = self._publish(self.name, data, "base", previous=old_base, size=size)
         self._adopt_base()
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
-        self.seq = self.jbytes = 0
+        self.seq = self.jbytes = self.outcomes = 0
         self.compactions += 1
         for pin in (old_base, old_journal):
             if pin is not None:
@@ -479,3 +492,8 @@ class V3Backend:
         keep = f"quarantine.{name}.{uuid.uuid4().hex}"
         if _io.rename_noreplace(sfd, temp, sfd, keep, "quarantine") is False:
             raise OSError(errno.EEXIST, f"quarantine name {keep!r} is taken")
+
+
+def _counts(item: Item | None) -> int:
+    """1 for an outcome record (what ``max_records`` counts), 0 for an intent or a flush."""
+    return 0 if item is None or item.kind == "intent" else 1

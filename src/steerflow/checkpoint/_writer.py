@@ -38,6 +38,7 @@ from steerflow.errors import PersistenceError
 
 from . import _capture
 from ._digest import JSON, normalize
+from ._intents import intent_entry
 from ._seed import seed_entries
 from ._state import Item, Kind, State, Ticket
 from ._v2 import V2Backend
@@ -236,6 +237,48 @@ class CheckpointWriter:
         ticket = self._admit("spawn", node_id, raw, flow_context)
         await self._settle(ticket, "spawn", node_id)
 
+    async def record_call(
+        self,
+        call_id: str,
+        *,
+        node: str,
+        record: str,
+        key: str,
+        attempt: int,
+        model: str | None,
+        started_at: float,
+        reserved_cost_usd: float | None = None,
+        reserved_tokens: int | None = None,
+    ) -> bool:
+        """Record a call's write-ahead intent; returns once it is acknowledged.
+
+        Called before the call leaves the process (decision 217): the outcome later
+        recorded under ``record`` (``"op"`` or ``"spawn"``) and ``key`` (its agent id
+        or node id) closes it, and a resume counts an intent left open as a call that
+        may have been paid.  ``call_id`` is 32 lowercase hex characters.
+
+        Returns False, writing nothing, for version 2: a snapshot rewrite per call
+        would cost more than the call, and version 2 is the library's legacy default.
+        """
+        self._check_open()
+        entry = intent_entry(
+            call_id=call_id,
+            node=node,
+            record=record,
+            key=key,
+            attempt=attempt,
+            model=model,
+            started_at=started_at,
+            reserved_cost_usd=reserved_cost_usd,
+            reserved_tokens=reserved_tokens,
+        )
+        if self.version == 2:
+            return False
+        ticket = Ticket(Item("intent", call_id, entry, None, self._ctx))
+        self._queue.append(ticket)
+        await self._settle(ticket, "intent", call_id)
+        return True
+
     @property
     def bytes_written(self) -> int:
         """Total bytes this writer wrote to checkpoint files (snapshots, bases, journal).
@@ -321,6 +364,11 @@ class CheckpointWriter:
             raise PersistenceError(f"checkpoint write for {key or 'flush'!r} was interrupted")
         if ticket.error is not None:
             raise ticket.error
+        if kind == "intent":
+            # Its own seams: a crash test kills the process with the intent durable
+            # and the call not yet sent, apart from the outcome records' ``ack``.
+            _faults.seam("intent-ack", "after")
+            return
         _faults.seam("ack", "before")
         if kind != "flush":
             self.records_acknowledged += 1

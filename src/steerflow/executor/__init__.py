@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from steerflow.executor._budget import BUDGET_REASON, Caps, Meter, enforceable
+from steerflow.executor._budget import BUDGET_REASON, Caps, InFlightDoubt, Meter, enforceable
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
@@ -14,6 +14,7 @@ from steerflow.executor._graph import (
     Operation,
     build_graph,
 )
+from steerflow.executor._intent import CallIntent, IntentHook
 from steerflow.executor._scheduler import (
     CLI_DEFAULT_MAX_SPAWN,
     LIBRARY_DEFAULT_MAX_SPAWN,
@@ -38,6 +39,7 @@ __all__ = [
     "STEER_OPEN",
     "TERMINAL",
     "AdmissionFence",
+    "CallIntent",
     "CallScope",
     "Caps",
     "Edge",
@@ -46,6 +48,8 @@ __all__ = [
     "FlowEvent",
     "FlowExecutor",
     "Graph",
+    "InFlightDoubt",
+    "IntentHook",
     "Meter",
     "NodeKind",
     "NodeStatus",

@@ -8,18 +8,27 @@ reservation is the most expensive call the chain has seen; until one is known, t
 first call runs alone (:meth:`Meter.unsized`). So with calls of one size a cap is never
 passed, and in general the overshoot is at most the calls in flight when it was
 crossed, each at most the largest call (docs/decisions.md, decision 180).
+
+A call's reservation ends when it is charged, not when its outcome is saved: from then
+on its real cost is in the spend, and counting the reservation too closed admission a
+call early (issue 38 item 2). Calls an earlier run of the chain left in flight (write-
+ahead intents without an outcome, decision 217) may have been paid: their reservations
+count as spent (``doubt``); one recorded before any call's size was known is sized, like
+a reservation, by the largest call the chain has seen.
 """
 
 from __future__ import annotations
 
 import asyncio
+import math
 from dataclasses import dataclass
+from typing import Any
 
 from steerflow.errors import UsageError
 from steerflow.providers import Provider, Usage
 from steerflow.providers._pricing import PriceTable
 
-__all__ = ["BUDGET_REASON", "Caps", "Meter", "enforceable"]
+__all__ = ["BUDGET_REASON", "Caps", "InFlightDoubt", "Meter", "enforceable"]
 
 #: ``admission_reason`` once the budget closed admission (CONTRACT §11).
 BUDGET_REASON = "budget"
@@ -66,12 +75,18 @@ class Meter:
     """Spend and caps of one run (and the chain before it)."""
 
     def __init__(
-        self, prices: PriceTable | None = None, caps: Caps | None = None, base: Usage | None = None
+        self,
+        prices: PriceTable | None = None,
+        caps: Caps | None = None,
+        base: Usage | None = None,
+        doubt: InFlightDoubt | None = None,
     ) -> None:
         self.prices = prices or PriceTable()
         self.caps = caps or Caps()
         #: What the runs of the chain before this one spent.
         self.base = base or Usage()
+        #: Calls earlier runs of the chain left in flight: counted as spent.
+        self.doubt = doubt or InFlightDoubt()
         #: What this run's calls spent (the planner's and every attempt included).
         self.spent = Usage()
         self._inflight: set[str] = set()
@@ -86,13 +101,30 @@ class Meter:
         """The chain's spend: ``base`` plus this run's."""
         return self.base + self.spent
 
-    def charge(self, spec: str | None, usage: Usage | None) -> Usage | None:
-        """Price one returned call, count it, and return its priced usage."""
+    def _counted(self) -> tuple[float, int]:
+        """Cost and tokens held against the caps: the spend plus the calls in doubt."""
+        total, doubt = self.total, self.doubt
+        cost = (total.cost_usd or 0.0) + doubt.cost_usd + doubt.unsized * self._largest_cost
+        tokens = total.tokens + doubt.tokens + doubt.unsized * self._largest_tokens
+        return cost, tokens
+
+    def reservation(self) -> tuple[float | None, int | None]:
+        """What one call admitted now reserves (cost, tokens); None while no size is known."""
+        if not self._sized:
+            return None, None
+        return self._largest_cost, self._largest_tokens
+
+    def charge(self, spec: str | None, usage: Usage | None, key: str | None = None) -> Usage | None:
+        """Price one returned call, count it, and return its priced usage.
+
+        ``key``: the call's reservation, which ends here (its cost is now spent).
+        """
         priced = self.prices.priced(spec, usage)
-        if priced is None:
-            return None
-        self.spent = self.spent + priced
-        self.observe(priced)
+        if priced is not None:
+            self.spent = self.spent + priced
+            self.observe(priced)
+        if key is not None:
+            self.release(key)
         return priced
 
     def observe(self, usage: Usage | None) -> None:
@@ -117,17 +149,17 @@ class Meter:
     def room(self) -> bool:
         """Whether one more call fits beside those in flight (the admission check)."""
         calls = len(self._inflight) + 1
-        total = self.total
+        spent, used = self._counted()
         cap_cost, cap_tokens = self.caps.max_cost, self.caps.max_tokens
-        if cap_cost is not None:
-            spent = total.cost_usd or 0.0
-            if spent >= cap_cost or spent + calls * self._largest_cost > cap_cost:
-                return False
-        if cap_tokens is not None:
-            used = total.tokens
-            if used >= cap_tokens or used + calls * self._largest_tokens > cap_tokens:
-                return False
-        return True
+        # A small tolerance: $0.002 calls under a $0.010 cap must fit five times, which
+        # binary floating point adds up to 0.010000000000000002.
+        if cap_cost is not None and (
+            spent >= cap_cost - _EPS or spent + calls * self._largest_cost > cap_cost + _EPS
+        ):
+            return False
+        return cap_tokens is None or (
+            used < cap_tokens and used + calls * self._largest_tokens <= cap_tokens
+        )
 
     def recap(self, max_cost: float | None, max_tokens: int | None) -> Caps:
         """``ctl budget``: replace the caps given (None keeps that one); the new caps."""
@@ -139,10 +171,10 @@ class Meter:
 
     def reached(self) -> bool:
         """Whether the spend alone has reached a cap (no reservation counted)."""
-        total = self.total
+        spent, used = self._counted()
         cost, tokens = self.caps.max_cost, self.caps.max_tokens
-        return (cost is not None and (total.cost_usd or 0.0) >= cost) or (
-            tokens is not None and total.tokens >= tokens
+        return (cost is not None and spent >= cost - _EPS) or (
+            tokens is not None and used >= tokens
         )
 
     def reserve(self, key: str) -> None:
@@ -163,4 +195,63 @@ class Meter:
             parts.append(f"${total.cost_usd or 0.0:.4f} of the ${self.caps.max_cost:g} cap")
         if self.caps.max_tokens is not None:
             parts.append(f"{total.tokens} of the {self.caps.max_tokens} token cap")
-        return "spent " + " and ".join(parts)
+        line = "spent " + " and ".join(parts)
+        if self.doubt.calls:
+            line += f", counting {self.doubt.describe(self._largest_cost)}"
+        return line
+
+
+#: Cost tolerance of the cap checks (USD): far below any call's price.
+_EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class InFlightDoubt:
+    """Calls earlier runs of the chain left in flight (decision 217), counted as spent.
+
+    ``cost_usd``/``tokens`` sum the reservations their intents recorded; ``unsized``
+    counts those recorded before any call's size was known.
+    """
+
+    calls: int = 0
+    cost_usd: float = 0.0
+    tokens: int = 0
+    unsized: int = 0
+
+    def __add__(self, other: InFlightDoubt) -> InFlightDoubt:
+        return InFlightDoubt(
+            self.calls + other.calls,
+            self.cost_usd + other.cost_usd,
+            self.tokens + other.tokens,
+            self.unsized + other.unsized,
+        )
+
+    def describe(self, largest_cost: float = 0.0) -> str:
+        """``3 calls that may have been paid (about $0.0060)``."""
+        cost = self.cost_usd + self.unsized * largest_cost
+        noun = "call" if self.calls == 1 else "calls"
+        return f"{self.calls} {noun} that may have been paid (about ${cost:.4f})"
+
+    def to_json(self) -> dict[str, int | float]:
+        """The checkpoint ``config.in_flight_before`` form."""
+        return {
+            "calls": self.calls,
+            "cost_usd": self.cost_usd,
+            "tokens": self.tokens,
+            "unsized": self.unsized,
+        }
+
+    @classmethod
+    def from_json(cls, value: object) -> InFlightDoubt:
+        """Read ``config.in_flight_before`` (absent or malformed: none)."""
+        if not isinstance(value, dict):
+            return cls()
+
+        def number(name: str, kind: type) -> Any:
+            item = value.get(name)
+            if isinstance(item, bool) or not isinstance(item, (int, float)):
+                return kind(0)
+            return kind(item) if math.isfinite(item) and item >= 0 else kind(0)
+
+        return cls(number("calls", int), number("cost_usd", float), number("tokens", int),
+                   number("unsized", int))  # fmt: skip

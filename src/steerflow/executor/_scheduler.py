@@ -25,6 +25,7 @@ from steerflow.executor._budget import BUDGET_REASON, Meter
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
+from steerflow.executor._intent import CallIntent, IntentHook
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -131,6 +132,13 @@ class FlowExecutor:
         self.fence: AdmissionFence | None = None
         #: The run's spend and caps: prices every call, and is asked before each admission.
         self.meter: Meter | None = None
+        #: Makes each call's write-ahead intent durable before the call is sent (decision
+        #: 217); None: calls are sent unrecorded (a version 2 checkpoint, a bare executor).
+        self.before_call: IntentHook | None = None
+        #: Calls made per node key, beyond those earlier runs of the chain left in flight
+        #: (``prior_calls``, set by a resume): the next intent's attempt number.
+        self.prior_calls: dict[str, int] = {}
+        self._calls: dict[str, int] = {}
 
     # -- control surface -------------------------------------------------------------------
 
@@ -431,7 +439,11 @@ class FlowExecutor:
         if response.placement is not None:
             op.extra["placement"] = response.placement  # shown with the node, not recorded
         # Paid for whatever follows: a node that fails its artifact check still cost this.
-        op.usage = self.meter.charge(op.model, response.usage) if self.meter else response.usage
+        op.usage = (
+            self.meter.charge(op.model, response.usage, op.node_id)
+            if self.meter
+            else response.usage
+        )
         if op.declared_artifacts:
             # A node is worth what it produced: its declared files must be there, as
             # non-empty regular files, before it counts as completed (Amendment 1).
@@ -461,6 +473,15 @@ class FlowExecutor:
         # lease's local deadline has passed (a stall included) it asks the state DB.
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
+        if self.before_call is not None:
+            # Write-ahead: the call is durable as "may have been paid" before it leaves,
+            # so a crash can neither hide it nor let a resume break the cap (decision 217).
+            count = self._calls[op.key] = self._calls.get(op.key, 0) + 1
+            attempt = self.prior_calls.get(op.key, 0) + count
+            meter = self.meter
+            reservation = meter.reservation() if meter is not None else (None, None)
+            if not await self.before_call(op, CallIntent.of(op, attempt, reservation)):
+                return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
         return await provider.invoke(request)
 

@@ -112,7 +112,9 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
     ) -> dict[str, Any]:
         """What `steerflow resume TARGET --dry-run` would replay and run, or why it refuses.
 
-        Lists the operator messages a dead process left behind (`stranded_messages`).
+        Lists the operator messages a dead process left behind (`stranded_messages`),
+        and the calls that were in flight when it died and may have been paid
+        (`in_flight_calls`: node, attempt, model, started_at, reserved_cost_usd).
         """
         return _answer(
             lambda: views.resume_preflight(

@@ -49,6 +49,7 @@ from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, tu
 from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
+from steerflow.orchestrate._resume import IN_FLIGHT_KEY
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
 from steerflow.providers._pricing import PriceTable
@@ -252,7 +253,12 @@ class AgentRun:
         await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
         await asyncio.to_thread(prices.prepare, [self.model])
         # A cap is the chain's: a resume counts what the replayed turns spent.
-        self.meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        self.meter = Meter(
+            prices,
+            caps,
+            base=seed.spent if seed is not None else None,
+            doubt=seed.doubt if seed is not None else None,
+        )
         for turn in self.turns:
             self.meter.observe(Usage.from_json(turn.usage))
         self.target.meter = self.meter
@@ -343,6 +349,7 @@ class AgentRun:
 
     async def _open_writer(self, session_id: str, run_dir: RunDir) -> CheckpointWriter:
         last = self.turns[-1].number if self.turns else None
+        seed = self.options.resume
         seed_ops = {
             turn_key(t.number): {
                 "status": t.status,
@@ -363,6 +370,8 @@ class AgentRun:
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
                 **({"budget": self.meter.caps.to_json()} if self.meter.caps.any else {}),
+                # The chain's calls that may have been paid (decision 217), as a flow's.
+                **({IN_FLIGHT_KEY: seed.doubt.to_json()} if seed and seed.doubt.calls else {}),
                 # The run it resumed, for `db rebuild` (its claim on that source).
                 **({LINEAGE_KEY: lineage(self.options.resume)} if self.options.resume else {}),
             },
@@ -530,12 +539,17 @@ class AgentRun:
         used: dict[str, Any] | None = None
         try:
             with scope:
+                # Write-ahead (decision 217): durable before the turn's call leaves. A
+                # checkpoint that cannot hold it ends the run before anything is paid.
+                await self._record_call(s, key, number)
                 response = await provider.invoke(request)
                 text = response.text
                 if response.conversation:
                     self.conversation = response.conversation
                 priced = self.meter.charge(self.model, response.usage)
                 used = priced.to_json() if priced is not None else None
+        except PersistenceError:
+            raise  # the intent could not be recorded: the call never left
         except Exception as exc:  # the turn fails; the run reports it
             error = str(exc) or type(exc).__name__
         finally:
@@ -568,6 +582,22 @@ class AgentRun:
         await self._set_meta(s, turn=None)
         self.progress(f"turn {number} {outcome.status}" + (f": {error}" if error else ""))
         return outcome
+
+    async def _record_call(self, s: _Live, key: str, number: int) -> None:
+        """The turn call's write-ahead intent, closed by the turn's entry."""
+        cost, tokens = self.meter.reservation()
+        prior = self.options.resume.in_flight if self.options.resume is not None else ()
+        await s.writer.record_call(
+            uuid.uuid4().hex,
+            node=key,
+            record="op",
+            key=key,
+            attempt=1 + sum(call.node == key for call in prior),
+            model=self.model,
+            started_at=time.time(),
+            reserved_cost_usd=cost,
+            reserved_tokens=tokens,
+        )
 
     async def _cut_short(
         self, s: _Live, key: str, number: int, detail: dict[str, Any], reason: str

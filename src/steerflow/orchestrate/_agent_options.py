@@ -6,8 +6,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steerflow.checkpoint import InFlightCall
 from steerflow.errors import ExitCode
-from steerflow.executor import Caps
+from steerflow.executor import Caps, InFlightDoubt
 from steerflow.orchestrate._options import EndStatus
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.providers import Usage
@@ -81,6 +82,10 @@ class AgentSeed:
     #: The chain's caps (its checkpoint ``config.budget``) and its turns' spend.
     caps: Caps = field(default_factory=Caps)
     spent: Usage | None = None
+    #: The source's turns that left and have no outcome (decision 217), and every call
+    #: of the chain in that state: counted as spent.
+    in_flight: tuple[InFlightCall, ...] = ()
+    doubt: InFlightDoubt = field(default_factory=InFlightDoubt)
 
 
 @dataclass

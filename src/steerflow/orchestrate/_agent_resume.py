@@ -23,6 +23,7 @@ from steerflow.orchestrate._agent_state import (
     turn_key,
 )
 from steerflow.orchestrate._claim import preflight_claim
+from steerflow.orchestrate._resume import chain_doubt, in_flight_notes
 from steerflow.orchestrate._stranded import ChainControls, read_chain, stranded_notes
 from steerflow.providers import Usage
 from steerflow.resume import RunTarget, resolve_run_target
@@ -102,6 +103,7 @@ def _prepare(
     delivered = {c for t in turns.turns for c in t.controls} | set(turns.next_controls)
     _refuse_unaccounted(run.run_id, chain, delivered, len(turns.turns))
     stranded = chain.stranded(delivered, _claiming_turn)
+    doubt = chain_doubt(state)
     replayed = [
         TurnOutcome(
             number=t.number,
@@ -141,9 +143,14 @@ def _prepare(
         fork=fork,
         stranded=stranded,
         redeliver_claimed=redeliver_claimed,
-        notes=stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
+        notes=[
+            *stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
+            *in_flight_notes(state, doubt),
+        ],
         caps=_caps(state.config.get("budget")),
         spent=_spent(replayed),
+        in_flight=state.in_flight,
+        doubt=doubt,
     )
 
 

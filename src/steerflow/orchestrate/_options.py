@@ -7,8 +7,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
+from steerflow.checkpoint import InFlightCall
 from steerflow.errors import ExitCode, UsageError
-from steerflow.executor import Caps, Graph
+from steerflow.executor import Caps, Graph, InFlightDoubt
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.plan import MAX_PLAN_ENTRIES, Plan, PlanFile
 from steerflow.providers import Usage
@@ -88,6 +89,10 @@ class ResumeSeed:
     #: What the chain up to the source spent (its checkpoint's record): a cap is the
     #: total for the whole chain, so the resumed run starts counting from here.
     spent: Usage | None = None
+    #: The source's calls that left and have no outcome (write-ahead intents, decision
+    #: 217), and every call of the chain in that state: counted as spent.
+    in_flight: tuple[InFlightCall, ...] = ()
+    doubt: InFlightDoubt = field(default_factory=InFlightDoubt)
 
 
 @dataclass
@@ -197,6 +202,8 @@ class FlowResult:
     stopped_by: dict[str, Any] | None = None
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
     stranded_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: A resume's source calls that may have been paid (CONTRACT §12 ``in_flight_calls``).
+    in_flight_calls: list[dict[str, Any]] = field(default_factory=list)
     #: The caps (``{max_cost, max_tokens}``, members null when not set).
     budget: dict[str, Any] = field(default_factory=lambda: Caps().to_json())
     #: Once the budget ended the run: ``{spent, line}`` (the chain's spend, the line said).
@@ -220,6 +227,7 @@ class FlowResult:
             "usage": self.usage,
             "budget": self.budget,
             "stranded_messages": self.stranded_messages,
+            "in_flight_calls": self.in_flight_calls,
         }
         if self.budget_exhausted is not None:
             out["budget_exhausted"] = self.budget_exhausted

@@ -13,7 +13,7 @@ from typing import Any, Protocol
 from steerflow.artifacts import DECLARED_MEMBER
 from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
-from steerflow.executor import EventBus, FlowEvent, Graph, Operation, SharedContext
+from steerflow.executor import CallIntent, EventBus, FlowEvent, Graph, Operation, SharedContext
 from steerflow.home import RunDir
 
 __all__ = ["CheckpointOutcome", "CheckpointRecorder", "replay_entries", "write_private"]
@@ -175,6 +175,36 @@ class CheckpointRecorder:
                 await self._record_spawned(op, op.status, response, self.context.content)
 
         await self._durably(op, record)
+
+    async def record_call(self, op: Operation, intent: CallIntent) -> bool:
+        """The executor's ``before_call``: make the call's intent durable (decision 217).
+
+        True once acknowledged (the call may leave); False when the run may no longer
+        record (a lease taken over) or the checkpoint cannot hold it (the call is not
+        sent; the loss closed admission). A version 2 checkpoint records no intents.
+        """
+        if self.writer.version != 3:
+            return True
+        if self.lost:
+            return False
+        acknowledged = False
+
+        async def write() -> None:
+            nonlocal acknowledged
+            acknowledged = await self.writer.record_call(
+                intent.call_id,
+                node=intent.node,
+                record=intent.record,
+                key=intent.key,
+                attempt=intent.attempt,
+                model=intent.model,
+                started_at=intent.started_at,
+                reserved_cost_usd=intent.reserved_cost_usd,
+                reserved_tokens=intent.reserved_tokens,
+            )
+
+        await self._durably(op, write)
+        return acknowledged
 
     async def record_intent(self, children: list[Operation]) -> None:
         """Spawn observer: record accepted spawns as ``pending`` (recorded, never invoked).

@@ -22,7 +22,7 @@ from steerflow.checkpoint import (
     load_state,
 )
 from steerflow.errors import FlowResumeError, SteerflowError, UsageError
-from steerflow.executor import Edge, Graph, Operation
+from steerflow.executor import Edge, Graph, InFlightDoubt, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
 from steerflow.orchestrate._recorder import RECORDED_USAGE
@@ -142,6 +142,7 @@ def _prepare(
         rerun_unsettled=rerun_unsettled,
     )
     stranded = _stranded(home, session_id, state)
+    doubt = chain_doubt(state)
     return ResumeSeed(
         plan=replay.plan,
         prompt=state.prompt,
@@ -157,12 +158,15 @@ def _prepare(
             *([source.note] if source.note else []),
             *replay.notes,
             *stranded_notes(stranded, redeliver_claimed=redeliver_claimed),
+            *in_flight_notes(state, doubt),
         ],
         fork=fork,
         artifact_root=root,
         stranded=stranded,
         redeliver_claimed=redeliver_claimed,
         spent=chain_spent(state),
+        in_flight=state.in_flight,
+        doubt=doubt,
     )
 
 
@@ -178,6 +182,56 @@ def chain_spent(state: CheckpointState) -> Usage:
     for raw in entries:
         total = total + (Usage.from_json(raw.get("usage")) or Usage())
     return total
+
+
+#: The session ``node_metadata`` member holding the planner call in flight (decision 219).
+PLANNER_CALL_KEY = "planner_call"
+
+#: The checkpoint ``config`` member with the chain's calls that may have been paid and
+#: have no outcome (decision 217): counted as spent; absent when there are none.
+IN_FLIGHT_KEY = "in_flight_before"
+
+
+def chain_doubt(state: CheckpointState) -> InFlightDoubt:
+    """Every call of the chain up to this checkpoint that left and has no outcome."""
+    doubt = InFlightDoubt.from_json(state.config.get(IN_FLIGHT_KEY))
+    for call in state.in_flight:
+        sized = call.reserved_cost_usd is not None or call.reserved_tokens is not None
+        doubt = doubt + InFlightDoubt(
+            calls=1,
+            cost_usd=call.reserved_cost_usd or 0.0,
+            tokens=call.reserved_tokens or 0,
+            unsized=0 if sized else 1,
+        )
+    return doubt
+
+
+def in_flight_line(calls: int, cost_usd: float | None) -> str:
+    """``3 calls were in flight when the run died and may have been paid: about $0.0060``."""
+    noun = "call was" if calls == 1 else "calls were"
+    about = f": about ${cost_usd:.4f}" if cost_usd is not None else " (their cost is not known)"
+    return f"{calls} {noun} in flight when the run died and may have been paid{about}"
+
+
+def in_flight_notes(state: CheckpointState, doubt: InFlightDoubt) -> list[str]:
+    """The resume's notes on calls that may have been paid (the source's, then the chain's)."""
+    notes: list[str] = []
+    calls = state.in_flight
+    if calls:
+        known = [c.reserved_cost_usd for c in calls if c.reserved_cost_usd is not None]
+        cost = sum(known) if len(known) == len(calls) else None
+        nodes = ", ".join(sorted({c.node for c in calls}))
+        notes.append(
+            f"{in_flight_line(len(calls), cost)} (node(s) {nodes}); they count as spent "
+            "against the chain's cap, and their nodes run again"
+        )
+    earlier = doubt.calls - len(calls)
+    if earlier > 0:
+        notes.append(
+            f"{earlier} more call(s) of earlier runs of this chain may have been paid: "
+            "counted as spent too"
+        )
+    return notes
 
 
 def spent_before(seed: ResumeSeed | None, planner: list[Usage]) -> Usage:
@@ -226,11 +280,20 @@ def _stranded(home: Path, session_id: str, state: CheckpointState) -> list[Stran
 def _no_checkpoint(home: Path, run: RunTarget, checkpoint: Path) -> FlowResumeError:
     """The refusal for a run without a checkpoint, naming why it has none if it said so."""
     why = None
+    planner: object = None
     if run.session_id is not None and db_exists(home):
         with StateDB.open(home, create=False) as db:
             session = db.get_session(run.session_id)
         recorded = session.node_metadata.get("nothing_to_resume") if session else None
         why = recorded if isinstance(recorded, str) else None
+        planner = session.node_metadata.get(PLANNER_CALL_KEY) if session else None
+    if isinstance(planner, dict):
+        model = planner.get("model")
+        return FlowResumeError(
+            f"run {run.run_id} has nothing to resume: it died while planning, so no plan was "
+            f"saved; its planner call ({model if isinstance(model, str) else 'model unknown'}) "
+            "was in flight and may have been paid; start the flow again instead"
+        )
     if why is None:
         return FlowResumeError(f"run {run.run_id} has no checkpoint.json ({str(checkpoint)!r})")
     # A run stopped while planning before a plan existed (decision 101).

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import signal
 import time
-from collections.abc import Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -64,7 +64,14 @@ from steerflow.orchestrate._recorder import (
     replay_entries,
     write_private,
 )
-from steerflow.orchestrate._resume import SPENT_KEY, apply_replay, rerun_report, spent_before
+from steerflow.orchestrate._resume import (
+    IN_FLIGHT_KEY,
+    PLANNER_CALL_KEY,
+    SPENT_KEY,
+    apply_replay,
+    rerun_report,
+    spent_before,
+)
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.orchestrate._stream import ControlApplied, EventStream, typed_event
@@ -363,7 +370,12 @@ class FlowRun:
             except UsageError as exc:
                 self._unenforceable[name] = str(exc)
         seed = self.options.resume
-        meter = Meter(prices, caps, base=seed.spent if seed is not None else None)
+        meter = Meter(
+            prices,
+            caps,
+            base=seed.spent if seed is not None else None,
+            doubt=seed.doubt if seed is not None else None,
+        )
         if seed is not None:
             # The chain's recorded calls size the reservation from the first admission on.
             for recorded in seed.replay.usage.values():
@@ -452,6 +464,7 @@ class FlowRun:
             degraded_context=self.options.resume.degraded if self.options.resume else [],
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
             stranded_messages=_stranded_json(self.options.resume),
+            in_flight_calls=_in_flight_json(self.options.resume),
         )
 
     def _admission_closed(self) -> bool:
@@ -459,8 +472,16 @@ class FlowRun:
         closed = self.stop_signal is not None or self.deadline_hit or self.stopped_by is not None
         return closed or self.lease_loss is not None
 
-    async def _plan_with_model(self, prompt: str, model: str) -> PlanFile | None:
-        """The planner's plan; None if admission closed before a retry could be made."""
+    async def _plan_with_model(
+        self,
+        prompt: str,
+        model: str,
+        before_call: Callable[[int], Awaitable[None]] | None = None,
+    ) -> PlanFile | None:
+        """The planner's plan; None if admission closed before a retry could be made.
+
+        ``before_call(attempt)`` runs right before each planner call leaves (its intent).
+        """
         provider = self._providers.get(model)
         schema = PlanFile.model_json_schema()
         feedback: str | None = None
@@ -482,6 +503,8 @@ class FlowRun:
                 return None
             if not await self._lease_held():
                 return None
+            if before_call is not None:
+                await before_call(attempt + 1)
             try:
                 reply = await provider.plan_with_usage(
                     PlanRequest(
@@ -696,18 +719,40 @@ class FlowRun:
             self._no_plan = "the run was stopped before its planner was called"
             return None
         self._planning = scope = CallScope()
+
+        async def intent(attempt: int) -> None:
+            await self._planner_intent(s, model, attempt)
+
         try:
             with scope:
-                return await self._plan_with_model(prompt, model)
+                return await self._plan_with_model(prompt, model, intent)
         except SteerflowError as exc:
             await self._finish_session(s, "failed", {"error": str(exc)})
             raise
         finally:
             self._planning = None
+            with contextlib.suppress(SteerflowError):  # a lost lease or DB: nothing to clear
+                await self._planner_intent(s, None, 0)
         # The scope caught the cancellation of request_stop or request_operator_stop.
         how = "ctl stop --now" if scope.cancelled_by == STOP_REASON else scope.cancelled_by
         self._no_plan = f"the planner call was cancelled ({how}) before it returned a plan"
         return None
+
+    async def _planner_intent(self, s: _Session, model: str | None, attempt: int) -> None:
+        """The planner call's write-ahead intent, kept on the session (decision 219).
+
+        The run has no checkpoint yet, so the state DB holds it: committed before the call
+        leaves (``model`` given), removed once it returned (``model`` None). A run that
+        died with it there has nothing to resume, and ``resume`` says the call may have
+        been paid.
+        """
+        value: dict[str, Any] | None = None
+        if model is not None:
+            value = {"model": model, "attempt": attempt, "started_at": time.time()}
+        epoch = s.lease.epoch
+        await asyncio.to_thread(
+            s.db.update_node_metadata, s.session_id, {PLANNER_CALL_KEY: value}, epoch=epoch
+        )
 
     async def _stopped_while_planning(self, s: _Session) -> FlowResult:
         status: EndStatus
@@ -835,6 +880,9 @@ class FlowRun:
         before = spent_before(self.options.resume, self.planner_usage)
         if before.tokens or before.cost_usd:  # only when some: older bytes unchanged
             config[SPENT_KEY] = before.to_json()
+        seed = self.options.resume
+        if seed is not None and seed.doubt.calls:  # likewise only when some
+            config[IN_FLIGHT_KEY] = seed.doubt.to_json()
         return config
 
     def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:
@@ -878,6 +926,10 @@ class FlowRun:
         )
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.meter = self.meter
+        executor.before_call = recorder.record_call
+        seed = self.options.resume
+        for call in seed.in_flight if seed is not None else ():
+            executor.prior_calls[call.node] = executor.prior_calls.get(call.node, 0) + 1
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
         return executor
@@ -1005,9 +1057,14 @@ class FlowRun:
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             stranded_messages=_stranded_json(seed),
+            in_flight_calls=_in_flight_json(seed),
             budget=self.meter.caps.to_json(),
             budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
         )
+
+
+def _in_flight_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:
+    return [call.to_json() for call in seed.in_flight] if seed is not None else []
 
 
 def _stranded_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
-from steerflow.studio._pages import duration, esc, page, run_href, when
+from steerflow.studio._pages import duration, esc, in_flight_table, page, run_href, when
 from steerflow.views import ControlEntry, ControlStatus, ResumePreflight, RunView
 
 __all__ = [
@@ -125,6 +125,7 @@ def _verdict(preflight: ResumePreflight, ran: Sequence[str]) -> list[str]:
     if preflight.degraded_context:
         lines.append(f"<p>degraded context: {_names(preflight.degraded_context)}</p>")
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
+    lines += in_flight_table(preflight.in_flight_calls, preflight.in_flight_line)
     return lines
 
 

@@ -421,6 +421,30 @@ def runs_page(
     return page("steerflow studio: runs", "\n".join(body), live=live, live_kind="runs")
 
 
+def in_flight_table(calls: Sequence[Mapping[str, Any]], line: str | None) -> list[str]:
+    """A resume preflight's calls that may have been paid (decision 217), as a table."""
+    if not calls:
+        return []
+
+    def reserved(cost: object) -> str:
+        return f"${cost:.4f}" if isinstance(cost, (int, float)) else "not known"
+
+    rows = [
+        "<tr>"
+        f"<td>{esc(c['node'])}</td><td>{esc(c['attempt'])}</td><td>{esc(c['model'] or '-')}</td>"
+        f"<td>{esc(when(c['started_at']))}</td><td>{esc(reserved(c['reserved_cost_usd']))}</td>"
+        "</tr>"
+        for c in calls
+    ]
+    return [
+        f'<p class="error" id="in-flight-line">{esc(line or "")}</p>',
+        '<table id="in-flight-calls"><tr><th>node</th><th>attempt</th><th>model</th>'
+        "<th>started</th><th>reserved</th></tr>",
+        *rows,
+        "</table>",
+    ]
+
+
 def error_page(title: str, message: str) -> str:
     """A refusal or error, escaped, with a way back."""
     return page(

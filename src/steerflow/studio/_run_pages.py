@@ -14,6 +14,7 @@ from steerflow.studio._pages import (
     control_forms,
     duration,
     esc,
+    in_flight_table,
     page,
     run_href,
     when,
@@ -306,6 +307,7 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
         lines.append(f"<p>degraded context: {esc(', '.join(preflight.degraded_context))}</p>")
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
     lines += _stranded(preflight.stranded_messages)
+    lines += in_flight_table(preflight.in_flight_calls, preflight.in_flight_line)
     # Each mode confirms first: its own dry run, what it runs and what it pays again.
     links = [
         f'<a class="action" href="{esc(run_href(run_id) + "/resume?mode=" + mode)}">{label}…</a>'

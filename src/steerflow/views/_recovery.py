@@ -125,6 +125,20 @@ class ResumePreflight:
     #: The chain's messages nothing would deliver: ``{control_id, session_id, run_id,
     #: text, sent_at, state, claimant, claimed_by, redelivered_as}`` each.
     stranded_messages: tuple[dict[str, Any], ...] = ()
+    #: Calls the source left in flight, which may have been paid (decision 217):
+    #: ``{node, attempt, model, started_at, reserved_cost_usd, reserved_tokens, call_id}``.
+    in_flight_calls: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def in_flight_line(self) -> str | None:
+        """``3 calls were in flight when the run died and may have been paid: about $…``."""
+        from steerflow.orchestrate._resume import in_flight_line
+
+        calls = self.in_flight_calls
+        if not calls:
+            return None
+        known = [c["reserved_cost_usd"] for c in calls if c["reserved_cost_usd"] is not None]
+        return in_flight_line(len(calls), sum(known) if len(known) == len(calls) else None)
 
     @property
     def allowed(self) -> bool:
@@ -157,6 +171,7 @@ class ResumePreflight:
             "checkpoint_recovery": self.checkpoint_recovery,
             "kind": self.kind,
             "stranded_messages": list(self.stranded_messages),
+            "in_flight_calls": list(self.in_flight_calls),
         }
 
 
@@ -227,6 +242,7 @@ def resume_preflight(
         warnings=tuple(result.warnings),
         checkpoint_recovery=result.checkpoint_recovery,
         stranded_messages=tuple(result.stranded_messages),
+        in_flight_calls=tuple(result.in_flight_calls),
     )
 
 
@@ -248,4 +264,5 @@ def _agent_preflight(
         checkpoint_recovery=seed.checkpoint_recovery,
         kind="agent",
         stranded_messages=tuple(m.to_json() for m in seed.stranded),
+        in_flight_calls=tuple(call.to_json() for call in seed.in_flight),
     )
