@@ -8,7 +8,8 @@
 (optionally a sequence per route, e.g. 429 then 200); every request is
 recorded. A reply with a ``gate`` (a :class:`threading.Event`) is held until
 the test sets it, so a flow can be kept live at a known point. A streamed request
-(``"stream": true``) gets server-sent events over HTTP/1.1 chunked, or, by the reply's ``stream_as``, the whole completion
+(``"stream": true``) gets server-sent events over HTTP/1.1 chunked, closed after the
+reply (``Connection: close``), or, by the reply's ``stream_as``, the whole completion
 as JSON (a server that does not stream) or a stream that stops at its final chunk.
 
 ``write_fake_agent`` writes a Python script that stands in for ``claude`` or
@@ -72,6 +73,9 @@ class Reply:
     cut_at_end: bool = False
     #: The content type of a JSON reply; None sends none.
     content_type: str | None = "application/json"
+    #: After a whole streamed reply the server's thread waits this long before it closes
+    #: the connection (what a loaded machine's scheduler may do, made certain).
+    linger: float = 0.0
 
 
 def _pieces(text: str) -> list[str]:
@@ -370,6 +374,10 @@ class FakeLLMServer:
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
                     self.send_header("transfer-encoding", "chunked")
+                    # The connection is closed after this reply: said so, or the client
+                    # keeps it for its next request and may send that request before the
+                    # close arrives ("Server disconnected without sending a response").
+                    self.send_header("connection", "close")
                     self.end_headers()
                     for event in events:
                         is_delta = _is_text_delta(event)
@@ -392,6 +400,8 @@ class FakeLLMServer:
                     self.wfile.flush()
                 except OSError:
                     pass
+                if reply.linger:
+                    server._stop.wait(reply.linger)
                 self.close_connection = True
 
             def _chunk(self, data: bytes) -> None:
