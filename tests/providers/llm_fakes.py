@@ -7,7 +7,10 @@
 "forever" once the queue is empty, or routed by a needle in the request body
 (optionally a sequence per route, e.g. 429 then 200); every request is
 recorded. A reply with a ``gate`` (a :class:`threading.Event`) is held until
-the test sets it, so a flow can be kept live at a known point.
+the test sets it, so a flow can be kept live at a known point. A streamed request
+(``"stream": true``) gets server-sent events over HTTP/1.1 chunked, closed after the
+reply (``Connection: close``), or, by the reply's ``stream_as``, the whole completion
+as JSON (a server that does not stream) or a stream that stops at its final chunk.
 
 ``write_fake_agent`` writes a Python script that stands in for ``claude`` or
 ``codex``: it records its argv, cwd, stdin and pid, writes artifact files,
@@ -59,6 +62,20 @@ class Reply:
     cut_after: int | None = None
     hold: threading.Event | None = None
     hold_after: int = 1
+    #: How a streamed request is answered: ``"sse"`` (the whole event stream); ``"json"``
+    #: (the stream flag ignored: one whole completion, as a server that does not stream);
+    #: ``"final"`` (an event stream that stops at the final chunk: OpenAI's
+    #: ``finish_reason`` chunk, carrying the usage, and no ``[DONE]``; Anthropic's
+    #: ``message_delta`` with its ``stop_reason``, and no ``message_stop``).
+    stream_as: Literal["sse", "json", "final"] = "sse"
+    #: With ``stream_as="final"``: the connection is closed after the last event without
+    #: the terminating chunk (a proxy that drops the connection once the reply is over).
+    cut_at_end: bool = False
+    #: The content type of a JSON reply; None sends none.
+    content_type: str | None = "application/json"
+    #: After a whole streamed reply the server's thread waits this long before it closes
+    #: the connection (what a loaded machine's scheduler may do, made certain).
+    linger: float = 0.0
 
 
 def _pieces(text: str) -> list[str]:
@@ -67,7 +84,11 @@ def _pieces(text: str) -> list[str]:
 
 
 def openai_events(reply: Reply, model: str) -> list[dict[str, Any]]:
-    """The SSE ``data:`` objects of a streamed chat completion: deltas, finish, usage."""
+    """The SSE ``data:`` objects of a streamed chat completion: deltas, finish, usage.
+
+    With ``stream_as="final"`` the usage rides on the finish chunk, which ends the stream
+    (as servers that send no separate usage chunk do).
+    """
     base = {"id": "chatcmpl-fake", "object": "chat.completion.chunk", "created": 0, "model": model}
     deltas = [
         {**base, "choices": [{"index": 0, "delta": {"content": c}, "finish_reason": None}]}
@@ -75,6 +96,8 @@ def openai_events(reply: Reply, model: str) -> list[dict[str, Any]]:
     ]
     finish = {**base, "choices": [{"index": 0, "delta": {}, "finish_reason": "stop"}]}
     usage = openai_body(reply, model)["usage"]
+    if reply.stream_as == "final":
+        return [*deltas, {**finish, "usage": usage}]
     return [*deltas, finish, {**base, "choices": [], "usage": usage}]
 
 
@@ -86,7 +109,7 @@ def anthropic_events(reply: Reply, model: str) -> list[dict[str, Any]]:
         {"type": "content_block_delta", "index": 0, "delta": {"type": "text_delta", "text": c}}
         for c in (reply.chunks if reply.chunks is not None else _pieces(reply.text))
     ]
-    return [
+    events = [
         {"type": "message_start", "message": {**message, "usage": start_usage}},
         {"type": "content_block_start", "index": 0, "content_block": {"type": "text", "text": ""}},
         *deltas,
@@ -96,8 +119,8 @@ def anthropic_events(reply: Reply, model: str) -> list[dict[str, Any]]:
             "delta": {"stop_reason": "end_turn", "stop_sequence": None},
             "usage": {"output_tokens": reply.output_tokens},
         },
-        {"type": "message_stop"},
     ]
+    return events if reply.stream_as == "final" else [*events, {"type": "message_stop"}]
 
 
 @dataclass
@@ -305,7 +328,8 @@ class FakeLLMServer:
                     return
                 if reply.gate is not None and not server._await_gate(reply.gate):
                     return
-                if isinstance(body, dict) and body.get("stream") and reply.status < 400:
+                streamed = isinstance(body, dict) and body.get("stream")
+                if streamed and reply.status < 400 and reply.stream_as != "json":
                     model = str(body.get("model", "?"))
                     self._stream(reply, model)
                     return
@@ -317,15 +341,22 @@ class FakeLLMServer:
                     model = body.get("model", "?") if isinstance(body, dict) else "?"
                     build = openai_body if server.flavour == "openai" else anthropic_body
                     payload = build(reply, model)
-                self._send(reply.status, payload, reply.headers)
+                self._send(reply.status, payload, reply.headers, reply.content_type)
 
-            def _send(self, status: int, payload: object, headers: dict[str, str]) -> None:
+            def _send(
+                self,
+                status: int,
+                payload: object,
+                headers: dict[str, str],
+                content_type: str | None = "application/json",
+            ) -> None:
                 data = (
                     payload.encode() if isinstance(payload, str) else json.dumps(payload).encode()
                 )
                 try:
                     self.send_response(status)
-                    self.send_header("content-type", "application/json")
+                    if content_type is not None:
+                        self.send_header("content-type", content_type)
                     self.send_header("content-length", str(len(data)))
                     for key, value in headers.items():
                         self.send_header(key, value)
@@ -343,6 +374,10 @@ class FakeLLMServer:
                     self.send_response(200)
                     self.send_header("content-type", "text/event-stream")
                     self.send_header("transfer-encoding", "chunked")
+                    # The connection is closed after this reply: said so, or the client
+                    # keeps it for its next request and may send that request before the
+                    # close arrives ("Server disconnected without sending a response").
+                    self.send_header("connection", "close")
                     self.end_headers()
                     for event in events:
                         is_delta = _is_text_delta(event)
@@ -355,12 +390,18 @@ class FakeLLMServer:
                             return
                         self._chunk(_sse(server.flavour, event))
                         sent += is_delta
-                    if server.flavour == "openai":
+                    if reply.stream_as == "final" and reply.cut_at_end:
+                        self.wfile.flush()
+                        self.close_connection = True
+                        return  # the final event sent, the body never terminated
+                    if server.flavour == "openai" and reply.stream_as != "final":
                         self._chunk(b"data: [DONE]\n\n")
                     self.wfile.write(b"0\r\n\r\n")
                     self.wfile.flush()
                 except OSError:
                     pass
+                if reply.linger:
+                    server._stop.wait(reply.linger)
                 self.close_connection = True
 
             def _chunk(self, data: bytes) -> None:

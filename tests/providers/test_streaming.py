@@ -115,3 +115,25 @@ async def test_an_error_status_on_a_streamed_call_is_classified_as_before(
     with pytest.raises(ProviderError, match="HTTP 400") as caught:
         await _invoke(server, make_request(live=lambda text: None))
     assert caught.value.retryable is False
+
+
+async def test_streamed_calls_in_a_row_survive_a_server_slow_to_close_its_connection(
+    server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Issue 38 item 8: the fake closed every streamed connection without saying so, after
+    an HTTP/1.1 reply the client keeps for its next request; a next request sent before
+    the close arrived met "Server disconnected without sending a response". Here the
+    server's thread lingers before closing (a loaded machine, made certain), and no call
+    has a second attempt."""
+    monkeypatch.setenv("STEERFLOW_PROVIDER_MAX_ATTEMPTS", "1")
+    server.forever(Reply(text="in a row", linger=0.3))
+    provider = make_provider(SPECS[server.flavour])
+    try:
+        for _ in range(3):
+            response = await provider.invoke(make_request(live=lambda text: None))
+            assert response.text == "in a row"
+    finally:
+        await provider.aclose()
+    assert len(server.requests) == 3

@@ -3,18 +3,27 @@
 Both turn a request into the same steps: split the history into a system prompt
 and turns, add the spawn guidance, make one retried SDK call, and take the spawn
 block out of the reply. :class:`SDKProvider` does those steps once; a vendor
-implements :meth:`SDKProvider._create` (one call with its SDK's message shape)
+implements :meth:`SDKProvider._call` (one call with its SDK's message shape)
 and builds its client lazily in ``_client``.
+
+A streamed call degrades to the plain one and never fails for streaming's sake
+(decision 230): a whole JSON reply to a streamed request is the reply
+(:func:`is_event_stream`, :func:`whole_reply`), a stream that delivered its final
+chunk is complete however it then ends (:func:`ended_after_final`), and a server
+that refuses streamed requests is asked without, from then on (:func:`refuses_streaming`).
 """
 
 from __future__ import annotations
 
 import abc
 import functools
+import json
+import re
 from collections.abc import Awaitable, Callable, Sequence
 from types import ModuleType
 from typing import Any, ClassVar, Protocol
 
+from steerflow.errors import ProviderError
 from steerflow.providers._base import (
     Message,
     PlanReply,
@@ -34,7 +43,15 @@ from steerflow.providers._conventions import (
 )
 from steerflow.providers._retry import Failure, RetryPolicy, call_with_retry, classify_sdk_error
 
-__all__ = ["SDKProvider", "StreamCut", "restarted"]
+__all__ = [
+    "SDKProvider",
+    "StreamCut",
+    "ended_after_final",
+    "is_event_stream",
+    "refuses_streaming",
+    "restarted",
+    "whole_reply",
+]
 
 
 class StreamCut(Exception):  # noqa: N818 - a condition, named as the retry policy reports it
@@ -77,6 +94,66 @@ def _is_transport_error(exc: BaseException) -> bool:
 _HTTP_LIBS = ("httpx", "httpx2")
 
 
+def ended_after_final(sdk: ModuleType, exc: BaseException) -> bool:
+    """True if ``exc`` is the connection ending (or going quiet) under a stream.
+
+    Raised after the stream's final chunk, it ends a complete reply, which is kept:
+    a proxy may drop the connection once the reply is over, without ``[DONE]``,
+    ``message_stop`` or the body's terminating chunk.
+    """
+    return isinstance(exc, sdk.APIConnectionError) or _is_transport_error(exc)
+
+
+def is_event_stream(response: object) -> bool:
+    """True if ``response`` (the SDK stream's HTTP response) says it is an event stream."""
+    return _content_type(response) == "text/event-stream"
+
+
+async def whole_reply(response: Any, spec: str) -> dict[str, Any]:
+    """The JSON object of a whole reply to a streamed request (the server did not stream).
+
+    Args:
+        response: The HTTP response, its body not read yet.
+        spec: The model spec, for the error message.
+
+    Returns:
+        The decoded body, in the vendor's non-streamed reply shape.
+
+    Raises:
+        ProviderError: Not retryable: the body is not a JSON object (a server that
+            answers this way will answer the same way again). A body cut while it
+            is read raises the HTTP library's transport error: a cut, retried.
+    """
+    raw: bytes = await response.aread()
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        data = None
+    if not isinstance(data, dict):
+        kind = _content_type(response) or "no content type"
+        raise ProviderError(
+            f"{spec}: the server answered a streamed request with neither an event stream "
+            f"nor a JSON reply ({kind}, {len(raw)} bytes)",
+            retryable=False,
+        )
+    return data
+
+
+def _content_type(response: object) -> str:
+    headers = getattr(response, "headers", None)
+    value = headers.get("content-type") if headers is not None else None
+    return str(value or "").partition(";")[0].strip().lower()
+
+
+_REFUSED = re.compile(r"\bstream(ing|_options)?\b", re.IGNORECASE)
+
+
+def refuses_streaming(exc: ProviderError) -> bool:
+    """True if a streamed request was refused for streaming (HTTP 400/422 naming it)."""
+    text = str(exc)
+    return ("HTTP 400" in text or "HTTP 422" in text) and _REFUSED.search(text) is not None
+
+
 class _Closeable(Protocol):
     async def close(self) -> None: ...
 
@@ -89,6 +166,8 @@ class SDKProvider(Provider):
     """
 
     needs_artifact_dir: ClassVar[bool] = False  # a model call writes no file
+    #: False once the server refused a streamed request: this instance asks without.
+    streams: bool = True
     spec: str
     model: str
     policy: RetryPolicy
@@ -148,7 +227,6 @@ class SDKProvider(Provider):
         """The reply text of a planning call and its usage; a vendor may ask for JSON mode."""
         return await self._create(system, turns, timeout_s=None)
 
-    @abc.abstractmethod
     async def _create(
         self,
         system: str | None,
@@ -157,11 +235,52 @@ class SDKProvider(Provider):
         timeout_s: float | None,
         emit: Callable[[str], None] | None = None,
     ) -> tuple[str, Usage | None]:
-        """One retried SDK call: the reply text and its usage.
+        """One retried call: the reply text and its usage.
 
         With ``emit`` the call streams, handing each text delta to it; the text returned
-        is still the whole reply of the one attempt that finished (decision 192).
+        is still the whole reply of the one attempt that finished (decision 192). A server
+        that refuses the streamed request is asked again without, and this instance
+        streams no more (decision 230); the reply then reaches ``emit`` in one piece.
         """
+        if emit is not None and self.streams:
+            try:
+                return await self._call(system, turns, timeout_s=timeout_s, emit=emit)
+            except ProviderError as exc:
+                if exc.retryable or not refuses_streaming(exc):
+                    raise
+                self.streams = False
+        text, usage = await self._call(system, turns, timeout_s=timeout_s)
+        if emit is not None and text:
+            emit(text)
+        return text, usage
+
+    async def _whole(
+        self, response: Any, build: Callable[..., object], emit: Callable[[str], None]
+    ) -> tuple[str, Usage | None]:
+        """A streamed request answered with the whole reply as JSON: that is the reply.
+
+        ``build`` makes the SDK's reply object from the decoded body (its lenient
+        ``construct``, as the SDK does for a plain call); the text reaches ``emit`` whole.
+        """
+        text, usage = self._reply(build(**await whole_reply(response, self.spec)))
+        if text:
+            emit(text)
+        return text, usage
+
+    @abc.abstractmethod
+    def _reply(self, reply: object) -> tuple[str, Usage | None]:
+        """The text and usage of the SDK's whole (non-streamed) reply object."""
+
+    @abc.abstractmethod
+    async def _call(
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        *,
+        timeout_s: float | None,
+        emit: Callable[[str], None] | None = None,
+    ) -> tuple[str, Usage | None]:
+        """One retried SDK call, streamed when ``emit`` is given (see :meth:`_create`)."""
 
     def _per_call_s(self, timeout_s: float | None) -> float:
         """The request's own timeout when it has one, else the policy's."""

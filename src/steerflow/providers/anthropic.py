@@ -15,13 +15,20 @@ from types import SimpleNamespace
 from typing import Any
 
 import anthropic
+from anthropic.types import Message as AnthropicMessage
 from anthropic.types import MessageParam
 
 from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import Message, Usage
 from steerflow.providers._env import env_float
 from steerflow.providers._retry import RetryPolicy
-from steerflow.providers._sdk import SDKProvider, StreamCut, restarted
+from steerflow.providers._sdk import (
+    SDKProvider,
+    StreamCut,
+    ended_after_final,
+    is_event_stream,
+    restarted,
+)
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
@@ -94,7 +101,7 @@ class AnthropicProvider(SDKProvider):
             )
         return self._client
 
-    async def _create(
+    async def _call(
         self,
         system: str | None,
         turns: Sequence[Message],
@@ -117,7 +124,10 @@ class AnthropicProvider(SDKProvider):
                 **extra,
             )
 
-        reply = await self._retried(anthropic, attempt, timeout_s=per_call)
+        return self._reply(await self._retried(anthropic, attempt, timeout_s=per_call))
+
+    def _reply(self, reply: object) -> tuple[str, Usage | None]:
+        """The text and usage of a whole (non-streamed) Messages reply."""
         blocks = getattr(reply, "content", None)
         if blocks is None:
             raise ProviderError(f"{self.spec}: the server returned no content")
@@ -139,9 +149,12 @@ class AnthropicProvider(SDKProvider):
     ) -> tuple[str, Usage | None]:
         """The streamed call: text deltas go to ``emit``, the whole reply is returned.
 
-        Complete only at ``message_stop``: a stream that ends before it is a
-        :class:`StreamCut`, retried whole. Usage is ``message_start``'s input counts
-        and the last ``message_delta``'s output count.
+        Complete once a ``message_delta`` carried the ``stop_reason`` (or at
+        ``message_stop``), however the stream then ends: a proxy may stop before
+        ``message_stop``. A stream that ends before is a :class:`StreamCut`, retried
+        whole. Usage is ``message_start``'s input counts and the last
+        ``message_delta``'s output count. A whole JSON reply (the server did not
+        stream) is the reply (decision 230).
         """
         attempts = 0
 
@@ -162,20 +175,27 @@ class AnthropicProvider(SDKProvider):
                 **extra,
             )
             async with stream:
-                async for event in stream:
-                    kind = event.type
-                    if kind == "message_start":
-                        counts.update(_counts(event.message.usage))
-                    elif kind == "content_block_delta" and event.delta.type == "text_delta":
-                        parts.append(event.delta.text)
-                        emit(event.delta.text)
-                    elif kind == "message_delta":
-                        stop_reason = event.delta.stop_reason
-                        counts.update(_counts(event.usage))
-                    elif kind == "message_stop":
-                        stopped = True
+                if not is_event_stream(stream.response):
+                    return await self._whole(stream.response, AnthropicMessage.construct, emit)
+                try:
+                    async for event in stream:
+                        kind = event.type
+                        if kind == "message_start":
+                            counts.update(_counts(event.message.usage))
+                        elif kind == "content_block_delta" and event.delta.type == "text_delta":
+                            parts.append(event.delta.text)
+                            emit(event.delta.text)
+                        elif kind == "message_delta":
+                            stop_reason = event.delta.stop_reason
+                            stopped = stopped or stop_reason is not None
+                            counts.update(_counts(event.usage))
+                        elif kind == "message_stop":
+                            stopped = True
+                except Exception as exc:
+                    if not (stopped and ended_after_final(anthropic, exc)):
+                        raise
             if not stopped:
-                raise StreamCut("the server ended the stream before message_stop")
+                raise StreamCut("the server ended the stream before its stop_reason")
             if not parts and stop_reason == "refusal":
                 raise ProviderError(f"{self.spec}: the model refused the request")
             return "".join(parts), _usage(SimpleNamespace(**counts)) if counts else None

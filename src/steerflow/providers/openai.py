@@ -13,6 +13,7 @@ from typing import Any
 
 import openai
 from openai.types.chat import (
+    ChatCompletion,
     ChatCompletionAssistantMessageParam,
     ChatCompletionMessageParam,
     ChatCompletionSystemMessageParam,
@@ -22,7 +23,13 @@ from openai.types.chat import (
 from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import Message, Usage
 from steerflow.providers._retry import RetryPolicy
-from steerflow.providers._sdk import SDKProvider, StreamCut, restarted
+from steerflow.providers._sdk import (
+    SDKProvider,
+    StreamCut,
+    ended_after_final,
+    is_event_stream,
+    restarted,
+)
 
 __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 
@@ -83,7 +90,7 @@ class OpenAIProvider(SDKProvider):
         """Ask in JSON mode where the server supports it, and remember when it does not."""
         if self._json_mode:
             try:
-                return await self._create(system, turns, timeout_s=None, json_mode=True)
+                return await self._call(system, turns, timeout_s=None, json_mode=True)
             except ProviderError as exc:
                 if exc.retryable or not _rejects_json_mode(exc):
                     raise
@@ -91,7 +98,7 @@ class OpenAIProvider(SDKProvider):
                 self._json_mode = False
         return await self._create(system, turns, timeout_s=None)
 
-    async def _create(
+    async def _call(
         self,
         system: str | None,
         turns: Sequence[Message],
@@ -113,7 +120,10 @@ class OpenAIProvider(SDKProvider):
                 model=self.model, messages=messages, timeout=per_call, **extra
             )
 
-        completion = await self._retried(openai, attempt, timeout_s=per_call)
+        return self._reply(await self._retried(openai, attempt, timeout_s=per_call))
+
+    def _reply(self, completion: object) -> tuple[str, Usage | None]:
+        """The text and usage of a whole (non-streamed) chat completion."""
         choices = getattr(completion, "choices", None)
         if not choices:
             raise ProviderError(f"{self.spec}: the server returned no choices")
@@ -131,8 +141,11 @@ class OpenAIProvider(SDKProvider):
     ) -> tuple[str, Usage | None]:
         """The streamed call: deltas go to ``emit``, the whole reply is returned.
 
-        Complete only once a choice reported its ``finish_reason``: a stream that ends
-        before that (the server or a proxy closed it) is a :class:`StreamCut`, retried.
+        Complete once a choice reported its ``finish_reason``, however the stream then
+        ends (``[DONE]``, the body's end, the connection dropped); a stream that ends
+        before that is a :class:`StreamCut`, retried. A server that ignores ``stream``
+        and sends the whole completion as JSON has answered: that is the reply
+        (decision 230).
         """
         attempts = 0
 
@@ -150,14 +163,20 @@ class OpenAIProvider(SDKProvider):
                 stream_options={"include_usage": True},
             )
             async with stream:
-                async for chunk in stream:
-                    usage = _usage(getattr(chunk, "usage", None)) or usage
-                    for choice in chunk.choices[:1]:
-                        if text := choice.delta.content:
-                            parts.append(text)
-                            emit(text)
-                        refusal += getattr(choice.delta, "refusal", None) or ""
-                        finished = finished or choice.finish_reason is not None
+                if not is_event_stream(stream.response):
+                    return await self._whole(stream.response, ChatCompletion.construct, emit)
+                try:
+                    async for chunk in stream:
+                        usage = _usage(getattr(chunk, "usage", None)) or usage
+                        for choice in chunk.choices[:1]:
+                            if text := choice.delta.content:
+                                parts.append(text)
+                                emit(text)
+                            refusal += getattr(choice.delta, "refusal", None) or ""
+                            finished = finished or choice.finish_reason is not None
+                except Exception as exc:
+                    if not (finished and ended_after_final(openai, exc)):
+                        raise
             if not finished:
                 raise StreamCut("the server ended the stream before the reply was complete")
             if not parts and refusal:
