@@ -199,3 +199,20 @@ def test_every_chunk_lands_once_in_order_whatever_the_writer_is_doing(tmp_path: 
         directory = live_dir(tmp_path, key)
         assert (directory / "0.txt").read_text() == "".join(sent[key]), key
         assert (directory / "end").exists()
+
+
+def test_end_says_whether_the_call_will_get_an_end_mark(tmp_path: Path) -> None:
+    """Decision 235: a reader told a node ended waits for the mark only when end() was true."""
+    writer = LiveWriter(tmp_path, max_bytes=4096)
+    talk, silent = writer.sink("talk"), writer.sink("silent")
+    assert talk is not None and silent is not None
+    talk("said\n")
+    assert writer.end("talk") is True
+    assert writer.end("silent") is False
+    assert writer.end("never-called") is False
+    writer.close()
+    assert (live_dir(tmp_path, "talk") / "end").exists()
+    assert not live_dir(tmp_path, "silent").exists()  # no directory, no mark (decision 190)
+    off = LiveWriter(tmp_path / "off", max_bytes=0)
+    assert off.sink("n") is None
+    assert off.end("n") is False

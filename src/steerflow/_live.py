@@ -10,7 +10,9 @@ is never touched again; later segments roll at ``segment`` bytes and only the ne
 are kept, so a node's directory never holds more than ``head + 2 * segment`` bytes. Every
 segment is append-only (a reader holding one never sees it rewritten); the writer makes
 segment ``n + 1`` only once ``n`` is finished, and an ``end`` file once the call ended, so
-a reader knows when it has everything.
+a reader knows when it has everything. Only a call that emitted something gets a directory
+and an end mark: :meth:`LiveWriter.end` says which, so a reader told that a node ended
+knows whether to wait for the mark (decision 235).
 
 This module imports only the standard library: ``show --follow`` and the Studio read it.
 """
@@ -78,6 +80,7 @@ class _Stream:
     key: str
     parts: list[str] = field(default_factory=list)
     open: bool = False  # announced to the writer thread now running
+    emitted: bool = False  # announced to any writer thread: its end will be marked
 
 
 _OPEN, _END, _WAKE, _STOP = range(4)
@@ -126,11 +129,18 @@ class LiveWriter:
 
         return emit
 
-    def end(self, node_key: str) -> None:
-        """The node's call ended (any outcome): close its segment, mark it ended."""
+    def end(self, node_key: str) -> bool:
+        """The node's call ended (any outcome): close its segment, mark it ended.
+
+        Returns whether the call emitted anything: then, and only then, the writer thread
+        writes its last chunks and the end mark (later, off the loop); a call that emitted
+        nothing gets no directory and no mark (decision 190). A reader told the node ended
+        waits for the mark only when this was true (decision 235).
+        """
         stream = self._latest.pop(node_key, None)
         if self.enabled and self._thread is not None:
             self._control.put((_END, stream or _Stream(node_key)))
+        return stream is not None and stream.emitted
 
     def close(self) -> None:
         """Write everything queued and stop the thread (blocking: call it off the loop)."""
@@ -144,7 +154,7 @@ class LiveWriter:
             self._thread = threading.Thread(target=self._run, name="live-writer", daemon=True)
             self._thread.start()
         if not stream.open:
-            stream.open = True
+            stream.open = stream.emitted = True
             self._control.put((_OPEN, stream))
         elif self._idle:
             self._idle = False

@@ -12,8 +12,9 @@ import signal
 import subprocess
 import sys
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import ClassVar
 
 import pytest
 from ctl_support import clean_env, live_flow, run_cli, steerflow_argv, wait_for, write_yaml
@@ -23,18 +24,33 @@ CHUNKS = ["one ", "two\n", "\x1b]0;pwned\x07red\n", "four\n"]
 
 
 class Follower:
-    """A ``show --follow`` process whose stdout is read as it comes."""
+    """A ``show --follow`` process whose stdout is read as it comes.
 
-    def __init__(self, home: Path, *args: str, preexec: Callable[[], None] | None = None) -> None:
+    ``gated``: run through ``gated_cli.py``, which logs every view the follower reads.
+    """
+
+    started: ClassVar[list[Follower]] = []
+
+    def __init__(
+        self,
+        home: Path,
+        *args: str,
+        preexec: Callable[[], None] | None = None,
+        gated: bool = False,
+    ) -> None:
         self.err_path = home.parent / f"follower-{len(list(home.parent.glob('follower-*')))}.err"
+        argv = steerflow_argv(home, "show", *args, "--follow")
+        if gated:
+            argv = [sys.executable, str(GATED_CLI), *argv[3:]]
         with open(self.err_path, "w") as err:
             self.proc = subprocess.Popen(
-                steerflow_argv(home, "show", *args, "--follow"),
+                argv,
                 stdout=subprocess.PIPE,
                 stderr=err,
                 env=clean_env(),
                 preexec_fn=preexec or _as_from_a_terminal,
             )
+        Follower.started.append(self)
         self._out = bytearray()
         self._cond = threading.Condition()
         self._thread = threading.Thread(target=self._read, daemon=True)
@@ -64,13 +80,29 @@ class Follower:
         try:
             code = self.proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            self.proc.kill()  # never leak a follower into the next test on this worker
-            self.proc.wait(timeout=10)
+            self.kill()  # never leak a follower into the next test on this worker
             raise
         self._thread.join(timeout=10)
         assert self.proc.stdout is not None
         self.proc.stdout.close()
         return code
+
+    def kill(self) -> None:
+        """Kill the follower if it still runs (ours: we hold its pid) and release its pipe."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+        self.proc.wait(timeout=10)
+        self._thread.join(timeout=10)
+        assert self.proc.stdout is not None
+        self.proc.stdout.close()
+
+
+@pytest.fixture(autouse=True)
+def _no_follower_left() -> Iterator[None]:
+    """A test that failed midway leaves no follower running into the next one."""
+    yield
+    while Follower.started:
+        Follower.started.pop().kill()
 
 
 def _as_from_a_terminal() -> None:
@@ -243,3 +275,73 @@ def test_agent_turns_stream_too_and_a_finished_node_follows_from_its_kept_file(
     follower = Follower(home, run_id, "turn-1")
     assert follower.finish() == 0
     assert follower.text == "x\ny\n[turn-1] completed\n"
+
+
+def _views(home: Path) -> list[dict[str, str]]:
+    """The statuses of every view a gated follower read so far, in order."""
+    path = home / "follower-views"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line) for line in lines if line.endswith("}")]
+
+
+def _first_view(home: Path, key: str, status: str) -> tuple[int] | None:
+    """The index of the first view in which ``key`` had ``status`` (a tuple: 0 is falsy)."""
+    found = (i for i, view in enumerate(_views(home)) if view.get(key) == status)
+    return next(((i,) for i in found), None)
+
+
+def test_a_node_follower_prints_the_chunk_written_after_the_status_then_ends(
+    tmp_path: Path,
+) -> None:
+    """Issue 38 item 4: the node's published ``completed`` overtook the writer's last
+    append, and the follower ended on it one chunk short. Here the writer is held on the
+    last chunk until the follower has read a view with the node completed (and then
+    either ended, as before, or read another view): it must wait for the end mark."""
+    home = tmp_path / "home"
+    chunks = [f"chunk {i:02d}\n" for i in range(1, 17)]
+    _hold(home, "s", 15)
+    args = _flow_args(tmp_path, {"s": {"stream": chunks, "response": "the reply"}})
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        wait_for(lambda: (home / "streamed-s").exists(), timeout=30, what="s streamed 15 chunks")
+        follower = Follower(home, flow.run_id, "s", gated=True)
+        follower.wait_text(chunks[14])
+        (home / "hold-live-s").touch()  # the writer keeps the 16th chunk and the end mark
+        (home / "release-s").touch()
+        wait_for(lambda: (home / "held-live-s").exists(), timeout=30, what="the last chunk held")
+        flow.wait_nodes(lambda st: st.get("s") == "completed", what="s published completed")
+        (first,) = wait_for(
+            lambda: _first_view(home, "s", "completed"),
+            timeout=30,
+            what="the follower reading s completed",
+        )
+        wait_for(
+            lambda: follower.proc.poll() is not None or len(_views(home)) > first + 1,
+            timeout=30,
+            what="the follower ending, or reading one more view",
+        )
+        (home / "release-live-s").touch()
+        assert follower.finish() == 0
+        assert flow.finish() == 0
+    assert follower.text == "".join(chunks) + "[s] completed\n"
+
+
+def test_the_run_follower_prints_a_node_done_early_while_another_runs(tmp_path: Path) -> None:
+    """Issue 38 item 4: ``show RUN --follow`` held a node's last line (no newline, as a
+    model's reply usually ends) until the whole run ended. ``b`` is held until the
+    follower printed all of ``a``: before the fix that never happened."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    (home / "gate-b").touch()
+    script = {"a": {"stream": ["a1\n", "a2 no newline"]}, "b": {"stream": ["b1\n", "b2"]}}
+    args = _flow_args(tmp_path, script, keys="ab")
+    with live_flow(home, args, argv=_gated(home, args)) as flow:
+        follower = Follower(home, flow.run_id)
+        follower.wait_text("a | a2 no newline\n")
+        assert flow.wait_nodes(lambda st: st.get("b") == "running", what="b held")
+        assert "b |" not in follower.text
+        (home / "release-b").touch()
+        assert follower.finish() == 0
+        assert flow.finish() == 0
+    assert follower.text == (
+        f"a | a1\na | a2 no newline\nb | b1\nb | b2\nrun {flow.run_id}: completed\n"
+    )

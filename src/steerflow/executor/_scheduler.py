@@ -418,8 +418,10 @@ class FlowExecutor:
                     response = await self._call(op, provider, request)
             finally:
                 self._inflight.pop(op.node_id, None)
-                if self.live is not None:
-                    self.live.end(op.key)
+                if self.live is not None and self.live.end(op.key):
+                    # Published with the outcome: a follower waits for the end mark of a
+                    # call that streamed, whatever the order of the two (decision 235).
+                    op.extra["streamed"] = True
             if response is None:
                 # Cancelled by close_admission, or never started (the fence): the node
                 # stays pending (it reruns on resume); keep a note of what a cancelled

@@ -554,7 +554,8 @@ class AgentRun:
             error = str(exc) or type(exc).__name__
         finally:
             self._scope = None
-            s.output.end(key)
+            if s.output.end(key):
+                detail["streamed"] = True  # its live file gets an end mark (decision 235)
         detail["ended_at"] = time.time()
         if scope.cancelled_by is not None:
             await self._cut_short(s, key, number, detail, scope.cancelled_by)

@@ -154,6 +154,8 @@ def _call_detail(op: Operation, graph: Graph) -> dict[str, object]:
         out["steers"] = op.extra["steers"]
     if op.extra.get("placement"):
         out["placement"] = op.extra["placement"]
+    if op.extra.get("streamed"):
+        out["streamed"] = True  # its live file gets an end mark (decision 235)
     if op.status == "skipped" and op.extra.get("skipped"):
         out["skipped"] = op.extra["skipped"]
     parent = graph.ops.get(op.parent_id) if op.parent_id else None

@@ -3,7 +3,10 @@
 It polls the page's ``data-live`` JSON (``show --json`` of the run; 304 while nothing
 changed, see ``_live``) and updates statuses
 with ``textContent`` and class names only, never HTML; when a node appears that the page
-does not draw (a spawn), it reloads the page, which the server renders escaped.
+does not draw (a spawn), it reloads the page, which the server renders escaped. Once a form
+of the page is sent it never reloads: the reload would replace the navigation the form
+started, and the page the answer redirects to (its "queued control" notice) would never
+show (decision 236).
 """
 
 from __future__ import annotations
@@ -39,6 +42,14 @@ SCRIPT = """\
     keep.push("status-" + (known.indexOf(status) >= 0 ? status : "unknown"));
     el.setAttribute("class", keep.join(" "));
   }
+  // A form sent (Pause, Send, Set cap, a filter) is a navigation on its way: a reload
+  // now would replace it, and a control the form queued moves the answers that trigger
+  // one (decision 236). Every form of the studio navigates, so the flag never sticks.
+  var leaving = false;
+  document.addEventListener("submit", function () { leaving = true; }, true);
+  function reload() {
+    if (!leaving) { leaving = true; window.location.reload(); }
+  }
   function typing() {
     var fields = document.querySelectorAll("input[type=text]");
     for (var i = 0; i < fields.length; i += 1) {
@@ -64,7 +75,7 @@ SCRIPT = """\
     });
     (list.runs || []).forEach(function (r) { if (!shown[r.session_id]) { stale = true; } });
     // A new run or a changed status changes links and forms: the server renders them.
-    if (stale && !typing()) { window.location.reload(); }
+    if (stale && !typing()) { reload(); }
   }
   // What the server rendered: forms, the recovery section, resume links and control
   // results change with these, and only the server renders them (escaped).
@@ -107,7 +118,7 @@ SCRIPT = """\
   }
   function apply(view) {
     answers += 1;
-    if (stale(view) && !typing()) { window.location.reload(); return; }
+    if (stale(view) && !typing()) { reload(); return; }
     if (kind === "node") { return; }
     var byId = {};
     var byNode = {};
@@ -121,7 +132,7 @@ SCRIPT = """\
       byNode[n.id] = n;
       if (drawn[n.id]) { setStatus(drawn[n.id], n.status, NODE); } else { missing = true; }
     });
-    if (missing) { window.location.reload(); return; }
+    if (missing) { reload(); return; }
     document.querySelectorAll("[data-node-status]").forEach(function (td) {
       var s = byId[td.getAttribute("data-node-status")];
       if (s) { td.textContent = s; }
