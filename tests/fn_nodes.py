@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 
 from steerflow import NodeCall
 
@@ -82,3 +83,26 @@ def counted_holding(call: NodeCall) -> str:
     if call.node_id == os.environ.get("FN_NODES_HOLD"):
         threading.Event().wait(timeout=float(os.environ.get("FN_NODES_HOLD_S", "60")))
     return answer
+
+
+def prints(call: NodeCall) -> str:
+    """Prints its node id, a line at a time, between yields to the other nodes' threads."""
+    for n in range(int(os.environ.get("FN_NODES_PRINTS", "3"))):
+        print(f"print {n} from {call.node_id}")
+        time.sleep(0)
+    return f"printed {call.node_id}"
+
+
+async def prints_async(call: NodeCall) -> str:
+    for n in range(int(os.environ.get("FN_NODES_PRINTS", "3"))):
+        print(f"print {n} from {call.node_id}")
+        await asyncio.sleep(0)
+    return f"printed {call.node_id}"
+
+
+def sleeps_an_hour(call: NodeCall) -> str:
+    """A hung plain function: only the process's exit ends its thread."""
+    with open(os.environ["FN_NODES_LOG"], "a", encoding="utf-8") as log:
+        log.write(call.node_id + "\n")
+    time.sleep(3600)
+    return "woke up"

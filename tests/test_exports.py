@@ -225,10 +225,14 @@ EXPECTED: dict[str, set[str]] = {
         "main",
     },
     "steerflow.cluster": {
+        "CONNECT_BOUND_S",
         "EXECUTORS",
         "Executor",
         "RayCluster",
+        "RayConnectStoppedError",
         "connect_ray",
+        "connect_stopped",
+        "join_ray",
         "ray_options",
         "request_of",
         "unplaceable",
@@ -390,6 +394,7 @@ EXPECTED: dict[str, set[str]] = {
         "resolve_run_target",
     },
     "steerflow.state": {
+        "BUSY_TIMEOUT_S",
         "ControlRow",
         "ControlVerb",
         "CopyReport",

@@ -6,13 +6,21 @@ nothing was allocated, nothing paid for.
 
 from __future__ import annotations
 
+import contextlib
 import os
+import signal
 import socket
 import subprocess
 import sys
+import threading
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
+from steerflow.state import BUSY_TIMEOUT_S
+from waiting import wait_until
 
 PLAY = ["play", "demo"]
 
@@ -101,3 +109,82 @@ def test_every_running_command_takes_the_executor_flags() -> None:
                                capture_output=True, text=True, check=True)  # fmt: skip
         assert "--executor [local|ray]" in shown.stdout, command
         assert "--ray-address ADDR" in shown.stdout, command
+
+
+class _Silent:
+    """A loopback listener that accepts every connection and never sends a byte."""
+
+    def __init__(self) -> None:
+        self.sock = socket.create_server(("127.0.0.1", 0))
+        self.port = int(self.sock.getsockname()[1])
+        self.accepted: list[float] = []  # monotonic time of each accept
+        self._held: list[socket.socket] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def _serve(self) -> None:
+        with contextlib.suppress(OSError):  # closed by the test
+            while True:
+                conn, _ = self.sock.accept()
+                self._held.append(conn)
+                self.accepted.append(time.monotonic())
+
+    def close(self) -> None:
+        self.sock.close()
+        for conn in self._held:
+            conn.close()
+
+
+@pytest.fixture
+def silent() -> Iterator[_Silent]:
+    listener = _Silent()
+    yield listener
+    listener.close()
+
+
+def test_a_listener_that_never_answers_is_refused_within_the_state_dbs_bound(
+    tmp_path: Path, silent: _Silent
+) -> None:
+    """Accepted and never answered: exit 3 in one line once the bound (the state DB's, 10 s)
+    has passed since the first connection, not Ray's minutes of retries."""
+    address = f"127.0.0.1:{silent.port}"
+    done = _run(tmp_path / "home", *PLAY, "--executor", "ray", "--ray-address", address)
+    ended = time.monotonic()
+    assert done.returncode == 3, done.stderr
+    assert done.stderr.strip().splitlines() == [
+        f"steerflow: error: --executor ray: cannot connect to the Ray cluster at {address!r}: "
+        f"no answer within {BUSY_TIMEOUT_S:g} s"
+    ]
+    assert silent.accepted and ended - silent.accepted[0] < BUSY_TIMEOUT_S + 5
+    assert _no_run_dir(tmp_path / "home")
+
+
+@pytest.mark.parametrize(("signum", "code"), [(signal.SIGTERM, 143), (signal.SIGINT, 130)])
+def test_a_signal_while_connecting_ends_the_wait_at_once(
+    tmp_path: Path, silent: _Silent, signum: signal.Signals, code: int
+) -> None:
+    address = f"127.0.0.1:{silent.port}"
+    base = {k: v for k, v in os.environ.items() if not k.startswith(("STEERFLOW_", "RAY_"))}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "steerflow", "--home", str(tmp_path / "home"), *PLAY,
+         "--executor", "ray", "--ray-address", address],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=base,
+    )  # fmt: skip
+    try:
+        wait_until(lambda: silent.accepted or proc.poll() is not None, timeout=60,
+                   what="steerflow's connection to the listener")  # fmt: skip
+        assert proc.poll() is None, proc.communicate()
+        proc.send_signal(signum)
+        sent = time.monotonic()
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    # the signal's own exit, not the bound's refusal (3): ended by the signal, at once
+    assert proc.returncode == code, err
+    assert time.monotonic() - sent < BUSY_TIMEOUT_S
+    assert err.strip().splitlines() == [
+        f"steerflow: error: --executor ray: stopped by {signum.name} while connecting to the "
+        f"Ray cluster at {address!r}; nothing was started"
+    ]
+    assert _no_run_dir(tmp_path / "home")

@@ -9,6 +9,7 @@ function again for a node its checkpoint recorded completed.
 from __future__ import annotations
 
 import signal
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -239,3 +240,83 @@ def test_a_function_cannot_plan(tmp_path: Path) -> None:
         "--playbook NAME, and the function as the model of the nodes (or roles) it serves"
     )
     assert not log.exists()
+
+
+@pytest.mark.parametrize("exit_call", ["sys.exit(0)", "raise SystemExit('bye')"])
+def test_a_module_that_exits_at_import_is_a_usage_error_naming_it(
+    tmp_path: Path, exit_call: str
+) -> None:
+    """``SystemExit`` from the import is no way out of steerflow: exit 0 would read as success."""
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    (tmp_path / "mods").mkdir()
+    (tmp_path / "mods" / "exits_now.py").write_text(f"import sys\n{exit_call}\n")
+    plan = _chain(tmp_path / "plan.yaml")
+    env = child_env(PYTHONPATH=f"{tmp_path / 'mods'}:{TESTS}", FN_NODES_LOG=str(log))
+    for json_flag in ((), ("--json",)):
+        result = run_cli(
+            home, "flow", "--plan", plan, "--model", "python:exits_now:f", *json_flag, env=env
+        )
+        assert result.returncode == 2, result.explain()
+        (line,) = result.stderr.strip().splitlines()
+        code = "0" if "exit(0)" in exit_call else "bye"
+        assert line == (
+            "steerflow: error: model spec 'python:exits_now:f': cannot import module "
+            f"'exits_now' (SystemExit: {code})"
+        ), result.explain()
+        if json_flag:
+            assert result.json["exit_code"] == 2 and result.json["error"]["code"] == "usage"
+    assert run_dirs(home) == []
+
+
+def _live_text(run_dir: Path, node: str) -> str:
+    segments = sorted((run_dir / "live" / node).glob("*.txt"), key=lambda p: int(p.stem))
+    return "".join(p.read_text(encoding="utf-8") for p in segments)
+
+
+@pytest.mark.parametrize("function", ["prints", "prints_async"])
+def test_a_functions_print_goes_to_its_node_output_never_to_stdout(
+    tmp_path: Path, function: str
+) -> None:
+    """Four functions printing at once: ``--json`` stays one object, and each node's live
+    output holds its own lines, in order, and no other node's."""
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    nodes = ["p1", "p2", "p3", "p4"]
+    plan = write_yaml(
+        tmp_path / "plan.yaml",
+        {"plan": [{"agent_id": n, "instruction": "print"} for n in nodes]},
+    )
+    result = run_cli(
+        home, "flow", "--plan", plan, "--model", f"python:fn_nodes:{function}",
+        "--concurrency", "4", "--json", env=_env(log, FN_NODES_PRINTS="200"),
+    )  # fmt: skip
+    assert result.returncode == 0, result.explain()
+    assert result.json["status"] == "completed"
+    assert "print" not in result.stderr, result.explain()
+    run_dir = Path(result.json["run_dir"])
+    for node in nodes:
+        expected = "".join(f"print {n} from {node}\n" for n in range(200))
+        assert _live_text(run_dir, node) == expected, node
+
+
+def test_a_hung_plain_function_is_cancelled_after_the_deadlines_grace(tmp_path: Path) -> None:
+    """``time.sleep(3600)`` in a plain function: ``--timeout 2`` still ends the run (124),
+    the node cancelled by the deadline and left for a resume, its thread abandoned."""
+    home, log = tmp_path / "home", tmp_path / "calls.log"
+    plan = write_yaml(tmp_path / "plan.yaml", {"plan": [{"agent_id": "a", "instruction": "x"}]})
+    started = time.monotonic()
+    result = run_cli(
+        home, "flow", "--plan", plan, "--model", "python:fn_nodes:sleeps_an_hour",
+        "--timeout", "2", "--json", env=_env(log), timeout=90,
+    )  # fmt: skip
+    elapsed = time.monotonic() - started
+    assert result.returncode == 124, result.explain()
+    assert result.json["status"] == "timed_out"
+    (node,) = result.json["nodes"]
+    assert node["status"] == "pending", result.explain()
+    assert _calls(log) == Counter({"a": 1})
+    # the deadline (2 s), the grace (5 s), and a loaded machine's start-up and exit
+    assert elapsed < 45, elapsed
+    shown = run_cli(home, "show", result.json["run_id"], "--json")
+    assert shown.returncode == 0, shown.explain()
+    (node,) = shown.json["nodes"]
+    assert node["status"] == "pending" and node["detail"]["cancelled"] == "deadline", node

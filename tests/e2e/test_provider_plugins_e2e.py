@@ -104,6 +104,15 @@ BROKEN = {
         {"broken_mod": "def factory(spec):\n    return {'spec': spec}\n"},
         "returned dict, not a steerflow.providers.Provider",
     ),
+    # SystemExit is no way out of steerflow: exit 0 would read as success
+    "exits-at-import": (
+        {"broken_mod": "import sys\nsys.exit(0)\n"},
+        "failed to load: SystemExit: 0",
+    ),
+    "factory-exits": (
+        {"broken_mod": "def factory(spec):\n    raise SystemExit(4)\n"},
+        "raised SystemExit: 4",
+    ),
 }
 
 
@@ -173,3 +182,57 @@ def test_the_example_pip_installed_into_a_fresh_venv(tmp_path: Path) -> None:
         capture_output=True, text=True, check=True,
     ).stdout  # fmt: skip
     assert f"Location: {purelib}" in shown  # installed into the new venv, not on a path
+
+
+#: A plugin whose provider plans by raising and answers nodes with a bare ``str``.
+MISBEHAVING = """
+from steerflow.providers import Provider
+
+
+class Misbehaving(Provider):
+    needs_artifact_dir = False
+
+    def __init__(self, spec):
+        self.spec = spec
+
+    async def invoke(self, request):
+        return "a bare string"
+
+    async def plan(self, request):
+        raise RuntimeError("planner down\\nsecond line")
+
+
+def factory(spec):
+    return Misbehaving(spec)
+"""
+
+
+def test_a_plugin_whose_plan_raises_fails_the_run_in_one_line(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    site = fake_dist(tmp_path / "site", "acme-odd", {"acme": "odd_mod:factory"},
+                     {"odd_mod": MISBEHAVING})  # fmt: skip
+    result = run_cli(home, "flow", "do things", "--model", "acme/big", env=_env(site))
+    assert result.returncode == 1, result.explain()
+    line = _one_error_line(result.stderr)
+    assert line == (
+        "steerflow: error: model spec 'acme/big': plugin 'acme' (odd_mod.Misbehaving) "
+        "raised RuntimeError: planner down second line while planning"
+    ), result.explain()
+    runs = run_cli(home, "runs", "--json")
+    assert [r["status"] for r in runs.json["runs"]] == ["failed"], runs.explain()
+
+
+def test_a_plugin_invoke_returning_a_str_fails_its_node_naming_the_plugin(tmp_path: Path) -> None:
+    site = fake_dist(tmp_path / "site", "acme-odd", {"acme": "odd_mod:factory"},
+                     {"odd_mod": MISBEHAVING})  # fmt: skip
+    plan = write_yaml(tmp_path / "plan.yaml", PLAN)
+    result = run_cli(
+        tmp_path / "home", "flow", "--plan", plan, "--model", "acme/big", "--json", env=_env(site)
+    )
+    assert result.returncode == 1, result.explain()
+    nodes = {n["id"]: n for n in result.json["nodes"]}
+    assert nodes["a"]["status"] == "failed" and nodes["b"]["status"] == "skipped"
+    assert nodes["a"]["error"] == (
+        "model spec 'acme/big': plugin 'acme' (odd_mod.Misbehaving) returned str from "
+        "invoke, not a steerflow.providers.ProviderResponse"
+    ), result.explain()

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import asyncio
 import stat
+import sys
 import time
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -237,3 +239,25 @@ async def test_stop_now_cancels_a_function_call_and_the_node_stays_pending(
     assert b.status == "pending"
     # a coroutine sees its cancellation; a blocked thread is abandoned (released at teardown)
     assert fn_nodes.CANCELLED.is_set() == (name == "waits_forever")
+
+
+@pytest.mark.parametrize("name", ["prints", "prints_async"])
+async def test_prints_go_to_the_calls_live_sink_and_stdout_is_put_back(
+    tmp_path: Path, name: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two calls at once, each its own sink; steerflow's own writes meanwhile pass through,
+    and the stream the proxy replaced is ``sys.stdout`` again once both returned."""
+    before = sys.stdout
+    provider = FunctionProvider(f"python:fn_nodes:{name}")
+    sinks: dict[str, list[str]] = {"a": [], "b": []}
+    requests = [
+        replace(_request(tmp_path), node_key=key, node_id=key, live=sinks[key].append)
+        for key in sinks
+    ]
+    print("steerflow's own line")  # before: straight to stdout
+    await asyncio.gather(*(provider.invoke(r) for r in requests))
+    await asyncio.sleep(0)  # the sinks' callbacks, queued from the threads, have run
+    assert sys.stdout is before
+    for key, chunks in sinks.items():
+        assert "".join(chunks) == "".join(f"print {n} from {key}\n" for n in range(3))
+    assert capsys.readouterr().out == "steerflow's own line\n"

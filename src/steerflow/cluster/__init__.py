@@ -8,14 +8,27 @@ unchanged. ``ray`` (extra ``ray``) is imported only when a run asks for it.
 
 from __future__ import annotations
 
-from steerflow.cluster._connect import EXECUTORS, Executor, RayCluster, connect_ray
+from steerflow.cluster._connect import (
+    CONNECT_BOUND_S,
+    EXECUTORS,
+    Executor,
+    RayCluster,
+    RayConnectStoppedError,
+    connect_ray,
+    connect_stopped,
+    join_ray,
+)
 from steerflow.cluster._placement import ray_options, request_of, unplaceable
 
 __all__ = [
+    "CONNECT_BOUND_S",
     "EXECUTORS",
     "Executor",
     "RayCluster",
+    "RayConnectStoppedError",
     "connect_ray",
+    "connect_stopped",
+    "join_ray",
     "ray_options",
     "request_of",
     "unplaceable",

@@ -6,6 +6,8 @@ is one usage error naming it, and a local run never pays Ray's import.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -18,17 +20,32 @@ from typing import Any, Literal
 
 from steerflow.cluster._placement import describe_request, unplaceable
 from steerflow.cluster._provider import ray_provider
-from steerflow.errors import RefusedError, UsageError, quote_input
+from steerflow.errors import ExitCode, RefusedError, SteerflowError, UsageError, quote_input
 from steerflow.providers import Provider
+from steerflow.state import BUSY_TIMEOUT_S
 
-__all__ = ["EXECUTORS", "Executor", "RayCluster", "RayUnavailableError", "connect_ray"]
+__all__ = [
+    "CONNECT_BOUND_S",
+    "EXECUTORS",
+    "Executor",
+    "RayCluster",
+    "RayConnectStoppedError",
+    "RayUnavailableError",
+    "connect_ray",
+    "connect_stopped",
+    "join_ray",
+]
 
 #: ``--executor`` values (CONTRACT §11; env ``STEERFLOW_EXECUTOR``).
 Executor = Literal["local", "ray"]
 EXECUTORS: tuple[Executor, ...] = ("local", "ray")
 
-#: How long the head's address may take to accept a TCP connection.
-_CONNECT_TIMEOUT_S = 5.0
+#: How long joining a cluster may take: the state DB's bound (decision 243).
+CONNECT_BOUND_S = BUSY_TIMEOUT_S
+_NO_ANSWER = f"no answer within {CONNECT_BOUND_S:g} s"
+#: HTTP/2's client connection preface and an empty SETTINGS frame (RFC 9113 §3.4).
+_H2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])
+_H2_SETTINGS = 4  # the frame type a server's preface starts with
 #: How long a node list stays fresh for the pre-dispatch placement check.
 _NODES_TTL_S = 1.0
 
@@ -55,15 +72,82 @@ def connect_ray(address: str | None) -> RayCluster:
     """Join the cluster at ``address`` (else ``RAY_ADDRESS``, else one started on this host).
 
     Never starts a cluster: Ray's ``auto`` finds one that ``ray start`` runs here, and
-    with none the run is refused before anything is allocated.
+    with none the run is refused before anything is allocated. Blocking: a run joins
+    through :func:`join_ray`, which bounds this and lets a signal end the wait.
 
     Raises:
         UsageError: no ``ray`` package, or a Ray Client (``ray://``) address.
         RayUnavailableError: nothing answers at the address.
     """
+    target = _target(address)
+    ray = import_ray()
+    try:
+        _connect(ray, target, time.monotonic() + CONNECT_BOUND_S)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise _unavailable(address, target, exc) from None
+    return RayCluster(ray, target)
+
+
+async def join_ray(address: str | None) -> RayCluster:
+    """:func:`connect_ray` off the loop, ended within :data:`CONNECT_BOUND_S` (decision 243).
+
+    ``ray.init`` blocks in Ray's C++ client, retrying for minutes an address that accepts
+    and never answers, and no signal handler runs meanwhile; on a daemon thread it
+    cannot hold the loop. A cancellation (SIGINT, SIGTERM) ends the wait at once, and an
+    abandoned thread that connects after all leaves the cluster again.
+
+    Raises:
+        UsageError: As :func:`connect_ray`.
+        RayUnavailableError: Nothing answered as a Ray cluster within the bound.
+    """
+    target = _target(address)
+    ray = await asyncio.to_thread(import_ray)
+    abandoned = threading.Event()
+
+    def connect() -> None:
+        _connect(ray, target, time.monotonic() + CONNECT_BOUND_S)
+        if abandoned.is_set():  # connected after the run gave up on it
+            ray.shutdown()
+
+    try:
+        async with asyncio.timeout(CONNECT_BOUND_S):
+            await _on_daemon_thread(connect)
+    except TimeoutError:
+        abandoned.set()
+        raise _unavailable(address, target, ConnectionError(_NO_ANSWER)) from None
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise _unavailable(address, target, exc) from None
+    except BaseException:
+        abandoned.set()
+        raise
+    return RayCluster(ray, target)
+
+
+class RayConnectStoppedError(SteerflowError):
+    """SIGINT came while joining the cluster; nothing was started (exit 130)."""
+
+    code = "interrupted"
+    exit_code = ExitCode.SIGINT
+
+
+class _RayConnectTerminatedError(RayConnectStoppedError):
+    exit_code = ExitCode.SIGTERM
+
+
+def connect_stopped(reason: str, address: str | None) -> RayConnectStoppedError:
+    """The one-line end of a run stopped by ``reason`` (a signal's name) while joining."""
+    target = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
+    cls = _RayConnectTerminatedError if reason == "SIGTERM" else RayConnectStoppedError
+    return cls(
+        f"--executor ray: stopped by {reason} while connecting to the Ray cluster at "
+        f"{quote_input(target)}; nothing was started"
+    )
+
+
+def _target(address: str | None) -> str:
+    """The address to join, checked: a usage error is said before Ray is even imported."""
     if address is not None and not address.strip():
         raise UsageError("--ray-address is empty: give the head's HOST:PORT, or leave it out")
-    ray = import_ray()
     target = (address or os.environ.get("RAY_ADDRESS") or "auto").strip()
     if target.startswith("ray://"):
         raise UsageError(
@@ -71,29 +155,61 @@ def connect_ray(address: str | None) -> RayCluster:
             "run steerflow "
             "on a node of the cluster and give the GCS address (HOST:PORT)"
         )
-    try:
-        if target != "auto":
-            _reachable(target)
-        _init(ray, target)
-    except (ConnectionError, RuntimeError, ValueError) as exc:
-        hint = (
-            ""
-            if address or os.environ.get("RAY_ADDRESS")
-            else (
-                " (no --ray-address or RAY_ADDRESS given, and no cluster started on this host: "
-                "`ray start --head` starts one)"
-            )
+    if target != "auto":
+        _host_port(target)
+    return target
+
+
+def _unavailable(address: str | None, target: str, exc: BaseException) -> RayUnavailableError:
+    hint = (
+        ""
+        if address or os.environ.get("RAY_ADDRESS")
+        else (
+            " (no --ray-address or RAY_ADDRESS given, and no cluster started on this host: "
+            "`ray start --head` starts one)"
         )
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        raise RayUnavailableError(
-            f"--executor ray: cannot connect to the Ray cluster at {quote_input(target)}: "
-            f"{first}{hint}"
-        ) from None
-    return RayCluster(ray, target)
+    )
+    first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+    return RayUnavailableError(
+        f"--executor ray: cannot connect to the Ray cluster at {quote_input(target)}: {first}{hint}"
+    )
 
 
-def _reachable(target: str) -> None:
-    """Fail fast when nothing listens at ``HOST:PORT``: ``ray.init`` retries for minutes."""
+def _connect(ray: ModuleType, target: str, deadline: float) -> None:
+    if target != "auto":
+        _reachable(target, deadline)
+    _init(ray, target)
+
+
+async def _on_daemon_thread(work: Callable[[], None]) -> None:
+    """Run ``work`` on a daemon thread of its own; a cancelled wait abandons the thread."""
+    loop = asyncio.get_running_loop()
+    done: asyncio.Future[None] = loop.create_future()
+
+    def settle(error: BaseException | None) -> None:
+        if done.done():  # the wait was cancelled or timed out meanwhile
+            return
+        if error is None:
+            done.set_result(None)
+        else:
+            done.set_exception(error)
+
+    def run() -> None:
+        error: BaseException | None = None
+        try:
+            work()
+        except Exception as exc:
+            error = exc
+        except BaseException as exc:  # a SystemExit on this thread must not end the run
+            error = RuntimeError(f"{type(exc).__name__}: {exc}")
+        with contextlib.suppress(RuntimeError):  # the loop closed: nobody waits any more
+            loop.call_soon_threadsafe(settle, error)
+
+    threading.Thread(target=run, name="steerflow-ray-connect", daemon=True).start()
+    await done
+
+
+def _host_port(target: str) -> tuple[str, int]:
     host, sep, port = target.rpartition(":")
     host = host.strip("[]")
     # 253 characters is the longest DNS name; an empty label ("..") is no host name either
@@ -102,14 +218,47 @@ def _reachable(target: str) -> None:
             f"--ray-address {quote_input(target)}: not HOST:PORT (the head's GCS address, as "
             "`ray start --head` prints it)"
         )
+    return host, int(port)
+
+
+def _reachable(target: str, deadline: float) -> None:
+    """Fail fast when no Ray GCS answers at ``HOST:PORT``: ``ray.init`` retries for minutes.
+
+    The GCS is a gRPC server: to HTTP/2's connection preface it answers with its SETTINGS
+    frame at once. Something that refuses, accepts and says nothing, closes, or answers
+    something else is refused here, before Ray's client (which would retry it for minutes,
+    logging to stderr) is started. With ``RAY_USE_TLS`` the GCS speaks TLS first: only the
+    TCP connection is checked, and the bound on ``ray.init`` does the rest.
+    """
+    host, port = _host_port(target)
     try:
-        socket.create_connection((host, int(port)), timeout=_CONNECT_TIMEOUT_S).close()
+        with socket.create_connection((host, port), timeout=_left(deadline)) as sock:
+            if os.environ.get("RAY_USE_TLS", "0").strip().lower() in ("1", "true"):
+                return
+            sock.sendall(_H2_PREFACE)
+            head = b""
+            while len(head) < 9:  # a frame header: length (3), type (1), flags, stream id
+                sock.settimeout(_left(deadline))
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    raise ConnectionError("the connection was closed without an answer")
+                head += chunk
     except UnicodeError:
         raise UsageError(
             f"--ray-address {quote_input(target)}: {host!r} is not a host name"
         ) from None
+    except TimeoutError:
+        raise ConnectionError(_NO_ANSWER) from None
+    except ConnectionError:
+        raise
     except OSError as exc:
         raise ConnectionError(exc.strerror or str(exc)) from None
+    if head[3] != _H2_SETTINGS:
+        raise ConnectionError("something answered, but not a Ray GCS (no HTTP/2 reply)")
+
+
+def _left(deadline: float) -> float:
+    return max(0.01, deadline - time.monotonic())
 
 
 def _init(ray: ModuleType, target: str) -> None:

@@ -44,6 +44,7 @@ def ray_provider(
     """``inner`` with its node calls on ``cluster``, keeping its class-level traits."""
     traits = {
         "cancel_at_deadline": inner.cancel_at_deadline,
+        "deadline_grace_s": getattr(inner, "deadline_grace_s", None),
         "needs_artifact_dir": inner.needs_artifact_dir,
         "reports_usage": inner.reports_usage,
     }

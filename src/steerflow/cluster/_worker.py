@@ -23,6 +23,7 @@ from typing import Any
 
 from steerflow.errors import ProviderError
 from steerflow.providers import ProviderRequest, ProviderResponse, make_provider
+from steerflow.providers._plugins import checked_response
 
 __all__ = ["CANCEL_GRACE_S", "TICK_S", "run_call", "steerflow_version"]
 
@@ -70,7 +71,7 @@ class _Call:
         self._ready.set()
         provider = make_provider(self._spec)
         try:
-            return await provider.invoke(self._request)
+            return checked_response(provider, await provider.invoke(self._request))
         finally:
             await provider.aclose()
 

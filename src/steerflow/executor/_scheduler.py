@@ -38,6 +38,7 @@ from steerflow.providers import (
     ensure_leg_dir,
     is_leg_key,
 )
+from steerflow.providers._plugins import checked_response
 
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
 
@@ -52,12 +53,24 @@ CLI_DEFAULT_MAX_SPAWN = 20
 Observer = Callable[[Operation], Awaitable[None]]
 
 
-@dataclass(frozen=True)
+@dataclass
 class _Call:
-    """A provider call in flight: its cancel scope, and whether a deadline stops it."""
+    """A provider call in flight: its cancel scope, and what a deadline does to it.
+
+    ``stops_at_deadline``: cancelled at the deadline; else ``deadline_grace_s`` seconds
+    after it (``timer``) when not None; else it finishes (decision 241).
+    """
 
     scope: CallScope
     stops_at_deadline: bool
+    deadline_grace_s: float | None = None
+    timer: asyncio.TimerHandle | None = None
+
+    @classmethod
+    def of(cls, provider: Provider) -> _Call:
+        """A new call to ``provider``, with what its class says a deadline does to it."""
+        grace = getattr(provider, "deadline_grace_s", None)  # a registered ABC may lack it
+        return cls(CallScope(), provider.cancel_at_deadline, grace)
 
 
 @dataclass(frozen=True)
@@ -161,8 +174,10 @@ class FlowExecutor:
 
         ``cancel_inflight`` cancels every call in flight (signals);
         ``cancel_long_running`` only those whose provider sets ``cancel_at_deadline``
-        (a deadline: agent workers stop, model calls already invoked finish). A cancelled
-        call's node records ``reason`` as its canceller (``Operation.cancelled``).
+        (a deadline: agent workers stop, model calls already invoked finish), and those
+        whose provider sets ``deadline_grace_s`` once that grace has passed (function
+        nodes, which nothing else bounds: decision 241). A cancelled call's node records
+        ``reason`` as its canceller (``Operation.cancelled``).
         """
         if self.admission_open:
             self.admission_open = False
@@ -173,6 +188,9 @@ class FlowExecutor:
         for call in list(self._inflight.values()):
             if cancel_inflight or (cancel_long_running and call.stops_at_deadline):
                 call.scope.cancel(reason)
+            elif cancel_long_running and call.deadline_grace_s is not None and not call.timer:
+                loop = asyncio.get_running_loop()
+                call.timer = loop.call_later(call.deadline_grace_s, call.scope.cancel, reason)
 
     # -- running ---------------------------------------------------------------------------
 
@@ -405,7 +423,7 @@ class FlowExecutor:
             provider = self._provider_for(op)
             # In flight from here on: admission was checked without a pause since, so a
             # signal or deadline either withheld this node or reaches its scope.
-            call = _Call(CallScope(), stops_at_deadline=provider.cancel_at_deadline)
+            call = _Call.of(provider)
             self._inflight[op.node_id] = call
             response: ProviderResponse | None = None
             try:
@@ -418,6 +436,8 @@ class FlowExecutor:
                     response = await self._call(op, provider, request)
             finally:
                 self._inflight.pop(op.node_id, None)
+                if call.timer is not None:
+                    call.timer.cancel()
                 if self.live is not None and self.live.end(op.key):
                     # Published with the outcome: a follower waits for the end mark of a
                     # call that streamed, whatever the order of the two (decision 235).
@@ -435,7 +455,8 @@ class FlowExecutor:
         except ProviderError as exc:  # UnsafePathError included: the node fails, not the run
             op.status, op.error = "failed", str(exc)
             return op.status
-        except Exception as exc:  # a provider bug fails its node, never the whole flow
+        # a provider bug fails its node, never the whole flow; nor does its sys.exit()
+        except (Exception, SystemExit) as exc:
             op.status, op.error = "failed", f"{type(exc).__name__}: {exc}"
             return op.status
         if response.placement is not None:
@@ -485,7 +506,7 @@ class FlowExecutor:
             if not await self.before_call(op, CallIntent.of(op, attempt, reservation)):
                 return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
-        return await provider.invoke(request)
+        return checked_response(provider, await provider.invoke(request))
 
     def _release_claim(self, op: Operation, base: str) -> None:
         """Messages claimed by an operation whose provider call never ran go back to the queue."""

@@ -52,6 +52,7 @@ from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._resume import IN_FLIGHT_KEY
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
+from steerflow.providers._plugins import checked_response
 from steerflow.providers._pricing import PriceTable
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
@@ -214,10 +215,16 @@ class AgentRun:
     def _deadline(self) -> None:
         self.deadline_hit = True
         self.target.finished = True
-        # As in a flow (decision 23): a worker is stopped, a chat call may finish.
-        provider = self._provider
-        if self._scope is not None and provider is not None and provider.cancel_at_deadline:
-            self._scope.cancel("deadline")
+        # As in a flow (decision 23): a worker is stopped, a chat call may finish, a
+        # function gets its grace (decision 241).
+        provider, scope = self._provider, self._scope
+        if scope is None or provider is None:
+            return
+        grace = getattr(provider, "deadline_grace_s", None)
+        if provider.cancel_at_deadline:
+            scope.cancel("deadline")
+        elif grace is not None:
+            asyncio.get_running_loop().call_later(grace, scope.cancel, "deadline")
 
     def _ending(self) -> bool:
         stopping = self.stop_signal is not None or self.stopped_by is not None
@@ -229,10 +236,17 @@ class AgentRun:
         """Open the session, run the turns, persist; return the result."""
         cluster = None
         if self.options.executor == "ray":
-            from steerflow.cluster import connect_ray
+            from steerflow.cluster import connect_stopped, join_ray
 
-            # On the loop's thread, before anything exists (see FlowRun._join_cluster).
-            cluster = connect_ray(self.options.ray_address)
+            # Before anything exists; a signal ends the wait (see FlowRun._join_cluster).
+            self._scope = scope = CallScope()
+            try:
+                with scope:
+                    cluster = await join_ray(self.options.ray_address)
+            finally:
+                self._scope = None
+            if cluster is None:
+                raise connect_stopped(scope.cancelled_by or "SIGINT", self.options.ray_address)
         try:
             if self._provider is None:
                 built = await asyncio.to_thread(make_provider, self.model)  # a bad spec: exit 2
@@ -542,7 +556,7 @@ class AgentRun:
                 # Write-ahead (decision 217): durable before the turn's call leaves. A
                 # checkpoint that cannot hold it ends the run before anything is paid.
                 await self._record_call(s, key, number)
-                response = await provider.invoke(request)
+                response = checked_response(provider, await provider.invoke(request))
                 text = response.text
                 if response.conversation:
                     self.conversation = response.conversation

@@ -84,6 +84,7 @@ from steerflow.plan import (
     parse_plan,
 )
 from steerflow.providers import PlanRequest, ProviderCache, Usage
+from steerflow.providers._plugins import planning_failure
 from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
 
@@ -146,6 +147,7 @@ class FlowRun:
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
         self._planning: CallScope | None = None  # the planner call, while it runs
+        self._connecting: CallScope | None = None  # joining the Ray cluster, while it runs
         #: What the planner calls cost: paid work of this run, counted in its usage.
         self.planner_usage: list[Usage] = []
         #: Why the run has no plan, once planning ended without one (decision 101).
@@ -220,6 +222,8 @@ class FlowRun:
             self.executor.close_admission(reason, cancel_inflight=True)
         if self._planning is not None and (repeated or signum == signal.SIGINT):
             self._planning.cancel(reason)
+        if self._connecting is not None:  # nothing started yet: nothing to persist
+            self._connecting.cancel(reason)
 
     def request_operator_stop(self, now: bool, reason: str | None, control_id: str) -> None:
         """``ctl stop``: admit nothing new; with ``now`` cancel in-flight calls; exit 75.
@@ -304,31 +308,40 @@ class FlowRun:
                 given_model=opts.model,
                 allowed=opts.allow_python,
             )
-        cluster = self._join_cluster(settings)
+        cluster = await self._join_cluster(settings)
         try:
             return await self._run_checked(plan, prompt, source, settings)
         finally:
             if cluster is not None:
                 await asyncio.to_thread(cluster.close)
 
-    def _join_cluster(self, settings: RunSettings) -> RayCluster | None:
+    async def _join_cluster(self, settings: RunSettings) -> RayCluster | None:
         """``--executor ray``: join the cluster and route node calls to it; None when local.
 
-        On the loop's thread, before any provider exists: ``ray.init`` must run where it
-        can leave the process's signal handling as it found it, and a refused cluster or
-        placement is refused before anything is allocated or paid for.
+        Before any provider exists, so a refused cluster or placement is refused before
+        anything is allocated or paid for; bounded, and ended at once by a signal, with
+        nothing started (decision 243).
         """
         opts = self.options
         if opts.executor == "local" or opts.dry_run:
             return None
-        from steerflow.cluster import connect_ray
+        from steerflow.cluster import connect_stopped, join_ray
 
-        cluster = connect_ray(opts.ray_address)
+        joined: RayCluster | None = None
+        self._connecting = scope = CallScope()
+        try:
+            with scope:
+                joined = await join_ray(opts.ray_address)
+        finally:
+            self._connecting = None
+        if joined is None:  # the scope caught a signal's cancellation
+            raise connect_stopped(scope.cancelled_by or "SIGINT", opts.ray_address)
+        cluster = joined
         try:
             roles = settings.role_resources
             asked: dict[str | None, Mapping[str, float] | None] = {None: None}
             asked.update(roles)
-            cluster.check_roles(asked)
+            await asyncio.to_thread(cluster.check_roles, asked)
         except BaseException:
             cluster.close()
             raise
@@ -523,6 +536,12 @@ class FlowRun:
                     raise  # transport failures were already retried by the provider
                 feedback = f"your reply could not be read as a plan: {exc}"
                 continue
+            except SteerflowError:
+                raise  # said as the provider meant it (a function's "cannot plan": exit 2)
+            except (Exception, SystemExit) as exc:
+                # A bug in a plugin's plan(), not a bad reply to retry: the run fails in
+                # one line naming the plugin (decision 240).
+                raise planning_failure(provider, exc) from None
             try:
                 # Over the limit is an invalid reply like any other: one retry, then refuse.
                 return parse_plan(

@@ -145,10 +145,11 @@ class Provider(abc.ABC):
 
     Call
         :meth:`invoke` gets one :class:`ProviderRequest` per node and returns a
-        :class:`ProviderResponse`. ``request.instruction`` is already complete (operator
-        steers, the node's instruction, its dependencies' results); the executor owns
-        dependencies, the pause gate, admission, checkpointing and replay, so a completed
-        node's response is recorded and a resume never calls the provider for it again.
+        :class:`ProviderResponse` (anything else fails the node, naming the provider).
+        ``request.instruction`` is already complete (operator steers, the node's
+        instruction, its dependencies' results); the executor owns dependencies, the
+        pause gate, admission, checkpointing and replay, so a completed node's response
+        is recorded and a resume never calls the provider for it again.
         Raise :class:`steerflow.errors.ProviderError` for a failure the node should report
         as its error; any other exception fails the node too, as ``TypeName: text``.
     Usage
@@ -156,7 +157,8 @@ class Provider(abc.ABC):
         vendor reports them; they add up into the run's usage. ``None`` is "not reported".
     Cancellation
         A call runs inside the node's task. ``ctl stop --now``, SIGINT/SIGTERM and, for a
-        provider with ``cancel_at_deadline``, the deadline cancel that task: ``invoke`` sees
+        provider with ``cancel_at_deadline``, the deadline (with ``deadline_grace_s``, that
+        many seconds after it) cancel that task: ``invoke`` sees
         :class:`asyncio.CancelledError` at its current ``await``, must release what it holds
         (close a stream, kill a subprocess) and let the error propagate; the node stays
         pending and reruns on resume. Blocking work belongs in a thread, never on the loop.
@@ -172,6 +174,10 @@ class Provider(abc.ABC):
     #: minutes to hours). A deadline cancels these instead of letting them finish,
     #: which Amendment 3 otherwise does for calls already invoked (decision 23).
     cancel_at_deadline: ClassVar[bool] = False
+    #: Seconds a call still running at the deadline may go on before it is cancelled
+    #: as ``cancel_at_deadline`` calls are; None (the default): it finishes. For code
+    #: that no timeout of its own bounds (function nodes: decision 241).
+    deadline_grace_s: ClassVar[float | None] = None
     #: True if ``invoke`` expects ``request.artifact_dir`` to exist already: the executor
     #: then makes it (0700, off the loop) before the call. The built-in providers make
     #: it themselves, and only when they write into it (``ensure_leg_dir`` /

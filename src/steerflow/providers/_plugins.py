@@ -11,13 +11,20 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TYPE_CHECKING
 
-from steerflow.errors import UsageError
-from steerflow.providers._base import Provider
+from steerflow.errors import ProviderError, UsageError
+from steerflow.providers._base import Provider, ProviderResponse
 
 if TYPE_CHECKING:
     from importlib.metadata import EntryPoint
 
-__all__ = ["BUILTIN_NAMES", "ENTRY_POINT_GROUP", "plugin_provider"]
+__all__ = [
+    "BUILTIN_NAMES",
+    "ENTRY_POINT_GROUP",
+    "checked_response",
+    "planning_failure",
+    "plugin_provider",
+    "provider_label",
+]
 
 ENTRY_POINT_GROUP = "steerflow.providers"
 #: Every name a ``--model`` spec reaches without a plugin; an entry point may not take one.
@@ -75,13 +82,14 @@ def plugin_provider(vendor: str, spec: str) -> Provider | None:
     where = (
         f"plugin {vendor!r} (entry point {point.value!r} of distribution {_distribution(point)!r})"
     )
+    # SystemExit too: a plugin's sys.exit() must not end steerflow with its code (0 = success)
     try:
         factory = point.load()
-    except Exception as exc:  # any import-time failure of someone else's package
+    except (Exception, SystemExit) as exc:  # any import-time failure of someone else's package
         raise UsageError(f"model spec {spec!r}: {where} failed to load: {_one_line(exc)}") from None
     try:
         provider = factory(spec)
-    except Exception as exc:
+    except (Exception, SystemExit) as exc:
         raise UsageError(f"model spec {spec!r}: {where} raised {_one_line(exc)}") from None
     if not isinstance(provider, Provider):
         raise UsageError(
@@ -91,3 +99,42 @@ def plugin_provider(vendor: str, spec: str) -> Provider | None:
     if not isinstance(getattr(provider, "spec", None), str):
         provider.spec = spec  # a factory that forgot it: run details name the spec
     return provider
+
+
+def provider_label(provider: Provider) -> str:
+    """How a message names ``provider``: its spec, and for a plugin its name and class.
+
+    A provider wrapped for another executor (``RayProvider.inner``) is named by what it wraps.
+    """
+    inner = getattr(provider, "inner", None)
+    if isinstance(inner, Provider):
+        provider = inner
+    spec = str(getattr(provider, "spec", "") or "?")
+    cls = type(provider)
+    where = f"{cls.__module__}.{cls.__qualname__}"
+    vendor, sep, model = spec.partition("/")
+    if sep and model and vendor not in BUILTIN_NAMES:
+        return f"model spec {spec!r}: plugin {vendor!r} ({where})"
+    if cls.__module__.startswith("steerflow."):
+        return f"model spec {spec!r}"
+    return f"model spec {spec!r} ({where})"
+
+
+def checked_response(provider: Provider, value: object) -> ProviderResponse:
+    """What ``provider.invoke`` returned, checked to be a :class:`ProviderResponse`.
+
+    Raises:
+        ProviderError: The node's one-line failure naming the provider and the type it
+            should have returned.
+    """
+    if isinstance(value, ProviderResponse):
+        return value
+    raise ProviderError(
+        f"{provider_label(provider)} returned {type(value).__name__} from invoke, not a "
+        "steerflow.providers.ProviderResponse"
+    )
+
+
+def planning_failure(provider: Provider, exc: BaseException) -> ProviderError:
+    """The run's one-line failure for a ``plan()`` that raised (a bug, not a bad reply)."""
+    return ProviderError(f"{provider_label(provider)} raised {_one_line(exc)} while planning")

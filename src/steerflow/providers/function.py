@@ -5,7 +5,8 @@ around the call is the executor's, as for any provider: the response is recorded
 replayed (a resume never calls the function again for a completed node), and steering,
 pause, stop and the deadline apply. An ``async def`` function runs on the loop and is
 cancelled like a model call; a plain function runs on a daemon thread, so a function that
-blocks stalls neither the loop nor, once cancelled, the process's exit.
+blocks stalls neither the loop nor, once cancelled, the process's exit. What a function
+prints goes to its node's live output (``_stdout``), never to steerflow's stdout.
 """
 
 from __future__ import annotations
@@ -31,10 +32,13 @@ from steerflow.providers._base import (
     ProviderResponse,
 )
 from steerflow.providers._paths import ensure_leg_dir
+from steerflow.providers._stdout import Sink, call_sink, routed_stdout
 
-__all__ = ["PYTHON_PREFIX", "FunctionProvider", "NodeCall", "resolve_function"]
+__all__ = ["DEADLINE_GRACE_S", "PYTHON_PREFIX", "FunctionProvider", "NodeCall", "resolve_function"]
 
 PYTHON_PREFIX = "python:"
+#: Seconds a function still running at the run's deadline may take to return (decision 241).
+DEADLINE_GRACE_S = 5.0
 _USAGE = "use python:MODULE:FUNCTION (an importable module on PYTHONPATH)"
 
 
@@ -93,7 +97,9 @@ def resolve_function(spec: str) -> Callable[[NodeCall], Any]:
         raise UsageError(f"model spec {spec!r}: {_USAGE}")
     try:
         target: object = importlib.import_module(module_name)
-    except Exception as exc:  # an ImportError, or whatever the module raised at import
+    # an ImportError, whatever the module raised, or its sys.exit(): steerflow must not end
+    # with the module's exit code (0 would read as success)
+    except (Exception, SystemExit) as exc:
         raise UsageError(
             f"model spec {spec!r}: cannot import module {module_name!r} ({_one_line(exc)})"
         ) from None
@@ -113,10 +119,17 @@ def resolve_function(spec: str) -> Callable[[NodeCall], Any]:
 
 
 class FunctionProvider(Provider):
-    """Calls a Python function for each node it serves."""
+    """Calls a Python function for each node it serves.
+
+    What the function prints goes to its node's live output, not to steerflow's stdout
+    (decision 242). Nothing bounds a function's call but the run's end: at the deadline
+    one still running gets :data:`DEADLINE_GRACE_S` to return, then its node is cancelled
+    and a plain function's thread abandoned (decision 241).
+    """
 
     # The function asks for its directory through NodeCall.artifact_dir (decision 170).
     needs_artifact_dir: ClassVar[bool] = False
+    deadline_grace_s: ClassVar[float | None] = DEADLINE_GRACE_S
 
     def __init__(self, spec: str) -> None:
         self.spec = spec.strip()
@@ -136,12 +149,15 @@ class FunctionProvider(Provider):
             assignee=request.assignee,
             artifact_path=request.artifact_dir,
         )
+        sink = call_sink(request.live)
         try:
             if self._is_async:
-                result = await self.function(call)
+                with routed_stdout(sink):
+                    result = await self.function(call)
             else:
-                result = await _in_daemon_thread(self.function, call)
-        except Exception as exc:  # the node fails with it; CancelledError passes through
+                result = await _in_daemon_thread(self.function, call, sink)
+        # the node fails with it (a sys.exit() too); CancelledError passes through
+        except (Exception, SystemExit) as exc:
             raise FunctionNodeError(self.spec, f"raised {_one_line(exc)}") from exc
         if not isinstance(result, str):
             raise FunctionNodeError(
@@ -191,8 +207,16 @@ class _DaemonPool:
 _POOL = _DaemonPool()
 
 
-async def _in_daemon_thread(function: Callable[[NodeCall], Any], call: NodeCall) -> Any:
-    """Run ``function(call)`` on a pool thread; await its result without blocking the loop."""
+def _routed(function: Callable[[NodeCall], Any], call: NodeCall, sink: Sink) -> Any:
+    with routed_stdout(sink):
+        return function(call)
+
+
+async def _in_daemon_thread(function: Callable[[NodeCall], Any], call: NodeCall, sink: Sink) -> Any:
+    """Run ``function(call)`` on a pool thread, its prints to ``sink``.
+
+    Its result is awaited without blocking the loop.
+    """
     loop = asyncio.get_running_loop()
     future: asyncio.Future[Any] = loop.create_future()
     context = contextvars.copy_context()
@@ -207,7 +231,7 @@ async def _in_daemon_thread(function: Callable[[NodeCall], Any], call: NodeCall)
 
     def work() -> None:
         try:
-            value = context.run(function, call)
+            value = context.run(_routed, function, call, sink)
         except Exception as exc:  # delivered to the awaiting task, not lost in the thread
             _deliver(loop, settle, None, exc)
         except BaseException as exc:  # SystemExit in a node must not end the run's process

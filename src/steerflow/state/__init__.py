@@ -10,6 +10,7 @@ from __future__ import annotations
 from steerflow.state._claims import ResumeClaim, ResumedBy
 from steerflow.state._copy import CopyReport, copy_state, open_copy_target
 from steerflow.state._db import (
+    BUSY_TIMEOUT_S,
     STATE_DB_URL_ENV,
     ResolvedTarget,
     StateDB,
@@ -45,6 +46,7 @@ from steerflow.state._schema import (
 )
 
 __all__ = [
+    "BUSY_TIMEOUT_S",
     "DEFAULT_LEASE_S",
     "HEARTBEAT_STALE_S",
     "HOST_ID_ENV",

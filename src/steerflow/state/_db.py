@@ -75,6 +75,7 @@ from steerflow.state._sqlite import SqliteBackend, sqlite_path_from_url
 from steerflow.state._vocab import NodeKind
 
 __all__ = [
+    "BUSY_TIMEOUT_S",
     "DB_FILENAME",
     "PENDING_CONTROLS_SQL",
     "STATE_DB_URL_ENV",
@@ -87,6 +88,10 @@ __all__ = [
 
 DB_FILENAME = "state.db"
 """File name of the embedded database inside the steerflow home."""
+
+BUSY_TIMEOUT_S = 10.0
+"""Bound on every lock wait (CONTRACT §2) and on connecting to a PostgreSQL state DB
+(``connect_timeout``); ``--executor ray`` bounds joining its cluster by it too."""
 
 STATE_DB_URL_ENV = "STEERFLOW_STATE_DB_URL"
 """Environment variable naming another state database by URL."""
@@ -142,7 +147,7 @@ def db_exists(home: Path) -> bool:
     url = _postgres_url()
     if url is None:
         return db_path(home).is_file()
-    backend = PostgresBackend.open(url, read_only=True, busy_timeout_s=10.0)
+    backend = PostgresBackend.open(url, read_only=True, busy_timeout_s=BUSY_TIMEOUT_S)
     try:
         return backend.schema_version() > 0
     finally:
@@ -297,7 +302,7 @@ class StateDB:
         *,
         create: bool = True,
         read_only: bool = False,
-        busy_timeout_s: float = 10.0,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
     ) -> StateDB:
         """Open the state database of a steerflow home.
 
@@ -327,7 +332,12 @@ class StateDB:
 
     @classmethod
     def open_url(
-        cls, url: str, *, create: bool = True, read_only: bool = False, busy_timeout_s: float = 10.0
+        cls,
+        url: str,
+        *,
+        create: bool = True,
+        read_only: bool = False,
+        busy_timeout_s: float = BUSY_TIMEOUT_S,
     ) -> StateDB:
         """Open the state database named by ``url``, whatever ``STEERFLOW_STATE_DB_URL`` says.
 
