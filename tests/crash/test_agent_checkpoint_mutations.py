@@ -125,3 +125,49 @@ def test_a_mutated_agent_journal_is_refused_naming_the_turn(
     assert dry.returncode == 3 and named in dry.json["error"]["message"], dry.explain()
     assert len(read_invocations(home)) == invoked
     assert {p.name: p.read_bytes() for p in run_dir.iterdir() if p.is_file()} == before
+
+
+def _three_turns(tmp_path: Path) -> tuple[Path, Path, list[str]]:
+    """(home, run dir, the messages that started turns 2 and 3) of a finished agent."""
+    home, gate = tmp_path / "home", Gate(tmp_path / "gate")
+    model = "script:" + str(write_yaml(tmp_path / "s.yaml", {"turn-1": {"response": "one"}}))
+    proc = start_gated_agent(home, gate, "agent", "t", "--model", model, "--json")
+    try:
+        sent: list[str] = []
+        for turn, text in ((1, "SECOND"), (2, "THIRD")):
+            gate.wait_started(f"turn-{turn}", proc)
+            sent.append(ctl_ok(home, "msg", session_of(home), text))
+            wait_left_pending(home, sent[-1])  # claimed when the next turn starts
+            gate.release(f"turn-{turn}")
+        gate.release("turn-3")
+        done = finish(proc, timeout=WAIT_S)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.explain()
+    assert [t["id"] for t in done.json["turns"]] == ["turn-1", "turn-2", "turn-3"]
+    assert [control(home, m).result for m in sent] == ["applied", "applied"]
+    return home, Path(done.json["run_dir"]), sent
+
+
+def test_a_journal_cut_inside_turn_2_names_turn_2_missing(tmp_path: Path) -> None:
+    """Kept: turn 1 and turn 2's prompt (as in flight); lost: turn 2's outcome, turn 3.
+
+    The message that started turn 3 was stamped applied, so turn 2 had finished: turn 2 is
+    the first turn the checkpoint lost. Before issue 38 the refusal named turn-3 (the turn
+    that message started, as the state DB published it).
+    """
+    home, run_dir, (second, third) = _three_turns(tmp_path)
+    records = _journal(run_dir)
+    assert _labels(records) == ["turn-1", "turn-1", "turn-2", "turn-2", "turn-3"]
+    assert records[1]["entry"]["next"]["controls"] == [second]
+    journal = run_dir / "checkpoint.json.journal"
+    journal.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records[:2]))
+    invoked = len(read_invocations(home))
+
+    for extra in ((), ("--dry-run",)):
+        refused = run_cli(home, "resume", run_dir.name, *extra, "--json", timeout=WAIT_S)
+        assert refused.returncode == 3, refused.explain()
+        message = refused.json["error"]["message"]
+        assert "turn-2 is missing from the checkpoint" in message, message
+        assert "turn-3 is missing" not in message and third in message, message
+    assert len(read_invocations(home)) == invoked

@@ -6,7 +6,9 @@ The resume must replay turn 1 without calling the model again, run turn 2 again 
 very prompt the message produced (the message row is not delivered twice: it stays
 ``applied``), continue the CLI's own session (``--resume sess-A``) in the same directory,
 and a second resume of the same run is refused. A checkpoint whose recorded turn was altered
-is refused too (exit 3), before anything runs.
+is refused too (exit 3), before anything runs. Killed after turn 2's prompt is durable but
+before its message's stamp, the resume lists the message as stranded, delivers it once (turn
+2) and stamps the old row ``applied`` (issue 38 item 5).
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ import os
 import signal
 import sys
 from pathlib import Path
+
+import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "e2e"))
 
@@ -28,8 +32,10 @@ from agent_support import (
     wait_left_pending,
     write_gated_claude,
 )
-from ctl_support import control, ctl_ok, wait_for
-from flow_support import child_env, read_invocations, run_cli, stop, write_yaml
+from ctl_support import control, controls, ctl_ok, wait_for
+from flow_support import child_env, finish, read_invocations, run_cli, stop, write_yaml
+
+from steerflow.views import resume_preflight
 
 
 def _kill_agent_and_worker(proc_pid: int, worker_pid: int) -> None:
@@ -101,30 +107,71 @@ def test_resume_refuses_an_altered_turn(tmp_path: Path) -> None:
     assert len(read_invocations(home)) == 1  # nothing ran again
 
 
-def test_killed_after_the_next_prompt_is_durable_but_before_its_stamp(tmp_path: Path) -> None:
-    """``exit:after:agent-next``: the message row stays ``applying`` (never re-applied), yet
-    the resume runs the turn it started, with its text, exactly once."""
+@pytest.mark.parametrize("point", ["agent-next", "agent-steered"])
+def test_killed_before_the_stamp_the_resume_lists_delivers_once_and_stamps_it(
+    tmp_path: Path, point: str
+) -> None:
+    """Killed once turn 2's prompt is durable, before its message is stamped (issue 38 item 5).
+
+    ``agent-next``: right after the prompt is recorded; ``agent-steered``: right after the
+    ``steer: 1 operator message(s) start turn 2`` line (the stamp is the poller's next
+    tick). The row reads ``applying:<dead claimant>``. ``resume --dry-run`` and the resume
+    list it as stranded (the turn it was claimed for delivers it), the resume runs turn 2
+    with it exactly once, and the old row ends ``applied`` instead of ``applying`` for good.
+    """
     home, gate = tmp_path / "home", Gate(tmp_path / "gate")
     model = "script:" + str(write_yaml(tmp_path / "s.yaml", {"turn-1": {"response": "one"}}))
-    env = child_env(STEERFLOW_FAULT="exit:after:agent-next")
+    env = child_env(STEERFLOW_FAULT=f"exit:after:{point}")
     proc = start_gated_agent(home, gate, "agent", "task", "--model", model, "--json", env=env)
     try:
         gate.wait_started("turn-1", proc)
-        msg = ctl_ok(home, "msg", session_of(home), "NEXT-PROMPT-TEXT")
+        session = session_of(home)
+        msg = ctl_ok(home, "msg", session, "NEXT-PROMPT-TEXT")
         wait_left_pending(home, msg)  # claimed when turn 2 starts
         gate.release("turn-1", "turn-2")
-        proc.wait(timeout=WAIT_S)
+        killed = finish(proc, timeout=WAIT_S)
     finally:
         stop(proc)
-    assert proc.returncode == 137
-    assert (control(home, msg).result or "").startswith("applying:")
+    assert killed.returncode == 137, killed.explain()
+    steered = "steer: 1 operator message(s) start turn 2"
+    assert (steered in killed.stderr) == (point == "agent-steered"), killed.stderr
+    claim = control(home, msg).result or ""
+    assert claim.startswith("applying:")
     run_id = json.loads(run_cli(home, "runs", "--json").stdout)["runs"][0]["run_id"]
+
+    dry = run_cli(home, "resume", run_id, "--dry-run", "--json", timeout=WAIT_S)
+    assert dry.returncode == 0, dry.explain()
+    (listed,) = dry.json["stranded_messages"]
+    assert (listed["control_id"], listed["state"], listed["text"]) == (
+        msg,
+        "applying",
+        "NEXT-PROMPT-TEXT",
+    )
+    assert (listed["claimant"], listed["claimed_by"]) == (claim.removeprefix("applying:"), "turn-2")
+    assert (listed["delivered_in"], listed["redelivered_as"]) == ("turn-2", None)
+    assert listed["session_id"] == session and listed["run_id"] == run_id
+    (warning,) = dry.json["warnings"]
+    assert msg in warning and "turn-2" in warning and "lost" not in warning, warning
+    assert msg in dry.stderr
+    assert dry.json["nodes"][-1] == {"id": "turn-2", "kind": "planned", "status": "pending"}
+    assert [m["control_id"] for m in resume_preflight(home, run_id).stranded_messages] == [msg]
+    assert control(home, msg).result == claim  # a dry run writes nothing
+
     resumed = run_cli(home, "resume", run_id, "--json", timeout=WAIT_S)
     assert resumed.returncode == 0, resumed.explain()
-    turns = resumed.json["turns"]
+    out = resumed.json
+    (listed,) = out["stranded_messages"]
+    assert (listed["control_id"], listed["delivered_in"]) == (msg, "turn-2")
+    assert listed["redelivered_as"] is None  # delivered by its own turn, never re-queued
+    assert msg in resumed.stderr
+    turns = out["turns"]
     assert [(t["id"], t["replayed"]) for t in turns] == [("turn-1", True), ("turn-2", False)]
+    assert turns[1]["controls"] == [msg]
     assert turns[1]["response"].count("NEXT-PROMPT-TEXT") == 1
     nodes = [line["node"] for line in read_invocations(home)]
-    assert nodes == ["turn-1", "turn-2"]  # turn 2 never ran before the kill
-    # At most once: the resume does not stamp or reuse the dead claimant's row.
-    assert (control(home, msg).result or "").startswith("applying:")
+    assert nodes == ["turn-1", "turn-2"]  # turn 2 never ran before the kill; once after
+    row = control(home, msg)
+    assert row.result == "applied" and row.applied_at is not None  # closed, not applying
+    assert [c.result for c in controls(home, out["session_id"]) if c.verb == "message"] == []
+    # Nothing is left behind for a later resume of the chain.
+    assert resume_preflight(home, out["run_id"]).stranded_messages == ()

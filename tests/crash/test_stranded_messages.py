@@ -123,6 +123,7 @@ def test_a_message_sent_mid_turn_survives_a_sigkill_of_the_agent(tmp_path: Path)
         "claimed_by": None,
         "redelivered_as": None,
         "sender": sent.sender,  # who sent it (decision 205): `steerflow ctl`
+        "delivered_in": None,  # no turn in flight took it (issue 38 item 5)
     }
     assert (sent.sender or "").startswith("cli:")
     assert any(msg in w and "re-queues it" in w for w in dry.json["warnings"])

@@ -99,6 +99,11 @@ async def test_reads_runs_and_a_node_without_control_tools(tmp_path: Path) -> No
 
         shown = await _call(session, "show_run", target=run)
         assert shown == json.loads(run_cli(home, "show", run, "--json").stdout)
+        # An ended run has no phase left (issue 38 item 7: it read `executing`), in the
+        # CLI's JSON as here; `ctl status` keeps the stored column.
+        assert shown["status"] == "completed" and shown["phase"] is None
+        assert runs["runs"][0]["phase"] is None
+        assert ctl_status(home, shown["session_id"])["phase"] == "executing"
         report = await _call(session, "checkpoint_report", target=run)
         assert report["status"] == "clean" and report["checkpoint_recovery"]["status"] == "clean"
         preflight = await _call(session, "resume_preflight", target=run)

@@ -2,8 +2,11 @@
 
 A completed emitter's entry lists the node ids of the spawns it had accepted.  When a
 listed child has no entry of its own (a hand-deleted spawned entry or pending intent),
-``steerflow resume`` refuses with exit 3 naming the emitter and the missing child,
-instead of finishing the flow without ever running the child.  Every refusal here also
+``steerflow resume`` refuses with exit 3 naming the missing child by its spawn id (the
+run published it in the state DB; issue 38 item 7: it was named by its emitter and
+internal node id) and its emitter, instead of finishing the flow without ever running
+the child.  A child whose entry exists but names another parent (a forged
+``parent_id``) is refused for that, not reported as missing.  Every refusal here also
 proves that the source files are unchanged and that nothing was invoked.
 """
 
@@ -157,7 +160,8 @@ def test_deleted_spawned_leaf_is_refused(tmp_path: Path, version: str, where: st
         _delete_from_base(run_dir, child)
     state, report = load_checkpoint(run_dir / CHECKPOINT)
     assert report["status"] == "clean" and state["spawned"] == []
-    _refused_naming(home, run_dir, "node 'a'", child)
+    body = _refused_naming(home, run_dir, "spawned node 's1'", "node 'a'", child)
+    assert body["error"]["message"].startswith("spawned node 's1'")
 
 
 @pytest.mark.parametrize("version", ["3", "2"])
@@ -196,7 +200,73 @@ def test_deleted_pending_intent_of_a_completed_emitter_is_refused(
     else:
         _delete_from_journal(run_dir, child)
     write_script(tmp_path / "script.yaml", {"a": SPAWNING_A})  # s1 would now be quick
-    _refused_naming(home, run_dir, "node 'a'", child)
+    body = _refused_naming(home, run_dir, "spawned node 's1'", "node 'a'", child)
+    assert body["error"]["message"].startswith("spawned node 's1'")
+
+
+def _forge_parent(run_dir: Path, version: str, child: str, parent: str) -> None:
+    """Point the child's entry at another ``parent_id``, digest recomputed (a careful forger)."""
+
+    def forged(entry: dict[str, Any]) -> dict[str, Any]:
+        entry = {**entry, "parent_id": parent}
+        entry["result_digest"] = entry_digest(entry)
+        return entry
+
+    if version == "2":
+        path = run_dir / CHECKPOINT
+        doc = json.loads(path.read_text())
+        doc["spawned"] = [forged(e) if e["node_id"] == child else e for e in doc["spawned"]]
+        path.write_text(json.dumps(doc))
+        return
+    journal = run_dir / JOURNAL
+    records = [json.loads(line) for line in journal.read_bytes().splitlines()]
+    for record in records:
+        if record["kind"] == "spawn" and record["entry"]["node_id"] == child:
+            record["entry"] = forged(record["entry"])
+    journal.write_bytes(b"".join(json.dumps(r).encode() + b"\n" for r in records))
+
+
+@pytest.mark.parametrize("version", ["3", "2"])
+def test_a_forged_parent_is_refused_for_what_it_is_not_as_a_missing_entry(
+    tmp_path: Path, version: str
+) -> None:
+    """Killed while s1 (a's spawn, pending) and b run; s1's entry then names b as its parent.
+
+    b's outcome is not recorded, so s1 reads as b's unanchored intent and is dropped; a
+    still lists it. Before issue 38 the refusal said the checkpoint had no entry for s1.
+    """
+    home = tmp_path / "home"
+    script = write_script(
+        tmp_path / "script.yaml", {"a": SPAWNING_A, "s1": {"delay": 60}, "b": {"delay": 60}}
+    )
+    proc = start_cli(
+        home, "flow", "--plan", _plan(tmp_path / "plan.yaml"), "--model", f"script:{script}",
+        "--reactive", "all", "--checkpoint-version", version,
+    )  # fmt: skip
+    try:
+        wait_checkpoint(
+            home,
+            lambda s: "a" in s["ops"] and any(e.get("spawn_id") == "s1" for e in s["spawned"]),
+            what="a completed, s1 pending",
+        )
+        wait_for(
+            lambda: invocation_counts(home)["s1"] == 1 == invocation_counts(home)["b"],
+            timeout=10,
+            what="s1 and b in flight",
+        )
+        proc.send_signal(signal.SIGKILL)
+        assert finish(proc, timeout=10).returncode == -signal.SIGKILL
+    finally:
+        stop(proc)
+    run_dir = single_run(home)
+    state, _ = load_checkpoint(run_dir / CHECKPOINT)
+    assert "b" not in state["ops"]
+    child = _child_node_id(run_dir)
+    b_id = next(p["node_id"] for p in state["plan"] if p["agent_id"] == "b")
+    _forge_parent(run_dir, version, child, b_id)
+    write_script(tmp_path / "script.yaml", {"a": SPAWNING_A})
+    body = _refused_naming(home, run_dir, "spawned node 's1'", "entry exists but", b_id, "'b'")
+    assert "no entry" not in body["error"]["message"]
 
 
 def test_intact_witnessed_checkpoint_resumes_and_keeps_witnessing(tmp_path: Path) -> None:

@@ -58,7 +58,8 @@ def test_readers_agree_with_show_runs_result_and_ctl_status(home: Path, tmp_path
 
     shown = views.show_run(home, run)
     assert isinstance(shown, views.RunView)
-    assert (shown.status, shown.phase, shown.kind) == ("completed", "executing", "flow")
+    # An ended run has no phase (issue 38 item 7; the stored column says `executing`).
+    assert (shown.status, shown.phase, shown.kind) == ("completed", None, "flow")
     assert [n.id for n in shown.nodes] == ["a", "b", "c"]
     assert all(isinstance(n, views.NodeState) and n.status == "completed" for n in shown.nodes)
     assert shown.checkpoint_version == 3 and shown.checkpoint_exists

@@ -104,8 +104,9 @@ def print_agent_dry_run(seed: AgentSeed, *, as_json: bool) -> int:
         "would run: " + (", ".join(to_run) or "no turn in flight (then waits for queued messages)"),
     ]
     for message in seed.stranded:
+        by = f", delivered by {message.delivered_in}" if message.delivered_in else ""
         lines.append(
-            f"stranded message {message.control_id} ({message.state}): "
+            f"stranded message {message.control_id} ({message.state}{by}): "
             + printable(message.text[:80])
         )
     emit_text("\n".join(lines))

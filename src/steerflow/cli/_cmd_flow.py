@@ -429,7 +429,8 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
     Operator messages a dead process of the chain left behind are listed (warnings, and
     stranded_messages in --json): text, when sent, who had claimed it. Ones never
     claimed are re-queued into the resumed run; claimed ones only with
-    --redeliver-claimed.
+    --redeliver-claimed, except one an agent's turn in flight took (delivered_in):
+    the resume runs that turn with it and stamps it applied.
     """
     from steerflow.orchestrate import FlowOptions, prepare_resume
 

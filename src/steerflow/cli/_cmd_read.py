@@ -154,7 +154,9 @@ def _show_text(view: dict[str, Any]) -> str:
     # A run without a session row or checkpoint says so, never "None" / "(vNone)".
     lines = [
         f"run: {view['run_id']}  session: {view['session_id'] or '(none recorded)'}",
-        f"status: {view['status'] or 'unknown'}  phase: {view['phase'] or 'unknown'}",
+        # An ended run has no phase (null in --json): "-" as in the Studio.
+        f"status: {view['status'] or 'unknown'}  "
+        f"phase: {view['phase'] or ('unknown' if view['status'] is None else '-')}",
         f"name: {_one_line(view.get('name'))}",
     ]
     if links := resume_links(view):

@@ -436,6 +436,8 @@ class AgentRun:
                 self.progress(
                     f"steer: {len(controls)} operator message(s) start turn {self._next_number()}"
                 )
+                # Said, not yet stamped: the poller writes the stamps on its next tick.
+                _faults.seam("agent-steered", "after")
             if self._ending():
                 return
             if not self.meter.room():

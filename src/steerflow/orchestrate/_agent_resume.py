@@ -102,7 +102,10 @@ def _prepare(
     chain = read_chain(home, session_id)
     delivered = {c for t in turns.turns for c in t.controls} | set(turns.next_controls)
     _refuse_unaccounted(run.run_id, chain, delivered, len(turns.turns))
-    stranded = chain.stranded(delivered, _claiming_turn)
+    # The turn in flight's messages: delivered by the turn this resume runs, yet a dead
+    # agent may have left their rows applying (killed before the stamp): listed, closed.
+    in_flight = {c: turn_key(len(turns.turns) + 1) for c in turns.next_controls}
+    stranded = chain.stranded(delivered, _claiming_turn, in_flight)
     doubt = chain_doubt(state)
     replayed = [
         TurnOutcome(
@@ -182,19 +185,27 @@ def _refuse_unaccounted(
     flight) took means the checkpoint lost entries, typically the last records of its
     journal, and resuming it would drop that turn and the message silently.
 
+    The turn named missing is the first one after the recorded turns: a message is
+    stamped only once its turn's prompt is on the entry of the turn before it, so even
+    when the message started a later turn (the state DB published which), that turn's
+    predecessors had finished and were lost with it.
+
     Raises:
         FlowResumeError: naming the message and the turn that is missing.
     """
     for session, row in chain.applied:
         if row.id in delivered:
             continue
-        taker = chain.published_taker(session.id, row.id) or turn_key(recorded + 1)
+        missing = turn_key(recorded + 1)
+        taker = chain.published_taker(session.id, row.id)
+        started = f" (it started {taker})" if taker is not None and taker != missing else ""
         raise FlowResumeError(
-            f"agent run {run_id} cannot be resumed: {taker} is missing from the checkpoint "
+            f"agent run {run_id} cannot be resumed: {missing} is missing from the checkpoint "
             f"(it records {recorded} turn(s)): operator message {row.id} (session "
-            f"{session.id}) was stamped applied, which happens only once the turn it "
-            "starts is recorded, yet no recorded turn took it; the checkpoint lost that "
-            "turn, and resuming would lose it and the message"
+            f"{session.id}){started} was stamped applied, which happens only once the turn "
+            "it starts is recorded, yet no recorded turn took it; the checkpoint lost "
+            f"{missing}{' and what followed' if started else ''}, and resuming would lose "
+            "it and the message"
         )
 
 

@@ -140,6 +140,7 @@ def _prepare(
         allow_degraded_context=allow_degraded_context,
         contract=contract,
         rerun_unsettled=rerun_unsettled,
+        spawn_id_of=lambda node_id: _published_spawn_id(home, session_id, node_id),
     )
     stranded = _stranded(home, session_id, state)
     doubt = chain_doubt(state)
@@ -257,6 +258,22 @@ def _less(total: Usage, part: Usage) -> Usage:
 
     return Usage(**{name: minus(getattr(total, name), getattr(part, name))
                     for name in USAGE_MEMBERS})  # fmt: skip
+
+
+def _published_spawn_id(home: Path, session_id: str, node_id: str) -> str | None:
+    """The spawn id the source run published for ``node_id`` (its ``session_nodes`` row).
+
+    Asked only while a refusal names a spawned child whose checkpoint entry is lost; a
+    missing or unreadable state DB leaves the child named by its node id.
+    """
+    if not db_exists(home):
+        return None
+    try:
+        with StateDB.open(home, create=False) as db:
+            nodes = db.list_nodes(session_id)
+    except SteerflowError:
+        return None
+    return next((n.node_key for n in nodes if n.node_id == node_id and n.kind == "spawned"), None)
 
 
 def _stranded(home: Path, session_id: str, state: CheckpointState) -> list[StrandedMessage]:

@@ -11,7 +11,13 @@ deliver it:
   delivered (no recorded turn or operation, and no turn in flight, took it). D3
   allows the loss; the resume lists it, and re-queues it only with
   ``resume --redeliver-claimed``, the operator's choice between losing it and
-  possibly delivering it twice.
+  possibly delivering it twice;
+* ``applying`` and taken by the agent's turn in flight (issue 38 item 5): the dead
+  agent recorded that turn's prompt with it (``next``) but died before its stamp. The
+  resume runs that turn with it, so it is listed with ``delivered_in`` (the turn) and
+  never re-queued, and the resumed run stamps the old row ``applied`` (conditionally,
+  on the claim it was seen with) once its first checkpoint, which holds that prompt,
+  is published: the stamp an agent writes once the turn a message starts is durable.
 
 Every session of the chain is looked at (the source, the run it resumed, and so on,
 at most :data:`MAX_CHAIN` hops), because an earlier resume that did not re-queue a
@@ -72,11 +78,19 @@ class StrandedMessage:
     redelivered_as: str | None = None
     #: Who sent it (``control.sender_id``), None for a row from before senders were kept.
     sender: str | None = None
+    #: The turn of the resumed run that delivers it: the dead agent's turn in flight,
+    #: whose prompt the checkpoint recorded with it. None for every other message.
+    delivered_in: str | None = None
 
     @property
     def redelivered_without_asking(self) -> bool:
         """Never claimed, so re-queueing it cannot deliver it twice."""
         return self.state == "pending"
+
+    @property
+    def requeued(self) -> bool:
+        """Whether a resume re-queues it (``claimed``: with ``--redeliver-claimed``)."""
+        return self.delivered_in is None
 
     def to_json(self) -> dict[str, Any]:
         """The ``stranded_messages[]`` member of ``resume --json`` and the preflight."""
@@ -91,6 +105,7 @@ class StrandedMessage:
             "claimed_by": self.claimed_by,
             "redelivered_as": self.redelivered_as,
             "sender": self.sender,
+            "delivered_in": self.delivered_in,
         }
 
     def describe(self, *, redeliver_claimed: bool) -> str:
@@ -105,6 +120,12 @@ class StrandedMessage:
             )
         who = f", claimed by {self.claimed_by}" if self.claimed_by else ""
         head += f"{who}) was left applying by a dead process ({self.claimant})"
+        if self.delivered_in is not None:
+            turn = self.delivered_in
+            return (
+                f"{head}, after the checkpoint recorded {turn}'s prompt with it: the resume "
+                f"runs {turn} with it (delivered once, not re-queued) and stamps it applied"
+            )
         if redeliver_claimed:
             return (
                 f"{head}; --redeliver-claimed re-queues it into the resumed run (if the dead "
@@ -153,15 +174,22 @@ class ChainControls:
         self,
         delivered: Collection[str],
         claimed_by: Callable[[SessionRow, ControlRow], str | None],
+        in_flight: Mapping[str, str] | None = None,
     ) -> list[StrandedMessage]:
-        """Rows of dead sessions left pending, or claimed and not ``delivered``."""
+        """Rows of dead sessions left pending, or claimed and not ``delivered``.
+
+        ``in_flight`` maps the controls of an agent's turn in flight (its prompt recorded,
+        its messages maybe never stamped) to that turn: such a row left applying is listed
+        too, as delivered by that turn (``delivered_in``).
+        """
         out: list[StrandedMessage] = []
         for session, row in self.messages:
             if effective_status(session) == "running":
                 continue  # its own process may still take it (not a chain a resume starts)
+            turn = (in_flight or {}).get(row.id) if row.is_applying else None
             if row.is_pending:
                 state: StrandedState = "pending"
-            elif row.is_applying and row.id not in delivered:
+            elif row.is_applying and (turn is not None or row.id not in delivered):
                 state = "applying"
             else:
                 continue
@@ -178,8 +206,9 @@ class ChainControls:
                     claimant=(row.result or "").removeprefix("applying:") or None
                     if state == "applying"
                     else None,
-                    claimed_by=claimed_by(session, row) if state == "applying" else None,
+                    claimed_by=(turn or claimed_by(session, row)) if state == "applying" else None,
                     sender=row.sender,
+                    delivered_in=turn,
                 )
             )
         return out
@@ -217,6 +246,14 @@ def _redeliver(
     db: StateDB, stranded: list[StrandedMessage], session_id: str, claimed: bool
 ) -> None:
     for message in stranded:
+        if not message.requeued:
+            # Delivered by the resumed turn (its prompt is in the checkpoint just
+            # published): close the dead claimant's row as that claimant would have.
+            try:
+                db.finalize_control(message.control_id, "applied", claimant=message.claimant)
+            except SteerflowError as exc:  # still applying: a later resume lists it again
+                _log.warning("could not stamp message %s applied: %s", message.control_id, exc)
+            continue
         if message.state == "applying" and not claimed:
             continue
         seen = None if message.state == "pending" else f"applying:{message.claimant}"
@@ -235,7 +272,9 @@ async def redeliver_stranded(
     """Re-queue the stranded messages into ``session_id`` (``applying`` ones if ``claimed``).
 
     Each one that is re-queued gets its new control id in ``redelivered_as``; one whose
-    row changed meanwhile (another resume took it) is left as it is.
+    row changed meanwhile (another resume took it) is left as it is. One the resumed
+    run's turn in flight delivers (``delivered_in``) is stamped ``applied`` instead, only
+    while it still reads ``applying:<its claimant>``.
     """
     if stranded:
         await asyncio.to_thread(_redeliver, db, stranded, session_id, claimed)

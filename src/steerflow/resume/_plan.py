@@ -36,7 +36,7 @@ recorded its outcome is dropped like other unanchored intent.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -142,13 +142,16 @@ def plan_replay(
     allow_degraded_context: bool = False,
     contract: ArtifactContract | None = None,
     rerun_unsettled: bool = False,
+    spawn_id_of: Callable[[str], str | None] | None = None,
 ) -> ReplayPlan:
     """Check ``state`` (the checkpoint in ``run_dir``) and describe its faithful replay.
 
     ``contract`` is the artifact contract the source run persisted (see
     :func:`steerflow.artifacts.source_contract`); None means it has none, so any node
     that recorded artifacts refuses the resume.  Recorded files are read here (whole),
-    before the caller writes anything.
+    before the caller writes anything.  ``spawn_id_of`` names a spawned node by the
+    spawn id its run published for a node id (the state DB's node rows); it is asked
+    only for a refusal about a child whose entry is lost (none: the node id alone).
 
     Raises:
         FlowResumeError: a D5 rule refuses the resume; the message names the node.
@@ -158,7 +161,7 @@ def plan_replay(
     """
     plan = _rebuild_plan(state, run_dir)
     _check_digests(state)
-    checked = _check_recorded(state, plan, retry_failed=retry_failed)
+    checked = _check_recorded(state, plan, retry_failed=retry_failed, spawn_id_of=spawn_id_of)
     completed, rerun, spawned = checked.completed, checked.rerun, checked.spawned
     notes, superseded, planned_keys = checked.notes, checked.superseded, checked.planned_keys
     replayed = [*completed, *(s.spawn_id for s in spawned if s.status == "completed")]
@@ -218,7 +221,13 @@ class _Checked:
     planned_keys: frozenset[str]
 
 
-def _check_recorded(state: CheckpointState, plan: PlanFile, *, retry_failed: bool) -> _Checked:
+def _check_recorded(
+    state: CheckpointState,
+    plan: PlanFile,
+    *,
+    retry_failed: bool,
+    spawn_id_of: Callable[[str], str | None] | None = None,
+) -> _Checked:
     """The planned and spawned rules of :func:`plan_replay`, in its order (D5).
 
     Raises:
@@ -252,7 +261,7 @@ def _check_recorded(state: CheckpointState, plan: PlanFile, *, retry_failed: boo
     spawned = _check_spawned(
         kept, ids, state, retry_failed=retry_failed, chains=chains, replaced=replaced
     )
-    _check_witnesses(state.ops, kept)
+    _check_witnesses(state.ops, kept, state.spawned, plan_ids, spawn_id_of)
     return _Checked(completed, rerun, spawned, notes, superseded, planned_keys)
 
 
@@ -660,27 +669,64 @@ def _key_of(
     return plan_ids.get(parent_id) or _spawn_of(spawned, parent_id) or None
 
 
-def _check_witnesses(ops: Mapping[str, PlannedEntry], spawned: list[SpawnedEntry]) -> None:
+def _check_witnesses(
+    ops: Mapping[str, PlannedEntry],
+    spawned: list[SpawnedEntry],
+    every: Iterable[SpawnedEntry] = (),
+    plan_ids: Mapping[str, str] | None = None,
+    spawn_id_of: Callable[[str], str | None] | None = None,
+) -> None:
     """Every child an emitter's entry lists must have an entry of its own.
 
     An emitter records its accepted spawns' node ids (``spawned_ids``); a listed child
     with no entry was lost (a deleted spawned entry or pending intent), and replaying
     the emitter would finish the flow without ever running it.  Entries without the
-    member (older checkpoints) are not checked.
+    member (older checkpoints) are not checked.  The refusal names the child by its
+    spawn id: ``spawn_id_of`` (what the run published) for a lost entry; a child whose
+    entry ``every`` still holds but that was dropped as another node's unanchored intent
+    names a parent that is not its emitter's (a changed ``parent_id``), and says so.
     """
     recorded = {e.node_id for e in spawned}
+    kept_back = {e.node_id: e for e in every}
     emitters: list[tuple[str, PlannedEntry | SpawnedEntry]] = [
         (f"node {key!r}", e) for key, e in ops.items()
     ]
     emitters += [(e.name, e) for e in spawned]
     for where, entry in emitters:
         for child in entry.spawned_ids or ():
-            if child not in recorded:
+            if child in recorded:
+                continue
+            lists = f"{where} lists it among its spawns (spawned_ids)"
+            dropped = kept_back.get(child)
+            if dropped is not None:
                 raise FlowResumeError(
-                    f"{where} spawned node_id {child!r}, but the checkpoint has no entry for "
-                    "that child (its spawned entry or pending intent is missing); resuming "
-                    "would finish the flow without ever running it"
+                    f"{dropped.name} (node_id {child!r}): its entry exists but names parent "
+                    f"{_parent_name(dropped.parent_id, plan_ids or {}, kept_back)}, whose "
+                    "outcome is not recorded, so it reads as that node's spawn intent and is "
+                    f"dropped; yet {lists}: its parent_id was changed after it was recorded, "
+                    "and resuming would never run it"
                 )
+            name = spawn_id_of(child) if spawn_id_of is not None else None
+            who = (
+                f"spawned node {name!r} (node_id {child!r})"
+                if name
+                else f"a spawned node of unknown spawn_id (node_id {child!r})"
+            )
+            raise FlowResumeError(
+                f"{who} has no entry in the checkpoint (its spawned entry or pending intent "
+                f"is missing), yet {lists}; resuming would finish the flow without ever "
+                "running it"
+            )
+
+
+def _parent_name(
+    parent: str | None, plan_ids: Mapping[str, str], spawned: Mapping[str, SpawnedEntry]
+) -> str:
+    """``'<node id>' (node 'b')``: a dropped entry's parent, a planned or spawned node."""
+    key = plan_ids.get(parent or "")
+    entry = spawned.get(parent or "")
+    what = f"node {key!r}" if key is not None else entry.name if entry else "unknown"
+    return f"{parent!r} ({what})"
 
 
 def _topological(entries: list[ReplaySpawn]) -> list[ReplaySpawn]:

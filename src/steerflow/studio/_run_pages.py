@@ -265,7 +265,8 @@ def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
         *rows,
         "</table>",
         "<p>pending ones are re-queued into the resumed run; claimed ones only with "
-        "<code>steerflow resume --redeliver-claimed</code> (a possible duplicate).</p>",
+        "<code>steerflow resume --redeliver-claimed</code> (a possible duplicate), except "
+        "one an agent's turn in flight took: the resume runs that turn with it.</p>",
     ]
 
 

@@ -33,6 +33,7 @@ class RunListing:
     kind: str
     status: str
     created_at: float
+    #: Where a running run is (``planning``/``executing``/``paused``); None once it ended.
     phase: str | None
     duration_s: float | None
     resumed_from: str | None
@@ -138,7 +139,7 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         kind=r.kind,
         status=effective,
         created_at=r.created_at,
-        phase=r.phase,
+        phase=_live_phase(r.phase, effective),
         duration_s=_run_duration(r, effective, db),
         resumed_from=r.node_metadata.get("resumed_from"),
         resumed_from_run=r.node_metadata.get("resumed_from_run"),
@@ -147,6 +148,16 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         usage=r.node_metadata.get("usage"),
         budget=_budget(r.node_metadata),
     )
+
+
+def _live_phase(stored: str | None, status: str) -> str | None:
+    """The phase a reader reports: a running run's stored one, else none (issue 38 item 7).
+
+    The poller writes ``sessions.phase`` only while the run goes, so an ended or dead run
+    keeps its last one (``executing``); ``runs --json``, ``show --json``, the MCP tools and
+    the Studio report null for it instead. ``ctl status`` keeps the stored column.
+    """
+    return stored if status == "running" else None
 
 
 def _run_duration(row: SessionRow, status: str, db: StateDB | None = None) -> float | None:
@@ -213,6 +224,7 @@ class RunView:
     run_dir: Path
     #: None when the state DB has no session row for the run.
     status: str | None
+    #: Where a running run is (``planning``/``executing``/``paused``); None once it ended.
     phase: str | None
     kind: str | None
     nodes: tuple[NodeState, ...]
@@ -306,7 +318,8 @@ def show_run(home: Path, target: str) -> RunView:
             session = db.get_session(run.session_id)
             if session is not None:
                 has_session = True
-                status, phase, kind = db.effective_status(session), session.phase, session.kind
+                status, kind = db.effective_status(session), session.kind
+                phase = _live_phase(session.phase, status)
                 owner_host, name = session.owner_host, session.name
                 meta = dict(session.node_metadata)
                 settled = None if status == "running" else _last_life(session, db)
