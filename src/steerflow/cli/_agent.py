@@ -92,6 +92,7 @@ def print_agent_dry_run(seed: AgentSeed, *, as_json: bool) -> int:
                 "turns": [t.to_json() for t in seed.turns],
                 "warnings": list(seed.notes),
                 "stranded_messages": [m.to_json() for m in seed.stranded],
+                "in_flight_calls": [call.to_json() for call in seed.in_flight],
             }
         )
         return 0

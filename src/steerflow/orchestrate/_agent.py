@@ -739,6 +739,7 @@ class AgentRun:
             spent_line=self.meter.exhausted_line() if status == "budget_exhausted" else None,
             warnings=list(seed.notes) if seed else [],
             stranded_messages=[m.to_json() for m in seed.stranded] if seed else [],
+            in_flight_calls=[call.to_json() for call in seed.in_flight] if seed else [],
         )
 
 

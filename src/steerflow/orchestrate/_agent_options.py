@@ -130,6 +130,8 @@ class AgentResult:
     warnings: list[str] = field(default_factory=list)
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
     stranded_messages: list[dict[str, Any]] = field(default_factory=list)
+    #: A resume's source calls that may have been paid (CONTRACT §12 ``in_flight_calls``).
+    in_flight_calls: list[dict[str, Any]] = field(default_factory=list)
 
     @property
     def result_text(self) -> str | None:
@@ -166,6 +168,7 @@ class AgentResult:
             "budget": self.budget,
             "warnings": self.warnings,
             "stranded_messages": self.stranded_messages,
+            "in_flight_calls": self.in_flight_calls,
             "result": self.result_text,
         }
         if self.stopped_by is not None:
