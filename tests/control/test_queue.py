@@ -420,6 +420,20 @@ def test_check_budget_refuses_what_ctl_budget_refuses(
     assert str(refused.value) == expected
 
 
+def test_check_budget_names_flags_for_ctl_and_the_studio_only(home: Path, sid: str) -> None:
+    for via, name in (("cli", "--max-cost"), ("studio", "--max-cost"), ("mcp", "max_cost"),
+                      ("api", "max_cost"), (None, "max_cost")):  # fmt: skip
+        kw = {} if via is None else {"via": via}
+        with pytest.raises(UsageError) as refused:
+            check_budget({"max_cost": 0}, **kw)  # type: ignore[arg-type]
+        assert str(refused.value).startswith(f"invalid value for {name}: "), (via, refused)
+    # enqueue_control hands its front end on: ctl's refusal names the flag.
+    with pytest.raises(UsageError, match=r"^invalid value for --max-tokens: 0 is out of range"):
+        enqueue_control(home, sid, "budget", budget={"max_tokens": 0}, via="cli")
+    with pytest.raises(UsageError, match=r"^invalid value for max_tokens: 0 is out of range"):
+        enqueue_control(home, sid, "budget", budget={"max_tokens": 0}, via="mcp")
+
+
 def test_a_budget_row_holds_the_checked_caps(home: Path, sid: str) -> None:
     enqueue_control(home, sid, "budget", budget={"max_cost": 3, "max_tokens": None})
     with pytest.raises(UsageError, match="invalid value for max_tokens: 0 is out of range"):
