@@ -22,7 +22,13 @@ from steerflow.checkpoint import CheckpointWriter, load_state
 from steerflow.cli import main
 from steerflow.cli._agent import print_agent_result
 from steerflow.control import enqueue_control
-from steerflow.errors import ExitCode, FlowResumeError, ProviderError, SteerflowError
+from steerflow.errors import (
+    ExitCode,
+    FlowResumeError,
+    ProviderError,
+    RefusedError,
+    SteerflowError,
+)
 from steerflow.orchestrate import read_run, result_of
 from steerflow.orchestrate._agent import AgentRun, AgentTarget
 from steerflow.orchestrate._agent_options import AgentOptions, AgentResult
@@ -447,3 +453,35 @@ async def test_an_agent_cap_is_the_chains_across_resumes(home: Path) -> None:
     assert raised.status == "completed" and len(ran.requests) == 1
     assert "ALPHA" in ran.requests[0].instruction
     assert raised.usage["input_tokens"] == 2  # the replayed turn cost this run nothing
+
+
+async def test_a_cost_cap_the_agent_cannot_enforce_is_refused_when_sent(home: Path) -> None:
+    """No price is known for the agent's model: the session says so, ``ctl budget
+    --max-cost`` is refused before a row is queued, and a row written past the writer is
+    rejected with the same reason (decision 246); a token cap still applies."""
+    provider = Gated()
+    _, task = _start(home, provider)
+    await provider.started(1)
+    session = await _session(home)
+    with StateDB.open(home, create=False) as db:
+        row = db.get_session(session)
+        assert row is not None
+        why = row.node_metadata["unenforceable"]["max_cost"]
+    assert "no price is known for model 'echo'" in why
+    with pytest.raises(RefusedError, match=r"unenforceable: .*no price is known"):
+        await asyncio.to_thread(enqueue_control, home, session, "budget", budget={"max_cost": 1.0})
+
+    def insert(payload: dict[str, Any]) -> str:
+        with StateDB.open(home, create=False) as db:
+            return db.insert_control(session_id=session, verb="budget", payload=payload).id
+
+    past = await asyncio.to_thread(insert, {"max_cost": 1.0, "max_tokens": None})
+    tokens = await asyncio.to_thread(insert, {"max_cost": None, "max_tokens": 1000})
+    await wait_until_async(
+        lambda: _result_of(home, tokens) is not None, timeout=WAIT_S, what="the budget rows"
+    )
+    assert _result_of(home, past) == f"rejected:unenforceable:{why}"[:500]
+    assert _result_of(home, tokens) == "applied"
+    provider.release(1)
+    result = await task
+    assert result.status == "completed" and result.budget["max_tokens"] == 1000

@@ -19,8 +19,9 @@ SRC = Path(steerflow.__file__).parent
 LAYERS: list[set[str]] = [
     # _faults: test fault hooks; _lazy: the packages' import-on-first-access namespaces;
     # neither imports anything of ours; _live: the live-output files (decision 190);
-    # _usage: stored token usage and cost, summed by the readers without the providers
-    {"errors", "home", "plan", "_faults", "_lazy", "_live", "_usage"},
+    # _usage: stored token usage and cost, summed by the readers without the providers;
+    # _values: the option checks the CLI and the API share (decision 245)
+    {"errors", "home", "plan", "_faults", "_lazy", "_live", "_usage", "_values"},
     {"state", "checkpoint", "providers", "artifacts"},
     {"control", "resume", "cluster"},  # cluster: node calls on Ray (--executor ray)
     {"executor"},

@@ -84,10 +84,14 @@ def test_compaction_limits_resolve_flag_then_plan_then_default_and_persist() -> 
 
 
 def test_out_of_range_or_hand_edited_limits() -> None:
-    with pytest.raises(UsageError, match="--compact-bytes 10 is out of range"):
+    with pytest.raises(UsageError, match="compact_bytes: 10 is out of range"):
         RunSettings.from_options(FlowOptions(compact_bytes=10), None)
-    with pytest.raises(UsageError, match="--compact-records must be an integer"):
+    with pytest.raises(UsageError, match="compact_records: True is not an integer"):
         RunSettings.from_options(FlowOptions(compact_records=True), None)
+    late = FlowOptions()
+    late.compact_records = 0  # set after the options were checked: checked again here
+    with pytest.raises(UsageError, match="compact_records: 0 is out of range"):
+        RunSettings.from_options(late, None)
     # A config value the writer could not take reads as the default, never as a crash.
     odd = RunSettings.from_checkpoint_config({"compact_records": 0, "compact_bytes": "big"})
     assert (odd.compact_records, odd.compact_bytes) == (128, 8_388_608)
@@ -113,7 +117,7 @@ def test_synthesis_flag_replaces_the_plans_instruction_and_is_recorded() -> None
     assert RunSettings.from_checkpoint_config(config).synthesis == flagged.synthesis
     assert "synthesis" not in RunSettings.from_options(FlowOptions(), None).to_checkpoint_config()
     assert RunSettings.from_checkpoint_config({"synthesis": {"model": "echo"}}).synthesis is None
-    with pytest.raises(UsageError, match="--synthesize"):
+    with pytest.raises(UsageError, match="invalid value for synthesize: "):
         RunSettings.from_options(FlowOptions(synthesize="  "), None)
 
 

@@ -46,6 +46,7 @@ from steerflow.errors import (
     FlowResumeError,
     FunctionNodeError,
     HomeRefusedError,
+    InvalidValueError,
     KindNotAllowedError,
     LeaseLostError,
     NoResponseError,
@@ -94,7 +95,7 @@ if TYPE_CHECKING:
         run_flow,
     )
     from steerflow.plan import Edge, Op, Plan, Role, Synthesis
-    from steerflow.providers import DependencyResult, NodeCall
+    from steerflow.providers import DependencyResult, NodeCall, Price
     from steerflow.views import budget, message, pause, resume, stop
 
 __all__ = [
@@ -123,6 +124,7 @@ __all__ = [
     "FlowRun",
     "FunctionNodeError",
     "HomeRefusedError",
+    "InvalidValueError",
     "KindNotAllowedError",
     "LeaseLostError",
     "NoResponseError",
@@ -141,6 +143,7 @@ __all__ = [
     "PlanReady",
     "PlanValidationError",
     "PlanWarning",
+    "Price",
     "ProviderError",
     "RefusedError",
     "ResumeClaimedError",
@@ -189,6 +192,7 @@ _LAZY = {
     "run_flow": "steerflow.orchestrate",
     "DependencyResult": "steerflow.providers",
     "NodeCall": "steerflow.providers",
+    "Price": "steerflow.providers",
     "AdmissionClosed": "steerflow.orchestrate",
     "CheckpointFailed": "steerflow.orchestrate",
     "CheckpointReconciled": "steerflow.orchestrate",

@@ -5,6 +5,7 @@ The tree is shallow on purpose; the CLI maps classes to exit codes in one place
 
     SteerflowError                      1
      |- UsageError                      2   bad flags, plan file or script key
+     |   |- InvalidValueError           2   one option's value refused (``.parameter``)
      |   '- PlanValidationError         2   a plan/playbook that does not validate
      |- RefusedError                    3
      |   |- AmbiguousIdError            3   a prefix that matches several ids
@@ -45,6 +46,7 @@ __all__ = [
     "FlowResumeError",
     "FunctionNodeError",
     "HomeRefusedError",
+    "InvalidValueError",
     "KindNotAllowedError",
     "LeaseLostError",
     "NoResponseError",
@@ -92,6 +94,27 @@ class UsageError(SteerflowError):
 
     code = "usage"
     exit_code = ExitCode.USAGE
+
+
+class InvalidValueError(UsageError):
+    """One option's value was refused; the message names the option as the caller wrote it.
+
+    ``parameter`` is the Python parameter (``timeout_s``) when the value came through the
+    API, the flag (``--timeout``) or environment variable when it came from the command
+    line; ``problem`` is what is wrong with the value, without the name. The CLI and the
+    API run the same checks (``steerflow._values``), so they refuse the same values.
+    """
+
+    code = "invalid-value"
+
+    def __init__(self, parameter: str, problem: str) -> None:
+        super().__init__(f"invalid value for {parameter}: {problem}")
+        self.parameter = parameter
+        self.problem = problem
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle with both fields (the message is made from them)."""
+        return (type(self), (self.parameter, self.problem))
 
 
 class PlanValidationError(UsageError):

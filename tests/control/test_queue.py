@@ -27,7 +27,13 @@ from steerflow.control import (
     sender_id,
     session_target,
 )
-from steerflow.control._queue import DB_BUSY_TIMEOUT_S, CliVerb, Queued, check_message_text
+from steerflow.control._queue import (
+    DB_BUSY_TIMEOUT_S,
+    UNENFORCEABLE_KEY,
+    CliVerb,
+    Queued,
+    check_message_text,
+)
 from steerflow.errors import (
     ControlNotApplyingError,
     DatabaseBusyError,
@@ -355,7 +361,11 @@ def test_sender_parts_are_bounded_and_a_nameless_user_is_its_uid(
 # -- budgets, run-id targets and an explicit state DB (the library's writers) ------------------
 
 RUN_ID = "20260101T000000-c0ffee"
-NEEDS_A_CAP = "ctl budget needs --max-cost USD and/or --max-tokens N"
+NEEDS_A_CAP = {
+    "cli": "ctl budget needs --max-cost USD and/or --max-tokens N",
+    "api": "budget needs max_cost (USD) and/or max_tokens",
+}
+NAMES = {"cli": ("--max-cost", "--max-tokens"), "api": ("max_cost", "max_tokens")}
 
 
 @pytest.mark.parametrize(
@@ -375,37 +385,115 @@ def test_check_budget_keeps_positive_finite_caps(
     assert isinstance(out["max_cost"], float | None)
 
 
-@pytest.mark.parametrize(
-    ("given", "message"),
-    [
-        (None, NEEDS_A_CAP),
-        ({}, NEEDS_A_CAP),
-        ({"max_cost": None, "max_tokens": None}, NEEDS_A_CAP),
-        *[
-            ({"max_cost": bad}, f"--max-cost must be a positive, finite number of USD, got {bad!r}")
-            for bad in (0, 0.0, -1.0, math.inf, math.nan, True, "1")
-        ],
-        *[
-            ({"max_tokens": bad}, f"--max-tokens must be a whole number >= 1, got {bad!r}")
-            for bad in (0, -3, 1.5, True, "3")
-        ],
-    ],
-)
+def _budget_refusals() -> list[tuple[dict[str, Any] | None, int, str]]:
+    """(caps, which name the refusal gives: -1 none, 0 the cost's, 1 the tokens', problem)."""
+    out: list[tuple[dict[str, Any] | None, int, str]] = [
+        (None, -1, ""),
+        ({}, -1, ""),
+        ({"max_cost": None, "max_tokens": None}, -1, ""),
+    ]
+    out += [
+        ({"max_cost": bad}, 0, f"{shown} is not a positive, finite number of USD")
+        for bad, shown in ((0, "0"), (0.0, "0.0"), (-1.0, "-1.0"), (math.inf, "inf"),
+                           (math.nan, "nan"), (True, "True"), ("1", "'1'"))
+    ]  # fmt: skip
+    out += [
+        ({"max_tokens": 0}, 1, "0 is out of range: give 1 or more"),
+        ({"max_tokens": -3}, 1, "-3 is out of range: give 1 or more"),
+        ({"max_tokens": 1.5}, 1, "1.5 is not an integer"),
+        ({"max_tokens": True}, 1, "True is not an integer"),
+        ({"max_tokens": "3"}, 1, "'3' is not an integer"),
+    ]
+    return out
+
+
+@pytest.mark.parametrize("via", ["cli", "api"])
+@pytest.mark.parametrize(("given", "which", "problem"), _budget_refusals())
 def test_check_budget_refuses_what_ctl_budget_refuses(
-    given: dict[str, Any] | None, message: str
+    given: dict[str, Any] | None, which: int, problem: str, via: str
 ) -> None:
+    """The same refusals for ``ctl budget`` and ``steerflow.budget``, each naming its own."""
     with pytest.raises(UsageError) as refused:
-        check_budget(given)
-    assert str(refused.value) == message
+        check_budget(given, via=via)  # type: ignore[arg-type]
+    named = f"invalid value for {NAMES[via][which]}: {problem}"
+    expected = NEEDS_A_CAP[via] if which < 0 else named
+    assert str(refused.value) == expected
+
+
+def test_check_budget_names_flags_for_ctl_and_the_studio_only(home: Path, sid: str) -> None:
+    for via, name in (("cli", "--max-cost"), ("studio", "--max-cost"), ("mcp", "max_cost"),
+                      ("api", "max_cost"), (None, "max_cost")):  # fmt: skip
+        kw = {} if via is None else {"via": via}
+        with pytest.raises(UsageError) as refused:
+            check_budget({"max_cost": 0}, **kw)  # type: ignore[arg-type]
+        assert str(refused.value).startswith(f"invalid value for {name}: "), (via, refused)
+    # enqueue_control hands its front end on: ctl's refusal names the flag.
+    with pytest.raises(UsageError, match=r"^invalid value for --max-tokens: 0 is out of range"):
+        enqueue_control(home, sid, "budget", budget={"max_tokens": 0}, via="cli")
+    with pytest.raises(UsageError, match=r"^invalid value for max_tokens: 0 is out of range"):
+        enqueue_control(home, sid, "budget", budget={"max_tokens": 0}, via="mcp")
 
 
 def test_a_budget_row_holds_the_checked_caps(home: Path, sid: str) -> None:
     enqueue_control(home, sid, "budget", budget={"max_cost": 3, "max_tokens": None})
-    with pytest.raises(UsageError, match="--max-tokens must be"):
+    with pytest.raises(UsageError, match="invalid value for max_tokens: 0 is out of range"):
         enqueue_control(home, sid, "budget", budget={"max_tokens": 0})
     with StateDB.open(home) as db:
         (row,) = db.list_controls(sid)
     assert (row.verb, row.payload) == ("budget", {"max_cost": 3.0, "max_tokens": None})
+
+
+def test_enqueue_control_takes_a_run_id_as_ctl_does(home: Path) -> None:
+    """``ctl pause RUN_ID`` (the CLI's writer, not only the library's): CONTRACT §12."""
+    with StateDB.open(home) as db:
+        sid = db.create_session(kind="flow", run_id=RUN_ID).id
+    queued = enqueue_control(home, RUN_ID, "pause", via="cli")
+    assert queued.session_id == sid
+    with pytest.raises(UnknownIdError, match="unknown run id '20260101T000000-000000'"):
+        enqueue_control(home, "20260101T000000-000000", "pause", via="cli")
+    with StateDB.open(home) as db:
+        assert [c.id for c in db.list_controls(sid)] == [queued.control_id]
+
+
+@pytest.mark.parametrize(
+    ("recorded", "caps", "refused"),
+    [
+        ({"max_cost": "COST-WHY"}, {"max_cost": 1.0}, "unenforceable: COST-WHY"),
+        ({"max_cost": "COST-WHY"}, {"max_cost": 1.0, "max_tokens": 5}, "unenforceable: COST-WHY"),
+        ({"max_cost": "COST-WHY"}, {"max_tokens": 5}, None),
+        ({"max_tokens": "TOKENS-WHY"}, {"max_tokens": 5}, "unenforceable: TOKENS-WHY"),
+        ({"max_tokens": "TOKENS-WHY"}, {"max_cost": 1.0}, None),
+        ({"max_cost": 7}, {"max_cost": 1.0}, None),  # not a reason: nothing to refuse for
+        ("COST-WHY", {"max_cost": 1.0}, None),
+        (None, {"max_cost": 1.0}, None),
+    ],
+)
+def test_a_cap_the_session_recorded_it_cannot_enforce_is_refused_without_a_row(
+    home: Path, recorded: object, caps: dict[str, float | int | None], refused: str | None
+) -> None:
+    with StateDB.open(home) as db:
+        sid = db.create_session(kind="flow").id
+        if recorded is not None:
+            db.update_node_metadata(sid, {UNENFORCEABLE_KEY: recorded})
+    if refused is None:
+        enqueue_control(home, sid, "budget", budget=caps)
+    else:
+        with pytest.raises(RefusedError) as error:
+            enqueue_control(home, sid, "budget", budget=caps)
+        assert str(error.value) == refused
+        assert type(error.value) is RefusedError and error.value.exit_code == 3
+    with StateDB.open(home) as db:
+        assert len(db.list_controls(sid)) == (0 if refused else 1)
+
+
+def test_a_session_that_no_longer_runs_is_refused_for_that_first(home: Path) -> None:
+    """A finished run's recorded reasons do not matter: it is not running (exit 3)."""
+    with StateDB.open(home) as db:
+        sid = db.create_session(kind="flow").id
+        db.update_node_metadata(sid, {UNENFORCEABLE_KEY: {"max_cost": "COST-WHY"}})
+        db.set_session_status(sid, "completed")
+    with pytest.raises(NotRunningError, match="completed, not running"):
+        enqueue_control(home, sid, "budget", budget={"max_cost": 1.0})
 
 
 def _state_db_url(home: Path) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import io
 import json
 import os
@@ -87,6 +88,31 @@ def run_cli(
         timeout=timeout,
         env=env or child_env(),
         cwd=cwd,
+        check=False,
+    )
+    return CliResult([str(a) for a in args], proc.returncode, proc.stdout, proc.stderr)
+
+
+_PR_CAPBSET_DROP = 24
+_DAC_CAPS = (1, 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
+
+
+def drop_dac_caps() -> None:  # pragma: no cover - runs in the forked child
+    libc = ctypes.CDLL(None, use_errno=True)
+    for cap in _DAC_CAPS:
+        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
+            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
+
+
+def run_unprivileged(home: Path, *args: object, env: dict[str, str] | None = None) -> CliResult:
+    """The CLI as a process that file permissions apply to, even when we are root."""
+    proc = subprocess.run(
+        cli_args(home, [str(a) for a in args]),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env=env or child_env(),
+        preexec_fn=drop_dac_caps if os.geteuid() == 0 else None,
         check=False,
     )
     return CliResult([str(a) for a in args], proc.returncode, proc.stdout, proc.stderr)

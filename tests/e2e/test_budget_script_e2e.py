@@ -115,3 +115,40 @@ def test_bad_script_usage_is_a_usage_error(tmp_path: Path, usage: dict[str, Any]
     run = run_cli(tmp_path / "home", "flow", "--plan", plan, "--model", f"script:{script}")
     assert run.returncode == 2, run.explain()
     assert "usage" in run.stderr
+
+
+def test_a_cost_total_leaving_out_unpriced_calls_says_it_is_partial(tmp_path: Path) -> None:
+    """One model priced, one not: every total shows the cost as partial (decision 249)."""
+    home = tmp_path / "home"
+    priced, unpriced = (write_yaml(tmp_path / f"{n}.yaml", {"*": {"usage": USAGE}})
+                        for n in ("priced", "unpriced"))  # fmt: skip
+    plan = write_yaml(
+        tmp_path / "plan.yaml",
+        {
+            "prices": _prices(priced),
+            "roles": {"paid": {"model": f"script:{priced}"},
+                      "free": {"model": f"script:{unpriced}"}},
+            "plan": [{"agent_id": k, "assignee": role, "instruction": k}
+                     for k, role in (("a", "paid"), ("b", "free"), ("c", "free"))],
+        },
+    )  # fmt: skip
+    done = run_cli(home, "flow", "--plan", plan, "--json")
+    assert done.returncode == 0, done.explain()
+    partial = {"cost_partial": True, "unpriced_calls": 2}
+    usage = done.json["usage"]
+    assert usage["cost_usd"] == pytest.approx(0.02) and usage | partial == usage, usage
+    run = done.json["run_id"]
+
+    shown = run_cli(home, "show", run)
+    assert "usage: 3000 in / 1500 out tokens, $0.0200 (partial: 2 calls unpriced)" in shown.stdout
+    for args, pick in (
+        (["show", run, "--json"], lambda out: out["usage"]),
+        (["show", run, "--json"], lambda out: out["summary"]["usage"]),
+        (["runs", "--json"], lambda out: out["runs"][0]["usage"]),
+        (["result", run, "--json"], lambda out: out["usage"]),
+        (["ctl", "status", run, "--json"], lambda out: out["spent"]),
+    ):
+        out = run_cli(home, *args)
+        assert out.returncode == 0, out.explain()
+        got = pick(out.json)
+        assert got["cost_usd"] == pytest.approx(0.02) and got | partial == got, (args, got)

@@ -60,7 +60,8 @@ def _recorded(run_dir: str | Path) -> tuple[list[dict[str, Any]], dict[str, Any]
     """The checkpoint's plan and config, without what names this run (ids, root, lineage)."""
     state, _ = load_checkpoint(Path(run_dir))
     plan = [{k: v for k, v in item.items() if k != "node_id"} for item in state["plan"]]
-    own = ("artifact_contract", "resumed_from")
+    own = ("artifact_contract", "resumed_from", "run_id")
+    assert state["config"]["run_id"] == Path(run_dir).name  # its own id (decision 247)
     config = {k: v for k, v in state["config"].items() if k not in own}
     return plan, config
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import shutil
 import signal
 import threading
 from collections.abc import Iterator
@@ -21,7 +22,7 @@ from typing import Any
 
 import httpx
 import pytest
-from flow_support import CliResult, finish, start_cli, stop, write_yaml
+from flow_support import CliResult, finish, run_unprivileged, start_cli, stop, write_yaml
 from resume_support import (
     invocation_counts,
     new_runs,
@@ -270,3 +271,78 @@ def test_a_runs_directory_that_is_a_link_is_refused(tmp_path: Path) -> None:
     refused = run_cli(home, "db", "rebuild", "--json")
     assert refused.returncode == 3, refused.explain()
     assert "is a symlink" in json.loads(refused.stdout)["error"]["message"]
+
+
+GOLDEN_V3 = Path(__file__).resolve().parents[1] / "golden" / "v3" / "runs"
+COPY = "20000101T000000-000000"  # sorts before any run made today
+
+
+def test_a_copied_run_directory_is_not_registered_in_place_of_the_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``cp -a runs/A runs/B``: the checkpoint records A, so B is a copy (decision 247)."""
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    home = tmp_path / "home"
+    plan = write_yaml(tmp_path / "plan.yaml", CHAIN)
+    assert run_plan(home, plan, write_script(tmp_path / "s.yaml", {})).returncode == 0
+    (run_dir,) = run_dirs(home)
+    expected = _sessions(home)
+    shutil.copytree(run_dir, home / "runs" / COPY, symlinks=True)
+    _delete_state_db(home)
+
+    body = _ok(run_cli(home, "db", "rebuild", "--json"))
+    by_name = {r["run_id"]: r for r in body["runs"]}
+    assert by_name[run_dir.name]["outcome"] == "registered", body
+    assert by_name[COPY]["outcome"] == "skipped", body
+    assert by_name[COPY]["reason"].startswith(f"a copy of run {run_dir.name}"), body
+    assert _sessions(home) == expected
+    listed = _ok(run_cli(home, "runs", "--json"))["runs"]
+    assert [r["run_id"] for r in listed] == [run_dir.name]
+
+
+def test_copies_of_a_run_that_records_no_run_id_are_all_reported_none_registered(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A checkpoint from before run ids were recorded cannot say which directory is the run."""
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    home = tmp_path / "home"
+    (golden,) = GOLDEN_V3.iterdir()
+    runs = home / "runs"
+    runs.mkdir(parents=True)
+    os.chmod(home, 0o700)
+    copies = [golden.name, "20260101T000001-00bb03"]
+    for name in copies:
+        shutil.copytree(golden, runs / name, symlinks=True)
+    assert "run_id" not in load_checkpoint(runs / golden.name)[0]["config"]
+
+    body = _ok(run_cli(home, "db", "rebuild", "--json"))
+    assert (body["registered"], body["skipped"]) == (0, 2), body
+    for run, other in (copies, copies[::-1]):
+        reason = next(r["reason"] for r in body["runs"] if r["run_id"] == run)
+        assert f"is also in {other}" in reason and "remove the copy" in reason, reason
+    shutil.rmtree(runs / copies[1])  # the copy removed, the run registers
+    again = _ok(run_cli(home, "db", "rebuild", "--json"))
+    assert (again["registered"], again["skipped"]) == (1, 0), again
+
+
+def test_an_unreadable_checkpoint_is_reported_with_the_loaders_reason(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A run directory ``db rebuild`` may not search is not "a run that saved nothing"."""
+    monkeypatch.delenv(STATE_DB_URL_ENV, raising=False)
+    home = tmp_path / "home"
+    plan = write_yaml(tmp_path / "plan.yaml", CHAIN)
+    assert run_plan(home, plan, write_script(tmp_path / "s.yaml", {})).returncode == 0
+    (run_dir,) = run_dirs(home)
+    _delete_state_db(home)
+    os.chmod(run_dir, 0)
+    try:  # as a process file permissions apply to, even when the tests run as root
+        done = run_unprivileged(home, "db", "rebuild", "--json")
+    finally:
+        os.chmod(run_dir, 0o700)
+    assert done.returncode == 0, done.stderr
+    (entry,) = json.loads(done.stdout)["runs"]
+    assert entry["outcome"] == "skipped", entry
+    assert "no checkpoint.json" not in entry["reason"], entry
+    assert entry["reason"].startswith("checkpoint refused: "), entry
+    assert "unreadable-checkpoint" in entry["reason"], entry

@@ -8,7 +8,6 @@ any other user (its interpreter under a 0700 ``/root`` stays readable: it owns i
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
 import signal
@@ -18,35 +17,20 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from flow_support import PYTHON, CliResult, chain_plan, child_env, cli_args, run_cli
+from flow_support import (
+    PYTHON,
+    CliResult,
+    chain_plan,
+    child_env,
+    drop_dac_caps,
+    run_cli,
+    run_unprivileged,
+)
 
 from steerflow.control import MAX_MESSAGE_BYTES
 from waiting import wait_until
 
 SLOWPLAN = Path(__file__).with_name("ctl_slowplan.py")
-_PR_CAPBSET_DROP = 24
-_DAC_CAPS = (1, 2)  # CAP_DAC_OVERRIDE, CAP_DAC_READ_SEARCH
-
-
-def _drop_dac_caps() -> None:  # pragma: no cover - runs in the forked child
-    libc = ctypes.CDLL(None, use_errno=True)
-    for cap in _DAC_CAPS:
-        if libc.prctl(_PR_CAPBSET_DROP, cap, 0, 0, 0) != 0:
-            raise OSError(ctypes.get_errno(), "prctl(PR_CAPBSET_DROP)")
-
-
-def run_unprivileged(home: Path, *args: object, env: dict[str, str] | None = None) -> CliResult:
-    """The CLI as a process that file permissions apply to, even when we are root."""
-    proc = subprocess.run(
-        cli_args(home, [str(a) for a in args]),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=env or child_env(),
-        preexec_fn=_drop_dac_caps if os.geteuid() == 0 else None,
-        check=False,
-    )
-    return CliResult([str(a) for a in args], proc.returncode, proc.stdout, proc.stderr)
 
 
 def _one_error_line(result: CliResult) -> str:
@@ -87,7 +71,7 @@ def test_probe_really_binds_root(tmp_path: Path) -> None:
         [PYTHON, "-c", f"import os; print(os.access({str(locked)!r}, os.W_OK))"],
         capture_output=True,
         text=True,
-        preexec_fn=_drop_dac_caps if os.geteuid() == 0 else None,
+        preexec_fn=drop_dac_caps if os.geteuid() == 0 else None,
         check=True,
     )
     assert probe.stdout.strip() == "False"
@@ -144,6 +128,20 @@ def test_timeout_must_be_a_positive_finite_number(value: str, home: Path, plan: 
     assert "--timeout" in result.json["error"]["message"]
     resumed = run_cli(home, "resume", "20250101T000000-abcdef", "--timeout", value)
     assert resumed.returncode == 2, resumed.explain()
+    assert _run_dirs(home) == []
+
+
+@pytest.mark.parametrize("value", ["1e12", "1e300", "3601", "0.1"])
+def test_a_lease_out_of_range_is_a_usage_error_naming_the_variable(
+    value: str, home: Path, plan: Path
+) -> None:
+    """``STEERFLOW_LEASE_S`` is bounded (0.5 to 3600 s, decision 248): no run starts."""
+    result = run_cli(home, "flow", "--plan", plan, "--json", env=child_env(STEERFLOW_LEASE_S=value))
+    assert result.returncode == 2, result.explain()
+    assert result.json["error"]["message"] == (
+        f"invalid value for STEERFLOW_LEASE_S: {value!r} is not a number of seconds "
+        "from 0.5 to 3600"
+    )
     assert _run_dirs(home) == []
 
 

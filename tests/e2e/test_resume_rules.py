@@ -307,6 +307,9 @@ def test_model_and_concurrency_come_from_checkpoint(tmp_path: Path) -> None:
     lineage = new_state["config"].pop("resumed_from")
     assert lineage == {"session_id": source["session_id"], "run_id": run_dir.name, "fork": False}
     assert "resumed_from" not in old_state["config"]
+    # ... and each its own run id (decision 247).
+    assert new_state["config"].pop("run_id") == body["run_id"]
+    assert old_state["config"].pop("run_id") == run_dir.name
     assert new_state["config"] == old_state["config"]
     assert new_state["config"]["concurrency"] == 1
     assert new_state["config"]["model_spec"].startswith("script:")

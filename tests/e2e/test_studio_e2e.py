@@ -331,14 +331,13 @@ def test_controls_need_csrf_steer_a_live_flow_and_resume_it_after_stop(tmp_path:
         for bad in ("lots", "0", "nan"):  # the ctl budget refusals, as a 400
             refused = client.post(action, data={"verb": "budget", "max_cost": bad, "csrf": csrf})
             assert refused.status_code == 400 and "--max-cost" in refused.text, bad
+        # The script model has no price: a cost cap the run recorded it cannot enforce is
+        # refused when sent, with the run's reason, and queues nothing (decision 246).
+        queued = count_controls(home)
         capped = client.post(action, data={"verb": "budget", "max_cost": "5", "csrf": csrf})
-        assert capped.status_code == 303
-        cap_id = re.search(r"queued=([0-9a-f]{32})", capped.headers["location"])
-        assert cap_id
-        # The script model has no price: the run refuses a cost cap it could not enforce.
-        result = wait_stamped(home, cap_id.group(1), alive=flow.proc).result
-        assert result is not None and result.startswith("rejected:unenforceable:"), result
-        assert "no price is known for model 'script:" in result
+        assert capped.status_code == 409, capped.text
+        assert "no price is known for model &#x27;script:" in capped.text, capped.text
+        assert count_controls(home) == queued
 
         stopped = client.post(action, data={"verb": "stop", "csrf": csrf})
         assert stopped.status_code == 303
@@ -348,7 +347,7 @@ def test_controls_need_csrf_steer_a_live_flow_and_resume_it_after_stop(tmp_path:
         (home / "release-b").touch()  # graceful: the in-flight b finishes, c never starts
         assert flow.finish() == 75
         verbs = [c["verb"] for c in ctl_status(home, sid)["controls"]]
-        assert verbs == ["pause", "pause", "message", "resume", "budget", "stop"]
+        assert verbs == ["pause", "pause", "message", "resume", "stop"]
         # The session no longer runs: the writer refuses, and the page says so (409).
         late = client.post(action, data={"verb": "pause", "csrf": csrf})
         assert late.status_code == 409 and "not running" in late.text

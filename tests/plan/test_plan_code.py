@@ -176,6 +176,45 @@ def test_a_mapping_is_not_an_op() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("build", "says"),
+    [
+        (lambda: Op("x", "i", depends_on="ab"), "Op.depends_on: 'ab' is not a list of op ids"),
+        (lambda: Op("x", "i", artifacts="out.txt"), "Op.artifacts: 'out.txt' is not a list"),
+        (lambda: Op("x", "i", depends_on={"a": "b"}), "Op.depends_on: {'a': 'b'} is not a list"),
+        (lambda: Role(escalation="echo"), "Role.escalation: 'echo' is not a list"),
+        (lambda: Role(artifacts="a.txt"), "Role.artifacts: 'a.txt' is not a list"),
+        (lambda: Role(resources=2), "Role.resources: 2 is not a mapping"),
+        (lambda: Plan(ops=Op("a", "x")), "Plan.ops: Op("),
+        (lambda: Plan(ops=[Op("a", "x")], roles="w"), "Plan.roles: 'w' is not a mapping"),
+        (lambda: Plan(ops=[Op("a", "x")], prices=[1]), "Plan.prices: [1] is not a mapping"),
+    ],
+)
+def test_a_str_or_a_scalar_is_never_taken_for_a_list(build: Any, says: str) -> None:
+    """``Op(depends_on="ab")`` is refused, not split into ``a`` and ``b`` (issue 38)."""
+    with pytest.raises(UsageError) as refused:
+        build()
+    assert isinstance(refused.value, steerflow.InvalidValueError)
+    assert refused.value.exit_code == 2
+    assert f"invalid value for {says}" in str(refused.value)
+
+
+def test_a_str_dependency_on_ops_named_by_its_letters_is_refused() -> None:
+    with pytest.raises(UsageError, match=r"Op\.depends_on: 'ab'"):
+        Plan(ops=[Op("a", "x"), Op("b", "y"), Op("c", "z", depends_on="ab")])
+    # ... as a plan file's `depends_on: ab` is (a list is expected).
+    with pytest.raises(PlanValidationError, match="depends_on"):
+        steerflow.plan.parse_plan(
+            {"plan": [_entry("a"), _entry("b"), _entry("c", depends_on="ab")]}, source="p"
+        )
+
+
+def test_a_plan_takes_a_price_object_and_reads_it_back_as_a_mapping() -> None:
+    plan = Plan(ops=[Op("a", "x")], prices={"m": steerflow.Price(1, 2)})
+    assert dict(plan.prices["m"]) == {"input": 1.0, "output": 2.0}
+    assert plan.to_data()["prices"] == {"m": {"input": 1.0, "output": 2.0}}
+
+
 def test_plans_and_ops_are_frozen() -> None:
     op = Op("a", "do a", depends_on=["b"], artifacts=["out.txt"])
     with pytest.raises(dataclasses.FrozenInstanceError):

@@ -544,7 +544,7 @@ def test_reactive_role_list_keeps_the_roles_as_written() -> None:
     )
     assert policy.allows("Reviewer") and not policy.allows("reviewer")
     for bad in ("coder,,x", ",coder", "coder,"):
-        with pytest.raises(UsageError, match=re.escape(f"--reactive {bad!r}: empty role name")):
+        with pytest.raises(UsageError, match=re.escape(f"--reactive: {bad!r}: empty role name")):
             parse_reactive(bad)
 
 

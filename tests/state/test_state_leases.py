@@ -241,11 +241,17 @@ def test_lease_seconds_comes_from_the_environment(monkeypatch: pytest.MonkeyPatc
     assert lease_seconds() == 30.0
     monkeypatch.setenv(LEASE_ENV, "2.5")
     assert lease_seconds() == 2.5
-    for bad in ("0", "-1", "nan", "inf", "soon"):
+    monkeypatch.setenv(LEASE_ENV, "3600")
+    assert lease_seconds() == 3600.0
+    for bad in ("0", "-1", "nan", "inf", "soon", "0.4", "3600.5", "1e12", "1e300"):
         monkeypatch.setenv(LEASE_ENV, bad)
         with pytest.raises(Exception, match=LEASE_ENV) as refused:
             lease_seconds()
         assert refused.value.exit_code == 2  # type: ignore[attr-defined]
+        # The variable, the value and the range; never a 300-digit number (issue 38).
+        assert str(refused.value) == (
+            f"invalid value for {LEASE_ENV}: {bad!r} is not a number of seconds from 0.5 to 3600"
+        )
 
 
 @pytest.mark.parametrize(

@@ -68,7 +68,9 @@ def load_state(path: str | os.PathLike[str], *, v2_lenient: bool = False) -> Loa
             a version 2 entry that fails the validator (``invalid-entry``).
     """
     target = Path(path)
-    if target.is_dir():
+    # os.path.isdir, not Path.is_dir: a path we may not search is reported by the read
+    # below as unreadable (``unreadable-checkpoint``), not raised as a bare OSError.
+    if os.path.isdir(target):
         target = target / CHECKPOINT_FILENAME
     report = Report(default_file=target.name)
     doc, report_dict = _load_doc(target, report)

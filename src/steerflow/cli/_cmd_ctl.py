@@ -11,7 +11,15 @@ from pathlib import Path
 
 import click
 
-from steerflow.cli._common import CTL_EPILOG, READ_EPILOG, RESOLVE_EPILOG, USD, caps_text, home_of
+from steerflow.cli._common import (
+    CTL_EPILOG,
+    READ_EPILOG,
+    RESOLVE_EPILOG,
+    USD,
+    caps_text,
+    home_of,
+    whole,
+)
 from steerflow.cli._output import emit_json, emit_text, printable
 
 __all__ = ["ctl"]
@@ -86,7 +94,7 @@ def ctl_stop(ctx: click.Context, target: str, now: bool, reason: str | None) -> 
 @ctl.command("budget", epilog=CTL_EPILOG)
 @click.argument("target")
 @click.option("--max-cost", type=USD, metavar="USD", help="New spend cap (the whole chain).")
-@click.option("--max-tokens", type=click.IntRange(min=1), metavar="N", help="New token cap.")
+@click.option("--max-tokens", type=whole(1), metavar="N", help="New token cap.")
 @click.pass_context
 def ctl_budget(ctx: click.Context, target: str, max_cost: float | None,
                max_tokens: int | None) -> int:  # fmt: skip

@@ -12,12 +12,14 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from steerflow._values import CHECKPOINT_VERSIONS, MAX_CONCURRENCY
 from steerflow.cli._common import (
     ACCEPT_CONTRACT_HELP,
     MAX_OPS_HELP,
     REACTIVE_HELP,
     RUN_EPILOG,
     SECONDS,
+    TEXT,
     F,
     budget_kw,
     budget_line,
@@ -25,7 +27,9 @@ from steerflow.cli._common import (
     compact_options,
     executor_kw,
     executor_options,
+    flags_named,
     home_of,
+    whole,
 )
 from steerflow.cli._output import emit_json, emit_text, printable, run_with_signals, warn
 from steerflow.errors import UsageError
@@ -45,10 +49,10 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         help="Model: echo, echo:delay=S, script:PATH, openai/M, anthropic/M, claude-code/M, codex/M. Default: the plan's, else echo.",
     ),
     click.option("--reactive", metavar="off|all|ROLE,...", help=REACTIVE_HELP),
-    click.option("--max-ops", type=click.IntRange(min=0), metavar="N", help=MAX_OPS_HELP),
+    click.option("--max-ops", type=whole(0), metavar="N", help=MAX_OPS_HELP),
     click.option(
         "--concurrency",
-        type=click.IntRange(1, 256),
+        type=whole(1, MAX_CONCURRENCY),
         metavar="N",
         help="Operations running at once (default: the plan's, else 4).",
     ),
@@ -71,7 +75,7 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
     ),
     click.option(
         "--checkpoint-version",
-        type=click.Choice(["2", "3"]),
+        type=click.Choice([str(v) for v in CHECKPOINT_VERSIONS]),
         default="3",
         show_default=True,
         help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
@@ -81,7 +85,7 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
     executor_options,
     click.option(
         "--max-plan-entries",
-        type=click.IntRange(min=1),
+        type=whole(1),
         default=1000,
         show_default=True,
         metavar="N",
@@ -102,6 +106,7 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
     ),
     click.option(
         "--synthesize",
+        type=TEXT,
         metavar="TEXT",
         help="Finish with a synthesis node that receives every worker's final result "
         "(replaces the instruction of the plan's synthesis, keeps its model). Required "
@@ -133,29 +138,30 @@ def run_options(func: F) -> F:
 def _flow_options(**kw: Any) -> FlowOptions:
     from steerflow.orchestrate import FlowOptions
 
-    return FlowOptions(
-        prompt=kw.get("prompt"),
-        plan_path=kw.get("plan"),
-        playbook=kw.get("playbook"),
-        model=kw.get("model"),
-        reactive=kw.get("reactive"),
-        max_ops=kw.get("max_ops"),
-        concurrency=kw.get("concurrency"),
-        save=kw.get("save"),
-        timeout_s=kw.get("timeout"),
-        checkpoint_version=int(kw.get("checkpoint_version") or 3),
-        dry_run=bool(kw.get("dry_run")),
-        show_graph=bool(kw.get("show_graph")),
-        kind=kw.get("kind", "flow"),
-        max_plan_entries=int(kw.get("max_plan_entries") or 1000),
-        compact_records=kw.get("compact_records"),
-        compact_bytes=kw.get("compact_bytes"),
-        allow_agent_workers=bool(kw.get("allow_agent_workers")),
-        allow_python=bool(kw.get("allow_python")),
-        synthesize=kw.get("synthesize"),
-        **budget_kw(kw),
-        **executor_kw(kw),
-    )
+    with flags_named():
+        return FlowOptions(
+            prompt=kw.get("prompt"),
+            plan_path=kw.get("plan"),
+            playbook=kw.get("playbook"),
+            model=kw.get("model"),
+            reactive=kw.get("reactive"),
+            max_ops=kw.get("max_ops"),
+            concurrency=kw.get("concurrency"),
+            save=kw.get("save"),
+            timeout_s=kw.get("timeout"),
+            checkpoint_version=int(kw.get("checkpoint_version") or 3),
+            dry_run=bool(kw.get("dry_run")),
+            show_graph=bool(kw.get("show_graph")),
+            kind=kw.get("kind", "flow"),
+            max_plan_entries=int(kw.get("max_plan_entries") or 1000),
+            compact_records=kw.get("compact_records"),
+            compact_bytes=kw.get("compact_bytes"),
+            allow_agent_workers=bool(kw.get("allow_agent_workers")),
+            allow_python=bool(kw.get("allow_python")),
+            synthesize=kw.get("synthesize"),
+            **budget_kw(kw),
+            **executor_kw(kw),
+        )
 
 
 def execute(home: Path, options: FlowOptions, *, as_json: bool) -> int:
@@ -295,7 +301,7 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
 )
 @click.option(
     "--max-turns",
-    type=click.IntRange(min=1),
+    type=whole(1),
     default=20,
     show_default=True,
     metavar="N",
@@ -335,8 +341,9 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
 
     if not task.strip():
         raise UsageError("agent needs a non-empty TASK")
-    options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                           save=save, **budget_kw(more), **executor_kw(more))  # fmt: skip
+    with flags_named():
+        options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
+                               save=save, **budget_kw(more), **executor_kw(more))  # fmt: skip
     return execute_agent(home_of(ctx), options, as_json=as_json)
 
 
@@ -448,17 +455,18 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         accept_checkpoint_contract=kw["accept_checkpoint_contract"],
         redeliver_claimed=kw["redeliver_claimed"],
     )
-    options = FlowOptions(
-        resume=seed,
-        dry_run=kw["dry_run"],
-        show_graph=kw["show_graph"],
-        timeout_s=kw["timeout"],
-        checkpoint_version=3,
-        compact_records=kw["compact_records"],
-        compact_bytes=kw["compact_bytes"],
-        **budget_kw(kw),
-        **executor_kw(kw),
-    )
+    with flags_named():
+        options = FlowOptions(
+            resume=seed,
+            dry_run=kw["dry_run"],
+            show_graph=kw["show_graph"],
+            timeout_s=kw["timeout"],
+            checkpoint_version=3,
+            compact_records=kw["compact_records"],
+            compact_bytes=kw["compact_bytes"],
+            **budget_kw(kw),
+            **executor_kw(kw),
+        )
     return execute(home, options, as_json=kw["as_json"])
 
 
@@ -489,5 +497,8 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     )
     if kw.get("dry_run"):
         return print_agent_dry_run(seed, as_json=kw["as_json"])
-    options = AgentOptions(resume=seed, timeout_s=kw["timeout"], **budget_kw(kw), **executor_kw(kw))
+    with flags_named():
+        options = AgentOptions(
+            resume=seed, timeout_s=kw["timeout"], **budget_kw(kw), **executor_kw(kw)
+        )
     return execute_agent(home, options, as_json=kw["as_json"])

@@ -5,13 +5,14 @@ Light on purpose: every command module imports it, and ``ctl`` must start fast.
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
 import click
 
+from steerflow._values import EXECUTORS, positive_seconds, positive_usd, some_text, whole_number
 from steerflow.errors import quote_input
 from steerflow.home import resolve_home
 
@@ -28,6 +29,7 @@ __all__ = [
     "RUNS_EPILOG",
     "RUN_EPILOG",
     "SECONDS",
+    "TEXT",
     "UNEXPECTED",
     "USAGE",
     "USD",
@@ -38,7 +40,9 @@ __all__ = [
     "compact_options",
     "executor_kw",
     "executor_options",
+    "flags_named",
     "home_of",
+    "whole",
 ]
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -130,44 +134,51 @@ MAX_OPS_HELP = (
 )
 
 
-class _Seconds(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
-    """A positive, finite number of seconds (``nan`` and ``inf`` pass a FloatRange)."""
+class _Checked(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+    """A flag's text parsed, then checked by the check the API runs (``steerflow._values``).
 
-    name = "seconds"
+    So ``--timeout nan`` and ``FlowOptions(timeout_s=nan)`` are refused for the same
+    reason; click names the flag, the API the parameter (decision 245).
+    """
 
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
+    def __init__(
+        self, name: str, parse: Callable[[str], Any], noun: str, check: Callable[[Any, str], Any]
+    ) -> None:
+        self.name = name
+        self._parse = parse
+        self._noun = noun
+        self._check = check
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        from steerflow.errors import InvalidValueError
+
         try:
-            seconds = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{quote_input(value)} is not a number of seconds", param, ctx)
-        if not math.isfinite(seconds) or seconds <= 0:
-            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
-        return seconds
-
-
-SECONDS = _Seconds()
-
-
-class _Usd(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
-    """A positive, finite amount of USD (``--max-cost``)."""
-
-    name = "usd"
-
-    def convert(
-        self, value: Any, param: click.Parameter | None, ctx: click.Context | None
-    ) -> float:
+            parsed = self._parse(str(value))
+        except ValueError:  # also an int past the interpreter's digit limit
+            self.fail(f"{quote_input(value)} is not {self._noun}", param, ctx)
+        flag = param.opts[0] if param is not None and param.opts else self.name
         try:
-            usd = float(value)
-        except (TypeError, ValueError):
-            self.fail(f"{quote_input(value)} is not a number of USD", param, ctx)
-        if not math.isfinite(usd) or usd <= 0:
-            self.fail(f"{quote_input(value)} is not a positive, finite number", param, ctx)
-        return usd
+            return self._check(parsed, flag)
+        except InvalidValueError as exc:
+            self.fail(exc.problem, param, ctx)
 
 
-USD = _Usd()
+def _integer(text: str) -> int:
+    return int(text, 10)
+
+
+def whole(least: int, most: int | None = None) -> click.ParamType:  # type: ignore[type-arg]
+    """An integer flag from ``least`` to ``most``, checked as the API checks it."""
+
+    def check(value: Any, name: str) -> int:
+        return whole_number(value, name, least=least, most=most)
+
+    return _Checked("integer", _integer, "an integer", check)
+
+
+SECONDS = _Checked("seconds", float, "a number of seconds", positive_seconds)
+USD = _Checked("usd", float, "a number of USD", positive_usd)
+TEXT = _Checked("text", str, "text", some_text)
 
 
 def budget_options(func: F) -> F:
@@ -183,7 +194,7 @@ def budget_options(func: F) -> F:
     )(func)
     func = click.option(
         "--max-tokens",
-        type=click.IntRange(min=1),
+        type=whole(1),
         metavar="N",
         help="Token cap (input + output) for the whole resume chain: once no call fits, "
         "admit nothing new, let running calls finish, persist, exit 76.",
@@ -225,31 +236,17 @@ def budget_line(spent: str, caps: dict[str, Any], run_id: str) -> str:
     return f"budget reached: {spent}; resume with: steerflow resume {run_id} {flags}"
 
 
-class _CompactLimit(click.ParamType):  # type: ignore[type-arg]  # generic only from click 8.2
+def _compact_limit(key: str) -> click.ParamType:  # type: ignore[type-arg]
     """A version 3 compaction limit, checked against the same bounds as the plan-file key."""
 
-    name = "integer"
-
-    def __init__(self, key: str) -> None:
-        self.key = key  # "records" or "bytes"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> int:
+    def check(value: Any, name: str) -> int:
         # Imported here, not at module load: `ctl` must not pay for the plan models.
         from steerflow.plan import COMPACT_BYTES, COMPACT_RECORDS
 
-        bound = COMPACT_RECORDS if self.key == "records" else COMPACT_BYTES
-        try:
-            number = int(str(value), 10)
-        except ValueError:
-            self.fail(f"{quote_input(value)} is not an integer", param, ctx)
-        if not bound.least <= number <= bound.most:
-            self.fail(
-                f"{number} is out of range: give {bound.least}..{bound.most} "
-                f"(default {bound.default})",
-                param,
-                ctx,
-            )
-        return number
+        bound = COMPACT_RECORDS if key == "records" else COMPACT_BYTES
+        return whole_number(value, name, least=bound.least, most=bound.most, default=bound.default)
+
+    return _Checked("integer", _integer, "an integer", check)
 
 
 def executor_options(func: F) -> F:
@@ -262,7 +259,7 @@ def executor_options(func: F) -> F:
     )(func)
     return click.option(
         "--executor",
-        type=click.Choice(["local", "ray"]),
+        type=click.Choice(list(EXECUTORS)),
         envvar="STEERFLOW_EXECUTOR",
         default="local",
         show_default=True,
@@ -281,14 +278,14 @@ def compact_options(func: F) -> F:
     """``--compact-records`` / ``--compact-bytes`` (flow, play, resume)."""
     func = click.option(
         "--compact-bytes",
-        type=_CompactLimit("bytes"),
+        type=_compact_limit("bytes"),
         metavar="N",
         help="Version 3 checkpoints: fold the journal into a new base once it holds N bytes "
         "(default: the plan's compact_bytes, else 8388608; a resume keeps its run's).",
     )(func)
     return click.option(
         "--compact-records",
-        type=_CompactLimit("records"),
+        type=_compact_limit("records"),
         metavar="N",
         help="Version 3 checkpoints: fold the journal into a new base after N records "
         "(default: the plan's compact_records, else 128; a resume keeps its run's).",
@@ -298,3 +295,43 @@ def compact_options(func: F) -> F:
 def home_of(ctx: click.Context, *, create: bool = True) -> Path:
     """The home the root group's ``--home`` (or the environment) names (see resolve_home)."""
     return resolve_home(ctx.obj.get("home") if ctx.obj else None, create=create)
+
+
+#: The flag that sets each ``FlowOptions``/``AgentOptions`` parameter: what a refusal of
+#: options built from flags names (decision 245).
+FLAG_OF = {
+    "timeout_s": "--timeout",
+    "max_ops": "--max-ops",
+    "concurrency": "--concurrency",
+    "checkpoint_version": "--checkpoint-version",
+    "compact_records": "--compact-records",
+    "compact_bytes": "--compact-bytes",
+    "max_plan_entries": "--max-plan-entries",
+    "synthesize": "--synthesize",
+    "reactive": "--reactive",
+    "max_cost": "--max-cost",
+    "max_tokens": "--max-tokens",
+    "executor": "--executor",
+    "ray_address": "--ray-address",
+    "max_turns": "--max-turns",
+    "model": "--model",
+    "task": "TASK",
+}
+
+
+@contextmanager
+def flags_named() -> Iterator[None]:
+    """Around options built from flags: a refusal names the flag, not the parameter.
+
+    The option types refuse most bad values while parsing; this covers the checks only
+    the options run (``--reactive a,,b``, a blank ``--ray-address``).
+    """
+    from steerflow.errors import InvalidValueError
+
+    try:
+        yield
+    except InvalidValueError as exc:
+        flag = FLAG_OF.get(exc.parameter)
+        if flag is None:
+            raise
+        raise InvalidValueError(flag, exc.problem) from None

@@ -67,15 +67,18 @@ def fmt_bytes(count: object) -> str:
 
 def fmt_usage(usage: object) -> str:
     """``120 in / 30 out tokens, $0.0012``; ``not reported`` when the provider gave none."""
-    if not isinstance(usage, dict) or all(usage.get(k) in (None, 0) for k in usage):
+    from steerflow._usage import USAGE_MEMBERS, cost_text
+
+    if not isinstance(usage, dict) or all(usage.get(k) in (None, 0) for k in USAGE_MEMBERS):
         return "not reported"
     text = f"{usage.get('input_tokens') or 0} in / {usage.get('output_tokens') or 0} out tokens"
     cached = [f"{usage[k]} cache {k.split('_')[1]}" for k in ("cache_read_tokens",
               "cache_write_tokens") if usage.get(k)]  # fmt: skip
     if cached:
         text += f" ({', '.join(cached)})"
-    if usage.get("cost_usd") is not None:
-        text += f", ${usage['cost_usd']:.4f}"
+    cost = cost_text(usage)  # a total leaving out unpriced calls says so (decision 249)
+    if cost is not None:
+        text += f", {cost}"
     return text
 
 

@@ -14,12 +14,12 @@ stored in commit order (see :meth:`StateDB.insert_control`).
 from __future__ import annotations
 
 import getpass
-import math
 import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, get_args
 
+from steerflow._values import positive_usd, whole_number
 from steerflow.errors import (
     KindNotAllowedError,
     RefusedError,
@@ -34,6 +34,7 @@ __all__ = [
     "ALLOWED_KINDS",
     "DB_BUSY_TIMEOUT_S",
     "MAX_MESSAGE_BYTES",
+    "UNENFORCEABLE_KEY",
     "CliVerb",
     "FrontEnd",
     "Queued",
@@ -74,6 +75,11 @@ def sender_id(front_end: FrontEnd) -> str:
     user = user[:_SENDER_PART_CHARS] or f"uid{os.getuid()}"
     return f"{front_end}:{user}@{this_host()[:_SENDER_PART_CHARS]}:{os.getpid()}"
 
+
+#: ``sessions.node_metadata`` member a run writes when it starts: cap name (``max_cost``,
+#: ``max_tokens``) -> why its models cannot enforce that cap (no price known, no usage
+#: reported). ``ctl budget`` refuses such a cap before queuing it (decision 246).
+UNENFORCEABLE_KEY = "unenforceable"
 
 DB_BUSY_TIMEOUT_S = 10.0
 #: Largest ``ctl msg`` text, in UTF-8 bytes.
@@ -170,7 +176,8 @@ def enqueue_control(
 
     ``target`` is a session, invocation or play id, or a prefix of one: sessions
     are searched first, then invocations, then plays; several matches in the first
-    table that has any are refused, and a full 32-character id is taken as is.
+    table that has any are refused, and a full 32-character id is taken as is. A run
+    id stands for the session that ran it (CONTRACT §12).
 
     For ``stop``, ``text`` is the optional operator reason and ``now`` asks for the
     in-flight operations to be cancelled too; both are kept in the row payload
@@ -180,8 +187,10 @@ def enqueue_control(
 
     Raises:
         UsageError: A message without text, or a verb the CLI does not send.
-        RefusedError: No state DB, or the target points at a missing session.
-        UnknownIdError, AmbiguousIdError: The target does not resolve to one row.
+        RefusedError: No state DB, the target points at a missing session, or a
+            ``budget`` cap the session recorded it cannot enforce (no price known).
+        UnknownIdError, AmbiguousIdError: The target does not resolve to one row (a run
+            id no session ran).
         KindNotAllowedError: The invocation kind has no consumer for ``verb``.
         NotRunningError: The session is not running (a dead owner reads as interrupted).
         DatabaseBusyError: A lock wait ran past ``busy_timeout_s``.
@@ -195,13 +204,16 @@ def enqueue_control(
     elif verb == "stop":
         check_stop_reason(text)
     elif verb == "budget":
-        budget = check_budget(budget)
+        budget = check_budget(budget, via=via)
     sender = sender_id(via)
     with open_existing_db(home, busy_timeout_s=busy_timeout_s, state_db=state_db) as db:
-        resolved = db.resolve_target(target)
+        resolved = db.resolve_target(session_target(db, target))
         session = db.get_session(resolved.session_id)
         if session is None:
             raise RefusedError(f"target {quote_input(target)} points at a missing session")
+        if verb == "budget" and db.effective_status(session) == "running":
+            # A session that no longer runs is refused for that, by the insert below.
+            _refuse_unenforceable(session.node_metadata, budget or {})
         kind = resolved.invocation_kind or session.kind
         if kind not in ALLOWED_KINDS[verb]:
             allowed = ", ".join(sorted(ALLOWED_KINDS[verb]))
@@ -239,18 +251,14 @@ def send_control(
 ) -> str:
     """:func:`enqueue_control` for the library's writers; returns the control id.
 
-    ``target`` may also be a run id (see :func:`session_target`); ``via``: the sender's
+    ``target`` as :func:`enqueue_control` takes it (a run id too); ``via``: the sender's
     front end (:func:`sender_id`).
 
     Raises:
-        UnknownIdError: A run id no session ran; otherwise as :func:`enqueue_control`.
+        As :func:`enqueue_control`.
     """
-    home = Path(home)
-    if isinstance(target, str) and is_run_id(target):
-        with open_existing_db(home, state_db=state_db) as db:
-            target = session_target(db, target)
     return enqueue_control(
-        home, target, verb, text, now=now, state_db=state_db, budget=budget, via=via
+        Path(home), target, verb, text, now=now, state_db=state_db, budget=budget, via=via
     ).control_id
 
 
@@ -268,21 +276,44 @@ def session_target(db: StateDB, target: str) -> str:
     return row.id
 
 
-def check_budget(budget: dict[str, float | int | None] | None) -> dict[str, float | int | None]:
-    """``ctl budget``'s caps: at least one, each positive and finite (exit 2 otherwise)."""
+def _refuse_unenforceable(meta: dict[str, object], budget: dict[str, float | int | None]) -> None:
+    """Refuse a cap the session recorded it cannot enforce, for the reason it recorded.
+
+    The run's poller would stamp the row ``rejected:unenforceable:<why>`` later; a
+    caller told "queued" (exit 0) would take the cap as set (decision 246).
+    """
+    recorded = meta.get(UNENFORCEABLE_KEY)
+    if not isinstance(recorded, dict):
+        return
+    for name in ("max_cost", "max_tokens"):
+        why = recorded.get(name)
+        if budget.get(name) is not None and isinstance(why, str):
+            raise RefusedError(f"unenforceable: {why}")
+
+
+def check_budget(
+    budget: dict[str, float | int | None] | None, *, via: FrontEnd = "api"
+) -> dict[str, float | int | None]:
+    """``ctl budget``'s caps: at least one, each positive and finite (exit 2 otherwise).
+
+    The checks of ``--max-cost``/``--max-tokens`` (``steerflow._values``); a refusal names
+    the flag for ``ctl`` and the Studio (whose page speaks of flags), else the parameter
+    (``max_cost``, ``max_tokens``: the Python writers, the MCP tool's arguments).
+    """
+    cli = via in ("cli", "studio")
     cost = (budget or {}).get("max_cost")
     tokens = (budget or {}).get("max_tokens")
     if cost is None and tokens is None:
-        raise UsageError("ctl budget needs --max-cost USD and/or --max-tokens N")
-    if cost is not None and (
-        isinstance(cost, bool) or not isinstance(cost, int | float) or not 0 < cost < math.inf
-    ):
-        raise UsageError(f"--max-cost must be a positive, finite number of USD, got {cost!r}")
-    if tokens is not None and (
-        isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 1
-    ):
-        raise UsageError(f"--max-tokens must be a whole number >= 1, got {tokens!r}")
-    return {"max_cost": None if cost is None else float(cost), "max_tokens": tokens}
+        raise UsageError(
+            "ctl budget needs --max-cost USD and/or --max-tokens N"
+            if cli
+            else "budget needs max_cost (USD) and/or max_tokens"
+        )
+    if cost is not None:
+        cost = positive_usd(cost, "--max-cost" if cli else "max_cost")
+    if tokens is not None:
+        tokens = whole_number(tokens, "--max-tokens" if cli else "max_tokens", least=1)
+    return {"max_cost": cost, "max_tokens": tokens}
 
 
 def resolve_control(

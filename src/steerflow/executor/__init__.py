@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
-from steerflow.executor._budget import BUDGET_REASON, Caps, InFlightDoubt, Meter, enforceable
+from steerflow.executor._budget import (
+    BUDGET_REASON,
+    Caps,
+    InFlightDoubt,
+    Meter,
+    enforceable,
+    unenforceable,
+)
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
@@ -61,4 +68,5 @@ __all__ = [
     "build_graph",
     "enforceable",
     "render_steer",
+    "unenforceable",
 ]

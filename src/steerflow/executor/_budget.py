@@ -28,7 +28,7 @@ from steerflow.errors import UsageError
 from steerflow.providers import Provider, Usage
 from steerflow.providers._pricing import PriceTable
 
-__all__ = ["BUDGET_REASON", "Caps", "InFlightDoubt", "Meter", "enforceable"]
+__all__ = ["BUDGET_REASON", "Caps", "InFlightDoubt", "Meter", "enforceable", "unenforceable"]
 
 #: ``admission_reason`` once the budget closed admission (CONTRACT §11).
 BUDGET_REASON = "budget"
@@ -69,6 +69,22 @@ def enforceable(caps: Caps, prices: PriceTable, providers: dict[str, Provider]) 
                 f"--max-cost: no price is known for model {spec!r}: give "
                 f"--price {spec}=IN,OUT (USD per million input/output tokens)"
             )
+
+
+def unenforceable(prices: PriceTable, providers: dict[str, Provider]) -> dict[str, str]:
+    """Cap name (``max_cost``, ``max_tokens``) -> why these models cannot enforce it.
+
+    What a later ``ctl budget`` could not enforce either: the run records it in its
+    session row (``control.UNENFORCEABLE_KEY``), where the ``ctl`` writers read it
+    (decision 246). Blocking, as :func:`enforceable`.
+    """
+    out: dict[str, str] = {}
+    for name, probe in (("max_cost", Caps(max_cost=1.0)), ("max_tokens", Caps(max_tokens=1))):
+        try:
+            enforceable(probe, prices, providers)
+        except UsageError as exc:
+            out[name] = str(exc)
+    return out
 
 
 class Meter:

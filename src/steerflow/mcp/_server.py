@@ -9,9 +9,8 @@ from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 from pydantic import Strict
 
 from steerflow import views
-from steerflow.control import Queued, enqueue_control, open_existing_db, session_target
+from steerflow.control import Queued, enqueue_control
 from steerflow.errors import SteerflowError, UsageError
-from steerflow.home import is_run_id
 
 if TYPE_CHECKING:
     from mcp.server.mcpserver import MCPServer
@@ -188,10 +187,7 @@ def _enqueue(
     now: bool = False,
     budget: dict[str, float | int | None] | None = None,
 ) -> Queued:
-    """``enqueue_control`` with a run id also taken, as the server's instructions promise."""
-    if is_run_id(target):
-        with open_existing_db(home) as db:
-            target = session_target(db, target)
+    """``enqueue_control`` (a run id is taken too, as the server's instructions promise)."""
     return enqueue_control(home, target, verb, text, now=now, budget=budget, via="mcp")
 
 

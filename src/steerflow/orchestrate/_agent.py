@@ -36,8 +36,16 @@ from steerflow import _faults
 from steerflow._live import LiveWriter
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
+from steerflow.control._queue import UNENFORCEABLE_KEY
 from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
-from steerflow.executor import CallScope, Caps, Meter, enforceable, render_steer
+from steerflow.executor import (
+    CallScope,
+    Caps,
+    Meter,
+    enforceable,
+    render_steer,
+    unenforceable,
+)
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
 from steerflow.orchestrate._agent_options import (
     CONTINUE_INSTRUCTION,
@@ -46,14 +54,14 @@ from steerflow.orchestrate._agent_options import (
     TurnOutcome,
 )
 from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, turn_members
-from steerflow.orchestrate._claim import LINEAGE_KEY, create_session, lineage, run_name
+from steerflow.orchestrate._claim import LINEAGE_KEY, RUN_ID_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._resume import IN_FLIGHT_KEY
 from steerflow.orchestrate._stranded import redeliver_stranded
 from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
 from steerflow.providers._plugins import checked_response
-from steerflow.providers._pricing import PriceTable
+from steerflow.providers._pricing import PriceTable, as_prices
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
@@ -82,6 +90,8 @@ class AgentTarget(SteeringTarget):
         self.on_stop: Callable[[bool, str | None, str], None] | None = None
         #: The run's meter, which ``ctl budget`` re-caps (set once the run starts).
         self.meter: Meter | None = None
+        #: Cap -> why the agent's model cannot enforce it (``executor.unenforceable``).
+        self.unenforceable: dict[str, str] = {}
 
     def pause(self) -> None:
         raise SteerflowError("an agent has no pause gate (pause is flow-only)")
@@ -111,6 +121,10 @@ class AgentTarget(SteeringTarget):
     def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
         if self.meter is None:
             raise NotImplementedError
+        given = {"max_cost": max_cost, "max_tokens": max_tokens}
+        for name, why in self.unenforceable.items():
+            if given[name] is not None:  # as a flow's (normally refused by the writer)
+                return f"rejected:unenforceable:{why}"[:500]
         # Checked before the next turn starts; a turn in flight finishes either way.
         self.meter.recap(max_cost, max_tokens)
         return "applied"
@@ -263,9 +277,11 @@ class AgentRun:
             chain.max_cost if opts.max_cost is None else opts.max_cost,
             chain.max_tokens if opts.max_tokens is None else opts.max_tokens,
         )
-        prices = PriceTable(opts.prices)
+        prices = PriceTable(as_prices(opts.prices))
         await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
         await asyncio.to_thread(prices.prepare, [self.model])
+        models = {self.model: provider}
+        self.target.unenforceable = await asyncio.to_thread(unenforceable, prices, models)
         # A cap is the chain's: a resume counts what the replayed turns spent.
         self.meter = Meter(
             prices,
@@ -340,6 +356,8 @@ class AgentRun:
             "source": "agent",
             "agent": self._meta(turn=None),
         }
+        if self.target.unenforceable:  # ``ctl budget`` refuses these caps (decision 246)
+            metadata[UNENFORCEABLE_KEY] = dict(self.target.unenforceable)
         session, _ = await create_session(
             db,
             self.home,
@@ -388,6 +406,8 @@ class AgentRun:
                 **({IN_FLIGHT_KEY: seed.doubt.to_json()} if seed and seed.doubt.calls else {}),
                 # The run it resumed, for `db rebuild` (its claim on that source).
                 **({LINEAGE_KEY: lineage(self.options.resume)} if self.options.resume else {}),
+                # Its own id: `db rebuild` tells it from a copy of its directory.
+                RUN_ID_KEY: run_dir.run_id,
             },
             flow_context=self.context,
             version=3,

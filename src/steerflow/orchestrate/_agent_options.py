@@ -2,17 +2,19 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from steerflow._values import some_text, whole_number
 from steerflow.checkpoint import InFlightCall
 from steerflow.errors import ExitCode
 from steerflow.executor import Caps, InFlightDoubt
-from steerflow.orchestrate._options import EndStatus
+from steerflow.orchestrate._options import EndStatus, check_run_values
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.providers import Usage
-from steerflow.providers._pricing import Price
+from steerflow.providers._pricing import PriceLike
 
 __all__ = [
     "CONTINUE_INSTRUCTION",
@@ -90,7 +92,14 @@ class AgentSeed:
 
 @dataclass
 class AgentOptions:
-    """Everything ``steerflow agent`` (or ``resume`` of an agent run) decides before running."""
+    """Everything ``steerflow agent`` (or ``resume`` of an agent run) decides before running.
+
+    Checked when built, as ``FlowOptions`` is: what ``steerflow agent``'s flags refuse is
+    refused here, naming the parameter (``max_turns``, ``timeout_s``, ...).
+
+    Raises:
+        InvalidValueError: A value the matching flag would refuse.
+    """
 
     task: str = ""
     model: str = "echo"
@@ -101,10 +110,21 @@ class AgentOptions:
     # Spend caps and price overrides, as for a flow (enforced before each turn).
     max_cost: float | None = None
     max_tokens: int | None = None
-    prices: dict[str, Price] = field(default_factory=dict)
+    prices: Mapping[str, PriceLike] = field(default_factory=dict)
     # Where each turn's call runs, as for a flow (``--executor``, ``--ray-address``).
     executor: str = "local"
     ray_address: str | None = None
+
+    def __post_init__(self) -> None:
+        self.check()
+
+    def check(self) -> None:
+        """Refuse what ``steerflow agent`` refuses, naming the parameter."""
+        check_run_values(self)
+        whole_number(self.max_turns, "max_turns", least=1)
+        some_text(self.model, "model")
+        if self.resume is None:
+            some_text(self.task, "task")
 
 
 @dataclass

@@ -13,6 +13,7 @@ from steerflow.state import InvocationKind, Owner, ResumeClaim, SessionRow, Stat
 
 __all__ = [
     "LINEAGE_KEY",
+    "RUN_ID_KEY",
     "create_session",
     "discard_run_dir",
     "lineage",
@@ -42,6 +43,9 @@ def run_name(plan_name: str | None, playbook: str | None, prompt: str | None) ->
 #: The checkpoint ``config`` key where a resumed run records the run it resumed, so the
 #: claim it holds can be registered again from files (``db rebuild``).
 LINEAGE_KEY = "resumed_from"
+#: The checkpoint ``config`` key holding the run's own id (its directory's name), so
+#: ``db rebuild`` tells a run from a copy of its directory (decision 247).
+RUN_ID_KEY = "run_id"
 
 
 class Seed(Protocol):

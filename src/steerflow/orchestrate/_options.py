@@ -3,17 +3,36 @@
 from __future__ import annotations
 
 import signal
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 
+from steerflow._values import (
+    CHECKPOINT_VERSIONS,
+    EXECUTORS,
+    MAX_CONCURRENCY,
+    one_of,
+    positive_seconds,
+    positive_usd,
+    shown,
+    some_text,
+    whole_number,
+)
 from steerflow.checkpoint import InFlightCall
-from steerflow.errors import ExitCode, UsageError
+from steerflow.errors import ExitCode, InvalidValueError, UsageError
 from steerflow.executor import Caps, Graph, InFlightDoubt
 from steerflow.orchestrate._stranded import StrandedMessage
-from steerflow.plan import MAX_PLAN_ENTRIES, Plan, PlanFile
+from steerflow.plan import (
+    COMPACT_BYTES,
+    COMPACT_RECORDS,
+    MAX_PLAN_ENTRIES,
+    Plan,
+    PlanFile,
+    parse_reactive,
+)
 from steerflow.providers import Usage
-from steerflow.providers._pricing import Price
+from steerflow.providers._pricing import Price, PriceLike, as_prices
 from steerflow.resume import ReplayPlan
 
 __all__ = [
@@ -22,7 +41,9 @@ __all__ = [
     "FlowResult",
     "ResumeSeed",
     "RunStatus",
+    "RunValues",
     "check_executor",
+    "check_run_values",
     "exit_code_for",
     "node_summaries",
     "usage_total",
@@ -103,7 +124,13 @@ class FlowOptions:
     The plan comes from one place: ``plan`` (built in code), ``plan_path``, ``playbook``,
     a resume's checkpoint or, with none of them, the model's planner.
 
+    Every value is checked when the options are built (and again when a run starts), by
+    the checks the command line runs on its flags, so the API refuses exactly what the
+    CLI refuses; the error names the parameter (``timeout_s``), not the flag.
+
     Raises:
+        InvalidValueError: A value the matching flag would refuse (``timeout_s=0``,
+            ``concurrency=0``, ``max_ops=-1``, ``max_cost=nan``, a bad ``prices`` entry...).
         UsageError: ``plan`` given with ``plan_path``, ``playbook`` or ``resume``.
     """
 
@@ -140,7 +167,9 @@ class FlowOptions:
     # keeps its chain's unless given) and ``--price`` overrides, by model spec or name.
     max_cost: float | None = None
     max_tokens: int | None = None
-    prices: dict[str, Price] = field(default_factory=dict)
+    #: By model spec or name: a ``steerflow.Price``, an ``(IN, OUT)`` pair or
+    #: ``{"input": IN, "output": OUT}`` (USD per million tokens); kept as ``Price``.
+    prices: Mapping[str, PriceLike] = field(default_factory=dict)
     # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
     # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
     plan: Plan | None = None
@@ -151,7 +180,41 @@ class FlowOptions:
     ray_address: str | None = None
 
     def __post_init__(self) -> None:
-        check_executor(self.executor)
+        self.check()
+
+    @property
+    def price_overrides(self) -> dict[str, Price]:
+        """``prices`` as ``Price`` objects (what :meth:`check` normalised them to)."""
+        return as_prices(self.prices)
+
+    def check(self) -> None:
+        """Refuse what the CLI refuses, naming the parameter; normalise numbers and prices.
+
+        Raises:
+            InvalidValueError, UsageError: As the class says.
+        """
+        check_run_values(self)
+        if self.max_ops is not None:
+            whole_number(self.max_ops, "max_ops", least=0)
+        if self.concurrency is not None:
+            whole_number(self.concurrency, "concurrency", least=1, most=MAX_CONCURRENCY)
+        one_of(self.checkpoint_version, "checkpoint_version", CHECKPOINT_VERSIONS)
+        one_of(self.kind, "kind", ("flow", "play"))
+        whole_number(self.default_max_spawn, "default_max_spawn", least=0)
+        whole_number(self.max_plan_entries, "max_plan_entries", least=1)
+        for name, bound in (("compact_records", COMPACT_RECORDS), ("compact_bytes", COMPACT_BYTES)):
+            value = getattr(self, name)
+            if value is not None:
+                whole_number(value, name, least=bound.least, most=bound.most, default=bound.default)
+        if self.synthesize is not None:
+            some_text(self.synthesize, "synthesize")
+        if self.reactive is not None:
+            if not isinstance(self.reactive, str):
+                raise InvalidValueError("reactive", f"{shown(self.reactive)} is not a str")
+            parse_reactive(self.reactive, name="reactive")
+        self._check_plan()
+
+    def _check_plan(self) -> None:
         if self.plan is None:
             return
         if not isinstance(self.plan, Plan):
@@ -173,8 +236,36 @@ class FlowOptions:
 
 def check_executor(executor: str) -> None:
     """Refuse an ``--executor`` value other than ``local`` or ``ray`` (CONTRACT §11)."""
-    if executor not in ("local", "ray"):
-        raise UsageError(f"executor {executor!r}: use 'local' or 'ray'")
+    one_of(executor, "executor", EXECUTORS)
+
+
+class RunValues(Protocol):
+    """The fields ``FlowOptions`` and ``AgentOptions`` share, checked alike."""
+
+    timeout_s: float | None
+    max_cost: float | None
+    max_tokens: int | None
+    prices: Mapping[str, PriceLike]
+    executor: str
+    ray_address: str | None
+
+
+def check_run_values(options: RunValues) -> None:
+    """The checks ``FlowOptions`` and ``AgentOptions`` share; numbers and prices normalised.
+
+    ``timeout_s``, ``max_cost``, ``max_tokens``, ``prices``, ``executor`` and
+    ``ray_address``, each refused as its flag would be and named as the parameter.
+    """
+    if options.timeout_s is not None:
+        options.timeout_s = positive_seconds(options.timeout_s, "timeout_s")
+    if options.max_cost is not None:
+        options.max_cost = positive_usd(options.max_cost, "max_cost")
+    if options.max_tokens is not None:
+        whole_number(options.max_tokens, "max_tokens", least=1)
+    options.prices = as_prices(options.prices)
+    check_executor(options.executor)
+    if options.ray_address is not None:
+        some_text(options.ray_address, "ray_address")
 
 
 @dataclass

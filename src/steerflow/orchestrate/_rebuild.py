@@ -23,9 +23,16 @@ What the files can tell (docs/decisions.md):
   ``--accept-checkpoint-contract`` only when it declares no artifacts).
 
 Nothing under ``runs/`` is written, moved or followed: a symbolic link, a name that is
-not a run id, a directory without a checkpoint or with one the loader refuses is
-reported and skipped. A run the DB already knows (its session id or run id) is left
-as it is, so running the command twice changes nothing.
+not a run id, a directory without a checkpoint or with one the loader refuses (an
+unreadable one too: the loader's reason is given) is reported and skipped. A run the
+DB already knows (its session id or run id) is left as it is, so running the command
+twice changes nothing.
+
+A copy of a run directory under another name (``cp -a runs/A runs/B``) is not the run
+(decision 247): a checkpoint records its run's id (``config.run_id``), and a directory
+whose name differs is skipped as a copy of that run. A checkpoint written before run ids
+were recorded cannot say which directory is the run, so when several directories hold
+one session id none of them is registered: each is reported, naming the others.
 """
 
 from __future__ import annotations
@@ -40,10 +47,10 @@ from pathlib import Path
 from typing import Any, Literal, cast, get_args
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
-from steerflow.errors import HomeRefusedError, SteerflowError
+from steerflow.errors import CheckpointRecoveryError, HomeRefusedError, SteerflowError
 from steerflow.home import is_run_id
 from steerflow.orchestrate._agent_state import is_agent_state, read_turns
-from steerflow.orchestrate._claim import LINEAGE_KEY, run_name
+from steerflow.orchestrate._claim import LINEAGE_KEY, RUN_ID_KEY, run_name
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.state import InvocationKind, NodeStatus, NodeUpdate, SessionStatus, StateDB
 from steerflow.state._register import RebuiltSession, register_rebuilt
@@ -114,13 +121,14 @@ def rebuild_state(home: Path) -> RebuildReport:
             f"{str(runs_dir)!r} is a symlink; db rebuild reads run directories only inside the home"
         )
     names = sorted(os.listdir(runs_dir)) if runs_dir.is_dir() else []
+    read = _without_copies([_read_run(runs_dir, name) for name in names])
     out: list[RebuiltRun] = []
     with StateDB.open(home) as db:
-        for name in names:
-            found = _read_run(runs_dir, name)
+        for found in read:
             if isinstance(found, RebuiltRun):
                 out.append(found)
                 continue
+            name = found.run_id
             known = register_rebuilt(db, found)
             if known is not None:
                 out.append(RebuiltRun(name, "known", found.id, reason=known))
@@ -134,38 +142,82 @@ def _skip(name: str, reason: str) -> RebuiltRun:
     return RebuiltRun(name, "skipped", reason=reason)
 
 
-def _read_run(runs_dir: Path, name: str) -> RebuiltSession | RebuiltRun:
-    """The session one entry of the runs directory describes, or why it is skipped."""
+def _without_copies(
+    read: list[tuple[RebuiltSession | RebuiltRun, str | None]],
+) -> list[RebuiltSession | RebuiltRun]:
+    """Each entry, with copies of run directories turned into skips (decision 247).
+
+    ``read`` holds each entry and the run id its checkpoint records (None: written before
+    run ids were recorded). A directory named otherwise is a copy of that run; sessions
+    several directories share with no recorded id to tell them apart are all skipped.
+    """
+    unrecorded: dict[str, list[str]] = {}
+    for found, recorded in read:
+        if isinstance(found, RebuiltSession) and recorded is None:
+            unrecorded.setdefault(found.id, []).append(found.run_id)
+    out: list[RebuiltSession | RebuiltRun] = []
+    for found, recorded in read:
+        if isinstance(found, RebuiltRun):
+            out.append(found)
+        elif recorded is not None and recorded != found.run_id:
+            out.append(
+                _skip(
+                    found.run_id,
+                    f"a copy of run {recorded}: its checkpoint records run id {recorded}, "
+                    "not this directory's name",
+                )
+            )
+        elif recorded is None and len(unrecorded[found.id]) > 1:
+            others = ", ".join(n for n in unrecorded[found.id] if n != found.run_id)
+            out.append(
+                _skip(
+                    found.run_id,
+                    f"session {found.id} is also in {others}: a copied run directory, and "
+                    "its checkpoint (written before checkpoints recorded their run id) "
+                    "cannot say which is the run; remove the copy and rebuild again",
+                )
+            )
+        else:
+            out.append(found)
+    return out
+
+
+def _read_run(runs_dir: Path, name: str) -> tuple[RebuiltSession | RebuiltRun, str | None]:
+    """The session one entry describes (or why it is skipped), and its recorded run id."""
     path = runs_dir / name
     if os.path.islink(path):
-        return _skip(name, "a symbolic link (never followed)")
+        return _skip(name, "a symbolic link (never followed)"), None
     if not is_run_id(name):
-        return _skip(name, "not a run id")
+        return _skip(name, "not a run id"), None
     if not path.is_dir():
-        return _skip(name, "not a directory")
-    checkpoint = path / CHECKPOINT_FILENAME
-    if not os.path.lexists(checkpoint):
-        return _skip(name, "no checkpoint.json (the run saved nothing to resume)")
+        return _skip(name, "not a directory"), None
     try:
         created = float(calendar.timegm(time.strptime(name[:15], "%Y%m%dT%H%M%S")))
     except ValueError:
-        return _skip(name, "its run id is not a date")
+        return _skip(name, "its run id is not a date"), None
     try:
-        state, _ = load_state(checkpoint, v2_lenient=True)
+        # The loader tells a missing checkpoint from an unreadable one (a directory we
+        # may not search, an I/O error): only the first saved nothing.
+        state, _ = load_state(path / CHECKPOINT_FILENAME, v2_lenient=True)
+    except CheckpointRecoveryError as exc:
+        if (exc.report.get("refusal") or {}).get("reason") == "missing-checkpoint":
+            return _skip(name, "no checkpoint.json (the run saved nothing to resume)"), None
+        return _skip(name, f"checkpoint refused: {_first_line(exc)}"), None
     except (SteerflowError, OSError) as exc:
-        return _skip(name, f"checkpoint refused: {str(exc).splitlines()[0][:300]}")
+        return _skip(name, f"checkpoint refused: {_first_line(exc)}"), None
     if not _SESSION_ID.fullmatch(state.session_id or ""):
-        return _skip(name, "its checkpoint records no session id")
+        return _skip(name, "its checkpoint records no session id"), None
     kind = "agent" if is_agent_state(state) else state.config.get("kind", "flow")
     if kind not in _KINDS:
-        return _skip(name, f"its checkpoint records an unknown kind {str(kind)[:40]!r}")
+        return _skip(name, f"its checkpoint records an unknown kind {str(kind)[:40]!r}"), None
     meta: dict[str, Any] = {"run_id": name, "rebuilt": {"at": time.time(), "from": "checkpoint"}}
     resumed = _lineage(state)
     if resumed is not None:
         meta["resumed_from"], meta["resumed_from_run"] = resumed[0], resumed[1]
         if resumed[2]:
             meta["fork"] = True
-    return RebuiltSession(
+    recorded = state.config.get(RUN_ID_KEY)
+    session = RebuiltSession(
         id=state.session_id,
         kind=cast(InvocationKind, kind),
         status=_end_status(state),
@@ -178,6 +230,12 @@ def _read_run(runs_dir: Path, name: str) -> RebuiltSession | RebuiltRun:
         resumed=(resumed[1], resumed[2]) if resumed is not None else None,
         name=_name(state, kind),
     )
+    # A hand-edited id that is not a run id is no evidence either way.
+    return session, recorded if isinstance(recorded, str) and is_run_id(recorded) else None
+
+
+def _first_line(exc: Exception) -> str:
+    return str(exc).splitlines()[0][:300] if str(exc) else type(exc).__name__
 
 
 def _name(state: CheckpointState, kind: str) -> str | None:

@@ -256,8 +256,9 @@ def _less(total: Usage, part: Usage) -> Usage:
     def minus(a: Any, b: Any) -> Any:
         return a if a is None or b is None else max(a - b, 0)
 
+    unpriced = total.counted().unpriced_calls - part.counted().unpriced_calls
     return Usage(**{name: minus(getattr(total, name), getattr(part, name))
-                    for name in USAGE_MEMBERS})  # fmt: skip
+                    for name in USAGE_MEMBERS}, unpriced_calls=max(unpriced, 0))  # fmt: skip
 
 
 def _published_spawn_id(home: Path, session_id: str, node_id: str) -> str | None:

@@ -16,6 +16,7 @@ from steerflow._live import LiveWriter
 from steerflow.artifacts import ContractError
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller
+from steerflow.control._queue import UNENFORCEABLE_KEY
 from steerflow.errors import (
     ExitCode,
     FlowResumeError,
@@ -29,7 +30,6 @@ from steerflow.errors import (
 from steerflow.executor import (
     BUDGET_REASON,
     CallScope,
-    Caps,
     EventBus,
     FlowEvent,
     FlowExecutor,
@@ -40,9 +40,10 @@ from steerflow.executor import (
     Steering,
     build_graph,
     enforceable,
+    unenforceable,
 )
 from steerflow.home import RunDir, allocate_run_dir
-from steerflow.orchestrate._claim import create_session, lineage, run_name
+from steerflow.orchestrate._claim import RUN_ID_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._consent import check_agent_worker_consent, check_python_consent
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
@@ -121,6 +122,7 @@ class FlowRun:
     """
 
     def __init__(self, options: FlowOptions, *, home: Path, events: EventBus | None = None) -> None:
+        options.check()  # again: a field may have been set after the options were built
         self.options = options
         self.home = home
         #: The executor's event bus (what the CLI's progress subscribes to).
@@ -376,12 +378,9 @@ class FlowRun:
         providers = {spec: self._providers.get(spec) for spec in models}
         enforceable(caps, prices, providers)
         prices.prepare(models)  # the table's import, here in a thread, not on the loop
-        # What a later ``ctl budget`` could not enforce either (checked here, off the loop).
-        for name, probe in (("max_cost", Caps(max_cost=1.0)), ("max_tokens", Caps(max_tokens=1))):
-            try:
-                enforceable(probe, prices, providers)
-            except UsageError as exc:
-                self._unenforceable[name] = str(exc)
+        # What a later ``ctl budget`` could not enforce either (checked here, off the loop);
+        # recorded in the session row, so the ``ctl`` writers refuse it (decision 246).
+        self._unenforceable = unenforceable(prices, providers)
         seed = self.options.resume
         meter = Meter(
             prices,
@@ -444,7 +443,7 @@ class FlowRun:
         if opts.resume is not None:
             settings = RunSettings.from_checkpoint_config(opts.resume.config)
             settings = replace(settings, resumed_from=lineage(opts.resume))
-            settings = settings.with_budget(opts.max_cost, opts.max_tokens, opts.prices)
+            settings = settings.with_budget(opts.max_cost, opts.max_tokens, opts.price_overrides)
             return settings.with_compaction(opts.compact_records, opts.compact_bytes)
         return RunSettings.from_options(opts, plan)
 
@@ -643,6 +642,8 @@ class FlowRun:
             "source": source,
             "budget": settings.caps.to_json(),
         }
+        if self._unenforceable:
+            metadata[UNENFORCEABLE_KEY] = dict(self._unenforceable)
         if seed is not None and seed.spent is not None:
             metadata["spent_before"] = seed.spent.to_json()  # ``ctl status``: the chain's
         if seed is not None and seed.degraded:
@@ -871,7 +872,7 @@ class FlowRun:
                 session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=self._config(settings),
+                config=self._config(settings, s.run_dir.run_id),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -893,8 +894,12 @@ class FlowRun:
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
 
-    def _config(self, settings: RunSettings) -> dict[str, Any]:
-        """The checkpoint ``config``, with the chain's spend its entries will not hold."""
+    def _config(self, settings: RunSettings, run_id: str) -> dict[str, Any]:
+        """The checkpoint ``config``, with the chain's spend its entries will not hold.
+
+        Last, the run's own id: a copy of the run directory under another name is then
+        told from the run (``db rebuild``, decision 247).
+        """
         config = settings.to_checkpoint_config()
         before = spent_before(self.options.resume, self.planner_usage)
         if before.tokens or before.cost_usd:  # only when some: older bytes unchanged
@@ -902,6 +907,7 @@ class FlowRun:
         seed = self.options.resume
         if seed is not None and seed.doubt.calls:  # likewise only when some
             config[IN_FLIGHT_KEY] = seed.doubt.to_json()
+        config[RUN_ID_KEY] = run_id
         return config
 
     def _start_publisher(self, s: _Session, graph: Graph) -> NodePublisher:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import contextlib
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from steerflow._values import some_text, whole_number
 from steerflow.artifacts import CONFIG_KEY
 from steerflow.errors import UsageError
 from steerflow.executor import Caps
@@ -88,13 +88,13 @@ class RunSettings:
                 options.compact_records,
                 plan.compact_records if plan else None,
                 COMPACT_RECORDS,
-                "--compact-records",
+                "compact_records",
             ),
             compact_bytes=_flag_or(
                 options.compact_bytes,
                 plan.compact_bytes if plan else None,
                 COMPACT_BYTES,
-                "--compact-bytes",
+                "compact_bytes",
             ),
             synthesis=_synthesis(options, plan),
             caps=_caps(
@@ -103,7 +103,7 @@ class RunSettings:
             ),
             prices={
                 **{k: Price(v.input, v.output) for k, v in (plan.prices if plan else {}).items()},
-                **options.prices,
+                **options.price_overrides,
             },
             plan_name=plan.name if plan is not None else None,
         )
@@ -126,9 +126,9 @@ class RunSettings:
         return replace(
             self,
             compact_records=_flag_or(
-                records, self.compact_records, COMPACT_RECORDS, "--compact-records"
+                records, self.compact_records, COMPACT_RECORDS, "compact_records"
             ),
-            compact_bytes=_flag_or(size, self.compact_bytes, COMPACT_BYTES, "--compact-bytes"),
+            compact_bytes=_flag_or(size, self.compact_bytes, COMPACT_BYTES, "compact_bytes"),
         )
 
     @classmethod
@@ -241,24 +241,9 @@ def _plan_tokens(plan: PlanFile | None) -> int | None:
     return plan.max_tokens if plan is not None else None
 
 
-def _caps(max_cost: object, max_tokens: object) -> Caps:
-    """Checked caps (library callers hand FlowOptions over unparsed)."""
-    if max_cost is not None:
-        if (
-            isinstance(max_cost, bool)
-            or not isinstance(max_cost, int | float)
-            or not math.isfinite(max_cost)
-            or max_cost <= 0
-        ):
-            raise UsageError(
-                f"--max-cost must be a positive, finite number of USD, got {max_cost!r}"
-            )
-        max_cost = float(max_cost)
-    if max_tokens is not None and (
-        isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1
-    ):
-        raise UsageError(f"--max-tokens must be a whole number >= 1, got {max_tokens!r}")
-    return Caps(max_cost, max_tokens)
+def _caps(max_cost: float | None, max_tokens: int | None) -> Caps:
+    """Caps from checked values (``FlowOptions.check``, the plan model, a stored config)."""
+    return Caps(None if max_cost is None else float(max_cost), max_tokens)
 
 
 def _stored_caps(value: object) -> Caps:
@@ -294,29 +279,23 @@ def _role_config(role: RoleSpec) -> dict[str, Any]:
     return role.model_dump(exclude={"resources"} if role.resources is None else None)
 
 
-def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, flag: str) -> int:
+def _flag_or(given: int | None, fallback: int | None, bound: CompactBound, name: str) -> int:
     """``given``, else ``fallback``, else the default.
 
-    ``given`` is checked here too: library callers hand FlowOptions over unparsed.
+    ``given`` is checked here too (``FlowOptions`` fields can be set after it was built),
+    by the check ``--compact-records``/``--compact-bytes`` run, naming the parameter.
     """
     if given is None:
         return bound.default if fallback is None else fallback
-    if isinstance(given, bool) or not isinstance(given, int):
-        raise UsageError(f"{flag} must be an integer, got {given!r}")
-    if not bound.least <= given <= bound.most:
-        raise UsageError(
-            f"{flag} {given} is out of range: give {bound.least}..{bound.most} "
-            f"(default {bound.default})"
-        )
-    return given
+    return whole_number(given, name, least=bound.least, most=bound.most, default=bound.default)
 
 
 def _synthesis(options: FlowOptions, plan: PlanFile | None) -> dict[str, Any] | None:
     """``--synthesize TEXT`` replaces the plan's instruction and keeps the plan's model."""
     spec = plan.synthesis if plan is not None else None
     instruction = options.synthesize
-    if instruction is not None and not instruction.strip():
-        raise UsageError("--synthesize needs a non-empty instruction")
+    if instruction is not None:
+        some_text(instruction, "synthesize")
     if instruction is None:
         if spec is None:
             return None

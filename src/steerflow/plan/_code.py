@@ -11,7 +11,7 @@ the op by its position and id, as a file's error does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -19,7 +19,8 @@ from typing import Any, Literal
 
 import yaml
 
-from steerflow.errors import PlanValidationError
+from steerflow._values import shown
+from steerflow.errors import InvalidValueError, PlanValidationError
 from steerflow.plan._load import load_plan_file, parse_plan
 from steerflow.plan._model import (
     Dependency,
@@ -73,8 +74,8 @@ class Op:
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
-        _freeze(self, "depends_on", tuple(self.depends_on))
-        _freeze(self, "artifacts", tuple(self.artifacts))
+        _freeze(self, "depends_on", _items("Op.depends_on", self.depends_on, "op ids"))
+        _freeze(self, "artifacts", _items("Op.artifacts", self.artifacts, "paths"))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agent_id": self.agent_id}
@@ -102,10 +103,10 @@ class Role:
     resources: Mapping[str, float] | None = None
 
     def __post_init__(self) -> None:
-        _freeze(self, "artifacts", tuple(self.artifacts))
-        _freeze(self, "escalation", tuple(self.escalation))
+        _freeze(self, "artifacts", _items("Role.artifacts", self.artifacts, "paths"))
+        _freeze(self, "escalation", _items("Role.escalation", self.escalation, "model specs"))
         if self.resources is not None:
-            _freeze(self, "resources", MappingProxyType(dict(self.resources)))
+            _freeze(self, "resources", MappingProxyType(_mapping("Role.resources", self.resources)))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -177,16 +178,17 @@ class Plan:
     roles: Mapping[str, Role] = field(default_factory=dict)
     synthesis: Synthesis | None = None
     #: Spend caps for the whole resume chain, and USD per million tokens by model
-    #: (``{"MODEL": {"input": IN, "output": OUT}}``): the plan file's keys (CONTRACT §11).
+    #: (``{"MODEL": {"input": IN, "output": OUT}}``, or a ``steerflow.Price``): the plan
+    #: file's keys (CONTRACT §11); read back as mappings.
     max_cost: float | None = None
     max_tokens: int | None = None
     prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     _file: PlanFile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        _freeze(self, "ops", tuple(self.ops))
-        _freeze(self, "roles", MappingProxyType(dict(self.roles)))
-        _freeze(self, "prices", MappingProxyType(dict(self.prices)))
+        _freeze(self, "ops", _items("Plan.ops", self.ops, "steerflow.Op objects"))
+        _freeze(self, "roles", MappingProxyType(_mapping("Plan.roles", self.roles)))
+        _freeze(self, "prices", MappingProxyType(_mapping("Plan.prices", self.prices)))
         self._check_types()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
@@ -231,10 +233,7 @@ class Plan:
             out["synthesis"] = self.synthesis._data()
         out |= {name: getattr(self, name) for name in _BUDGET if getattr(self, name) is not None}
         if self.prices:
-            out["prices"] = {
-                model: dict(price) if isinstance(price, Mapping) else price
-                for model, price in self.prices.items()
-            }
+            out["prices"] = {model: _price_data(price) for model, price in self.prices.items()}
         out["plan"] = [op._data() for op in self.ops]
         return out
 
@@ -290,6 +289,34 @@ _ExactDumper.add_representer(str, _exact_str)
 
 def _freeze(obj: object, name: str, value: object) -> None:
     object.__setattr__(obj, name, value)  # frozen dataclass: set once, in __post_init__
+
+
+def _items(name: str, value: object, what: str) -> tuple[Any, ...]:
+    """A list-like argument as a tuple; a str (or a mapping) is refused, never split.
+
+    ``Op(depends_on="ab")`` would otherwise depend on ``a`` and ``b``; a plan file's
+    ``depends_on: ab`` is refused too (a list is expected).
+    """
+    if isinstance(value, str | bytes | Mapping) or not isinstance(value, Iterable):
+        hint = f" (one item: [{value!r}])" if isinstance(value, str) else ""
+        raise InvalidValueError(name, f"{shown(value)} is not a list of {what}{hint}")
+    return tuple(value)
+
+
+def _price_data(price: object) -> object:
+    """A plan price as the file spells it: a mapping, or a ``steerflow.Price`` as one."""
+    if isinstance(price, Mapping):
+        return dict(price)
+    if hasattr(price, "input") and hasattr(price, "output"):  # steerflow.Price (layer 1)
+        return {"input": price.input, "output": price.output}
+    return price
+
+
+def _mapping(name: str, value: object) -> dict[Any, Any]:
+    """A mapping argument as a dict; anything else is refused (``dict("ab")`` would raise)."""
+    if not isinstance(value, Mapping):
+        raise InvalidValueError(name, f"{shown(value)} is not a mapping")
+    return dict(value)
 
 
 def _op_of(entry: PlanEntry) -> Op:

@@ -12,7 +12,8 @@ from typing import Any
 import yaml
 from pydantic import ValidationError
 
-from steerflow.errors import PlanValidationError, UsageError
+from steerflow._values import shown
+from steerflow.errors import InvalidValueError, PlanValidationError, UsageError
 from steerflow.plan._model import MAX_PLAN_ENTRIES, PlanFile
 
 __all__ = [
@@ -46,8 +47,8 @@ class ReactivePolicy:
         return self.roles is None or (assignee is not None and assignee in self.roles)
 
 
-def parse_reactive(spec: str | bool | None) -> ReactivePolicy:
-    """Parse ``--reactive off|all|ROLE[,ROLE...]``."""
+def parse_reactive(spec: str | bool | None, *, name: str = "--reactive") -> ReactivePolicy:
+    """Parse ``--reactive off|all|ROLE[,ROLE...]``; a refusal names ``name``."""
     if spec is None or spec is False:
         return ReactivePolicy(enabled=False, spec="off")
     if spec is True:
@@ -60,7 +61,7 @@ def parse_reactive(spec: str | bool | None) -> ReactivePolicy:
         return ReactivePolicy(enabled=True, spec="all")
     roles = [r.strip() for r in text.split(",")]
     if any(not r for r in roles):
-        raise UsageError(f"--reactive {spec!r}: empty role name in the list")
+        raise InvalidValueError(name, f"{shown(spec)}: empty role name in the list")
     return ReactivePolicy(enabled=True, roles=frozenset(roles), spec=",".join(roles))
 
 

@@ -15,6 +15,7 @@ from steerflow.providers._base import (
 )
 from steerflow.providers._paths import ensure_leg_dir, is_leg_key, write_leg_file
 from steerflow.providers._plugins import BUILTIN_NAMES, ENTRY_POINT_GROUP
+from steerflow.providers._pricing import Price
 from steerflow.providers._registry import ProviderCache, make_provider
 from steerflow.providers.echo import EchoProvider, echo_text
 from steerflow.providers.function import FunctionProvider, NodeCall
@@ -32,6 +33,7 @@ __all__ = [
     "NodeCall",
     "PlanReply",
     "PlanRequest",
+    "Price",
     "Provider",
     "ProviderCache",
     "ProviderRequest",

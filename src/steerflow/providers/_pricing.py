@@ -10,14 +10,24 @@ from __future__ import annotations
 
 import math
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeAlias
 
-from steerflow.errors import UsageError
+from steerflow._values import shown
+from steerflow.errors import InvalidValueError, UsageError
 from steerflow.providers._base import Usage
 
-__all__ = ["Price", "PriceTable", "parse_price_flag", "positive_price", "table_model"]
+__all__ = [
+    "Price",
+    "PriceLike",
+    "PriceTable",
+    "as_price",
+    "as_prices",
+    "parse_price_flag",
+    "positive_price",
+    "table_model",
+]
 
 #: The ``genai-prices`` provider id of each vendor prefix of a ``--model`` spec.
 _VENDORS = {
@@ -32,10 +42,22 @@ _PER_TOKEN = 1_000_000  # prices are given per million tokens
 
 @dataclass(frozen=True)
 class Price:
-    """USD per million input and output tokens (``--price MODEL=IN,OUT``)."""
+    """USD per million input and output tokens (``--price MODEL=IN,OUT``).
+
+    ``FlowOptions(prices={"openai/gpt-4o": Price(2.5, 10.0)})``; each is a finite
+    number >= 0.
+
+    Raises:
+        InvalidValueError: A price that is not a finite number >= 0.
+    """
 
     input: float
     output: float
+
+    def __post_init__(self) -> None:
+        # Set once here: a frozen dataclass keeps the checked floats.
+        object.__setattr__(self, "input", positive_price(self.input, "Price.input"))
+        object.__setattr__(self, "output", positive_price(self.output, "Price.output"))
 
     def cost(self, usage: Usage) -> float:
         """Input (cache traffic included, at the input price) and output tokens priced."""
@@ -43,17 +65,70 @@ class Price:
         return (tokens_in * self.input + tokens_out * self.output) / _PER_TOKEN
 
 
+#: What ``FlowOptions(prices=...)`` takes for one model: a :class:`Price`, an ``(IN, OUT)``
+#: pair, or the plan file's ``{"input": IN, "output": OUT}`` (USD per million tokens).
+PriceLike: TypeAlias = "Price | tuple[float, float] | Mapping[str, float]"
+
+
 def positive_price(value: object, where: str) -> float:
-    """A price: a finite number >= 0; anything else is a usage error naming ``where``."""
+    """A price: a finite number >= 0; anything else is a usage error naming ``where``.
+
+    Text is parsed (the ``--price`` flag's and a stored config's numbers); the API's
+    :class:`Price` takes numbers.
+    """
     if isinstance(value, bool):
-        raise UsageError(f"{where}: {value!r} is not a price (USD per million tokens)")
+        raise InvalidValueError(where, f"{shown(value)} is not a price (USD per million tokens)")
     try:
         number = float(value)  # type: ignore[arg-type]
     except (TypeError, ValueError):
-        raise UsageError(f"{where}: {value!r} is not a number (USD per million tokens)") from None
+        raise InvalidValueError(
+            where, f"{shown(value)} is not a number (USD per million tokens)"
+        ) from None
     if not math.isfinite(number) or number < 0:
-        raise UsageError(f"{where}: {value!r} must be a finite number >= 0")
+        raise InvalidValueError(where, f"{shown(value)} must be a finite number >= 0")
     return number
+
+
+def as_price(value: object, name: str) -> Price:
+    """One model's price as ``FlowOptions(prices=...)`` takes it (:data:`PriceLike`).
+
+    Raises:
+        InvalidValueError: Anything else, or a number that is not a price; names ``name``.
+    """
+    if isinstance(value, Price):
+        return value
+    if isinstance(value, Mapping):
+        if set(value) != {"input", "output"}:
+            raise InvalidValueError(
+                name, f"{shown(dict(value))} needs exactly the keys 'input' and 'output'"
+            )
+        return Price(
+            positive_price(value["input"], f"{name}['input']"),
+            positive_price(value["output"], f"{name}['output']"),
+        )
+    if isinstance(value, Sequence) and not isinstance(value, str | bytes) and len(value) == 2:
+        return Price(positive_price(value[0], f"{name}[0]"), positive_price(value[1], f"{name}[1]"))
+    raise InvalidValueError(
+        name,
+        f"{shown(value)} is not a price: give steerflow.Price(IN, OUT), (IN, OUT) or "
+        "{'input': IN, 'output': OUT} (USD per million input/output tokens)",
+    )
+
+
+def as_prices(prices: object, name: str = "prices") -> dict[str, Price]:
+    """Prices by model (spec or name), each as :func:`as_price` takes it.
+
+    Raises:
+        InvalidValueError: Not a mapping, a model that is not a non-empty str, a bad price.
+    """
+    if not isinstance(prices, Mapping):
+        raise InvalidValueError(name, f"{shown(prices)} is not a mapping of model to price")
+    out: dict[str, Price] = {}
+    for model, price in prices.items():
+        if not isinstance(model, str) or not model.strip():
+            raise InvalidValueError(name, f"the model {shown(model)} is not a non-empty str")
+        out[model] = as_price(price, f"{name}[{model!r}]")
+    return out
 
 
 def parse_price_flag(text: str) -> tuple[str, Price]:

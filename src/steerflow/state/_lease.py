@@ -13,13 +13,14 @@ from __future__ import annotations
 import math
 import os
 
-from steerflow.errors import UsageError
+from steerflow.errors import InvalidValueError, quote_input
 from steerflow.state._owner import HEARTBEAT_STALE_S, owner_alive, this_host
 from steerflow.state._schema import SessionRow
 
 __all__ = [
     "DEFAULT_LEASE_S",
     "LEASE_ENV",
+    "MAX_LEASE_S",
     "MIN_LEASE_S",
     "dead_on_this_host",
     "holds_lease",
@@ -35,12 +36,17 @@ DEFAULT_LEASE_S = HEARTBEAT_STALE_S
 MIN_LEASE_S = 0.5
 """Shortest lease accepted: below it the renewal round trips would be most of the lease."""
 
+MAX_LEASE_S = 3600.0
+"""Longest lease accepted (an hour): how long a resume on another host may have to wait
+for a dead owner's lease to run out (decision 248)."""
+
 
 def lease_seconds() -> float:
     """The lease duration: ``STEERFLOW_LEASE_S`` when set, else :data:`DEFAULT_LEASE_S`.
 
     Raises:
-        UsageError: The variable is not a number of seconds of at least :data:`MIN_LEASE_S`.
+        InvalidValueError: The variable is not a number of seconds from
+            :data:`MIN_LEASE_S` to :data:`MAX_LEASE_S` (a usage error, exit 2).
     """
     raw = os.environ.get(LEASE_ENV, "").strip()
     if not raw:
@@ -49,9 +55,11 @@ def lease_seconds() -> float:
         value = float(raw)
     except ValueError:
         value = math.nan
-    if not math.isfinite(value) or value < MIN_LEASE_S:
-        raise UsageError(
-            f"{LEASE_ENV}={raw!r}: expected a number of seconds, at least {MIN_LEASE_S:g}"
+    if not math.isfinite(value) or not MIN_LEASE_S <= value <= MAX_LEASE_S:
+        raise InvalidValueError(
+            LEASE_ENV,
+            f"{quote_input(raw)} is not a number of seconds from {MIN_LEASE_S:g} to "
+            f"{MAX_LEASE_S:g}",
         )
     return value
 

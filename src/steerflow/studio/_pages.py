@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote, urlencode
 
+from steerflow._usage import cost_text
 from steerflow.views import RunListing, RunProgress
 
 __all__ = [
@@ -312,7 +313,8 @@ def spend(usage: Mapping[str, Any] | None) -> str:
     cost = usage.get("cost_usd")
     if not tokens and cost is None:
         return "-"
-    return f"{tokens:,} tok" + ("" if cost is None else f" ${cost:.4f}")
+    text = cost_text(usage)  # a partial total says so (decision 249)
+    return f"{tokens:,} tok" + ("" if text is None else f" {text}")
 
 
 def _phase(run: RunListing) -> str:

@@ -97,4 +97,4 @@ def requested_caps(max_cost: str | None, max_tokens: str | None) -> dict[str, fl
             tokens = int(max_tokens)
         except ValueError:
             raise UsageError(f"--max-tokens: {max_tokens[:50]!r} is not a whole number") from None
-    return check_budget({"max_cost": cost, "max_tokens": tokens})
+    return check_budget({"max_cost": cost, "max_tokens": tokens}, via="studio")

@@ -2,8 +2,8 @@
 
 The writers are ``control.enqueue_control``, exactly what ``steerflow ctl`` calls: a
 row is queued, and applied (or refused) by the flow's poller, which stamps its result.
-Each returns the control id (``ctl status`` lists it with its result); a run id is
-accepted besides what ``ctl`` takes, and stands for the session that ran it.
+Each returns the control id (``ctl status`` lists it with its result); a run id stands
+for the session that ran it, as it does for ``ctl``.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ __all__ = [
 def pause(home: Path | str, target: str, *, state_db: str | None = None) -> str:
     """Queue ``ctl pause TARGET``: hold every operation that has not started yet.
 
-    ``target`` is what ``steerflow ctl`` takes (a session, invocation or play id, or a
-    prefix of one) or a run id; ``state_db`` a state DB URL (``--state-db``) instead of
+    ``target`` is what ``steerflow ctl`` takes: a session, invocation or play id, a
+    prefix of one, or a run id; ``state_db`` a state DB URL (``--state-db``) instead of
     ``STEERFLOW_STATE_DB_URL`` or ``<home>/state.db``. Returns the control id: the row is
     queued, and the flow's poller applies it and stamps its result (``control_status``).
 
@@ -41,7 +41,9 @@ def pause(home: Path | str, target: str, *, state_db: str | None = None) -> str:
         UnknownIdError, AmbiguousIdError: ``target`` names no session or several.
         KindNotAllowedError: The session's kind takes no such control (an ``agent``).
         NotRunningError: The session is not running.
-        UsageError: A bad ``state_db`` URL (``message``: an empty or oversized text).
+        UsageError: A bad ``state_db`` URL (``message``: an empty or oversized text;
+            ``budget``: no cap, or a bad one, ``InvalidValueError`` naming ``max_cost`` or
+            ``max_tokens``).
     """
     return send_control(home, target, "pause", state_db=state_db)
 
@@ -92,7 +94,8 @@ def budget(
     The caps are checked at the run's next admission; one below what the chain has
     spent closes admission. At least one of ``max_cost`` (USD) and ``max_tokens`` is
     given, each positive and finite. Arguments, result and errors otherwise as
-    :func:`pause` (``UsageError`` for no cap or a bad one).
+    :func:`pause` (``UsageError`` for no cap or a bad one; ``RefusedError`` for a cap the
+    run recorded it cannot enforce: ``max_cost`` when some model of it has no price).
     """
     return send_control(
         home,
