@@ -67,10 +67,10 @@ def _label(event: RunEvent) -> tuple[str, ...]:
 
 @pytest.fixture
 def hold_second_journal_write() -> Iterator[threading.Event]:
-    """Hold the checkpoint's journal fsync of the first outcome record.
+    """Hold the checkpoint's second journal fsync (the first is the initial flush).
 
-    The first fsync is the initial flush's, the second the first call's write-ahead
-    intent (decision 217), so the third is the first record of an outcome.
+    A batch of call intents alone is fsync'd as ``intent-fsync`` (decision 217), so this
+    counts the batches that carry outcomes.
 
     Set the returned event to let it go. It blocks the writer's thread, so the record
     waiting on it is not acknowledged, and its node stays in its slot (decision 100).
@@ -82,7 +82,7 @@ def hold_second_journal_write() -> Iterator[threading.Event]:
         nonlocal hits
         if (step, when) == ("journal-fsync", "before"):
             hits += 1
-            if hits == 3:
+            if hits == 2:
                 assert release.wait(HOLD_S), "the test never released the journal write"
 
     previous = _faults.set_fault_hook(hook)

@@ -152,7 +152,12 @@ def _add_context(records: list[dict[str, Any]]) -> None:
 
 
 def _repeat(records: list[dict[str, Any]]) -> None:
-    records.insert(1, {**records[0], "seq": 2})
+    """The same call id again with another reservation (its digest made to match)."""
+    from steerflow.checkpoint._intents import intent_digest
+
+    again = {**records[0]["entry"], "reserved_cost_usd": 0.0}
+    again["result_digest"] = intent_digest(again)
+    records.insert(1, {**records[0], "seq": 2, "entry": again})
     for n, r in enumerate(records, 1):
         r["seq"] = n
 
@@ -174,7 +179,7 @@ def _unknown_member(records: list[dict[str, Any]]) -> None:
         (_alter("reserved_tokens", -1), "reserved_tokens"),
         (_alter("type", "tool"), "type"),
         (_add_context, "carries flow_context"),
-        (_repeat, "recorded twice"),
+        (_repeat, "recorded twice, differently"),
         (_drop_digest, "lacks"),
         (_unknown_member, "unknown members"),
     ],
@@ -202,7 +207,7 @@ def test_an_altered_intent_is_refused_naming_it(
     assert reason in message, message
     refusal = caught.value.report["refusal"]
     assert refusal["file"] == "checkpoint.json.journal"
-    if reason != "recorded twice":
+    if reason != "recorded twice, differently":
         assert refusal["reason"] == "invalid-intent" and refusal["seq"] == 1
         assert f"(call_id {call_id!r})" in message or "node" in message
     assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
@@ -253,3 +258,26 @@ def test_a_deleted_outcome_leaves_its_intent_open_or_is_refused(tmp_path: Path) 
     _write_lines(tmp_path, records[:3])
     state, _ = load_checkpoint(tmp_path)
     assert [i["node"] for i in state["in_flight"]] == ["b"] and "b" not in state["ops"]
+
+
+def test_an_intent_written_again_after_a_reconciliation_is_one_call_and_a_closed_one_is_refused(
+    tmp_path: Path,
+) -> None:
+    """A retry after an uncertain write records the same intent twice: one call. The same
+    intent after its node's outcome would reopen a call that ended: refused."""
+
+    async def go() -> None:
+        w = _writer(tmp_path)
+        await w.flush()
+        await _call(w, "a")
+        await w.record("a", status="completed", response="A")
+        await w.close()
+
+    _run(go())
+    intent, outcome = _journal_lines(tmp_path)
+    _write_lines(tmp_path, [intent, {**intent, "seq": 2}])
+    state, _ = load_checkpoint(tmp_path)
+    assert [i["node"] for i in state["in_flight"]] == ["a"]
+    _write_lines(tmp_path, [intent, {**outcome, "seq": 2}, {**intent, "seq": 3}])
+    with pytest.raises(CheckpointRecoveryError, match="closed is recorded again"):
+        load_checkpoint(tmp_path)

@@ -159,9 +159,11 @@ def test_a_journal_cut_inside_turn_2_names_turn_2_missing(tmp_path: Path) -> Non
     home, run_dir, (second, third) = _three_turns(tmp_path)
     records = _journal(run_dir)
     assert _labels(records) == ["turn-1", "turn-1", "turn-2", "turn-2", "turn-3"]
-    assert records[1]["entry"]["next"]["controls"] == [second]
+    ops = [n for n, r in enumerate(records) if r["kind"] == "op"]
+    assert records[ops[1]]["entry"]["next"]["controls"] == [second]
+    kept = records[: ops[1] + 1]  # turn 1's intent and outcome, then turn 2's prompt
     journal = run_dir / "checkpoint.json.journal"
-    journal.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in records[:2]))
+    journal.write_text("".join(json.dumps(r, separators=(",", ":")) + "\n" for r in kept))
     invoked = len(read_invocations(home))
 
     for extra in ((), ("--dry-run",)):

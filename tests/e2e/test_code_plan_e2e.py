@@ -83,7 +83,8 @@ def test_a_code_plan_killed_mid_flow_is_resumed_by_the_cli(tmp_path: Path) -> No
     assert {n["id"]: n["status"] for n in out["nodes"]} == dict.fromkeys(
         ["a", "b", "c", "synthesis"], "completed"
     )
-    assert out["checkpoint_recovery"]["records_applied"] == 2
+    # a's and b's outcomes, each after its call's write-ahead intent (decision 217)
+    assert out["checkpoint_recovery"]["records_applied"] == 4
     # a and b come from the checkpoint, c and the synthesis run: nothing twice.
     assert "node replayed a" in resumed.stderr and "node replayed b" in resumed.stderr
     assert "start a" not in resumed.stderr and "start b" not in resumed.stderr

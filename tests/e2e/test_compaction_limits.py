@@ -48,10 +48,15 @@ def _plan(tmp_path: Path, **top: object) -> Path:
 
 
 def _on_disk(out: dict[str, Any]) -> tuple[dict[str, Any], int, int]:
-    """(base document, journal lines, base + journal bytes) of a finished run."""
+    """(base document, journal outcome lines, base + journal bytes) of a finished run.
+
+    Each call's write-ahead intent is a journal line too (decision 217); ``max_records``
+    counts outcomes only, so only those are counted here.
+    """
     base_path = Path(out["checkpoint"]["path"])
     journal = base_path.with_name(base_path.name + ".journal")
-    lines = journal.read_bytes().count(b"\n") if journal.exists() else 0
+    text = journal.read_bytes() if journal.exists() else b""
+    lines = sum(json.loads(line)["kind"] != "intent" for line in text.splitlines())
     size = base_path.stat().st_size + (journal.stat().st_size if journal.exists() else 0)
     return json.loads(base_path.read_text(encoding="utf-8")), lines, size
 

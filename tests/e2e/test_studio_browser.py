@@ -391,12 +391,20 @@ def test_interrupted_run_preflight_resume_and_follow(tmp_path: Path, watched: Wa
         )
         dry = json.loads(run_cli(home, "resume", run, "--dry-run", "--json").stdout)
         assert [n["status"] for n in dry["nodes"]] == ["completed", "pending", "pending"]
+        # b's call had left when the flow was killed: it may have been paid (decision 217).
+        assert [c["node"] for c in dry["in_flight_calls"]] == ["b"]
+        expect(recovery.locator("#in-flight-calls")).to_contain_text("b")
+        expect(recovery.locator("#in-flight-line")).to_contain_text(
+            "1 call was in flight when the run died and may have been paid"
+        )
         _shot(page, tmp_path / "recovery.png")
 
         recovery.get_by_role("link", name="Resume…").click()  # the confirmation first
         expect(page.locator("#confirm-runs")).to_contain_text("b, c")
+        expect(page.locator("#in-flight-calls")).to_contain_text("b")  # said before Start
         page.get_by_role("button", name="Start resume").click()
-        expect(page.locator("p.notice")).to_contain_text("steerflow resume started")
+        started = page.locator("p.notice").filter(has_text="steerflow resume started")
+        expect(started).to_be_visible()
         # The page reloads itself when the new run appears, with the link to it.
         link = page.locator("#run-resumes a")
         expect(link).to_have_count(1)

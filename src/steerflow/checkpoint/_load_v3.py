@@ -235,13 +235,20 @@ class _Fold:
         self.index = {entry["node_id"]: i for i, entry in enumerate(self.spawned)}
         self.context: Any = base["flow_context"]
         self.intents: dict[str, Any] = {i["call_id"]: i for i in base.get("in_flight", ())}
+        self.closed: set[str] = set()  # call ids an outcome closed in this journal
 
     def apply(self, rec: dict[str, Any]) -> None:
         if rec["kind"] == "intent":
             intent = rec["entry"]
-            if intent["call_id"] in self.intents:
-                raise _InvalidError("invalid-intent", "a call_id is recorded twice")
-            self.intents[intent["call_id"]] = intent
+            call_id = intent["call_id"]
+            known = self.intents.get(call_id)
+            # The same intent again is a writer's retry after a reconciliation adopted
+            # the first copy (its acknowledgement was uncertain): one call, no change.
+            if known is not None and known != intent:
+                raise _InvalidError("invalid-intent", "a call_id is recorded twice, differently")
+            if call_id in self.closed:
+                raise _InvalidError("invalid-intent", "a call its outcome closed is recorded again")
+            self.intents[call_id] = intent
             return
         context = self.context
         if "flow_context" in rec:
@@ -253,11 +260,13 @@ class _Fold:
         entry = rec["entry"]
         closes = closed_by(rec["kind"], entry) if self.intents else None
         if closes is not None:
-            self.intents = {
+            kept = {
                 call_id: intent
                 for call_id, intent in self.intents.items()
                 if (intent["record"], intent["key"]) != closes
             }
+            self.closed.update(set(self.intents) - set(kept))
+            self.intents = kept
         if rec["kind"] == "op":
             self.ops[entry["agent_id"]] = entry
         elif entry["node_id"] in self.index:

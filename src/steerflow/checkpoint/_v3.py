@@ -297,11 +297,14 @@ class V3Backend:
         if buf:
             assert self._journal is not None
             fd = self._journal[0]
+            # A batch of call intents alone is its own seam (``intent-write``, ...): fault
+            # points counted in outcome records keep their numbers (decision 217).
+            obj = "journal" if any(_counts(t.item) for t in pending) else "intent"
             self._check_reachable()
-            self.bytes_written += _io.write_all(fd, group_lines(buf), "journal")
-            _faults.seam("journal-flush", "before")  # raw fd: nothing buffered in userspace
-            _faults.seam("journal-flush", "after")
-            _io.fsync(fd, "journal")
+            self.bytes_written += _io.write_all(fd, group_lines(buf), obj)
+            _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
+            _faults.seam(f"{obj}-flush", "after")
+            _io.fsync(fd, obj)
             buf.clear()
         if pending:
             # Every acknowledgement (a flush or a compacted oversize record included)

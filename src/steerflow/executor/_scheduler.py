@@ -399,10 +399,9 @@ class FlowExecutor:
             "node_withheld", op, data={"reason": self.admission_reason or "admission closed"}
         )
 
-    async def _invoke(self, op: Operation) -> NodeStatus:
-        """Call the provider; returns the node's new status (completed, failed, or pending)."""
-        history = self._history(op)
-        request = ProviderRequest(
+    def _request(self, op: Operation, history: list[Message]) -> ProviderRequest:
+        """What ``op``'s provider is called with."""
+        return ProviderRequest(
             run_id=self._run_id,
             node_key=op.key,
             node_id=op.node_id,
@@ -417,6 +416,11 @@ class FlowExecutor:
             dependencies=_dependency_results(op, self.graph),
             live=self.live.sink(op.key) if self.live is not None else None,
         )
+
+    async def _invoke(self, op: Operation) -> NodeStatus:
+        """Call the provider; returns the node's new status (completed, failed, or pending)."""
+        history = self._history(op)
+        request = self._request(op, history)
         try:
             if not is_leg_key(op.key):
                 raise UnsafePathError(f"node id {op.key!r} cannot name an artifact directory")
