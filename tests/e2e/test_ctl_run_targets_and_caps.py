@@ -65,10 +65,12 @@ def test_a_run_id_is_a_target_and_an_unpriced_cost_cap_is_refused_when_sent(
         paused = ctl_ok(home, "pause", run)  # a run id: the session that runs it
         assert wait_stamped(home, paused, alive=flow.proc).result == "applied"
         assert session_phase(home, sid) == "paused"
-        resumed = ctl_ok(home, "resume", run)
-        assert wait_stamped(home, resumed, alive=flow.proc).result == "applied"
+        # Queued while paused and before the resume: the poller applies controls in
+        # order (D1), so the message is in the shared context before b may start.
         ctl_ok(home, "msg", run, "for b")
         (home / "release-a").touch()
+        resumed = ctl_ok(home, "resume", run)
+        assert wait_stamped(home, resumed, alive=flow.proc).result == "applied"
         assert flow.finish() == 0, flow.stderr()
     assert "for b" in flow.responses()["b"]
 

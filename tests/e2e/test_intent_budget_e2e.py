@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from flow_support import CliResult, child_env, finish, run_cli, start_cli, stop, write_yaml
+from flow_support import CliResult, finish, run_cli, start_cli, stop, write_yaml
+from test_budget_e2e import _env  # the same loopback vendor environment
 
 from steerflow.checkpoint import load_checkpoint
 
@@ -31,19 +32,6 @@ from llm_fakes import FakeLLMServer, Reply
 CALL_USD = 0.002
 PRICE = "test-model=10,20"
 CAP = "0.013"
-
-_VENDOR_ENV = ("OPENAI_API_KEY", "OPENAI_BASE_URL", "ANTHROPIC_API_KEY", "ANTHROPIC_BASE_URL")
-
-
-def _env(server: FakeLLMServer) -> dict[str, str]:
-    env = {
-        k: v
-        for k, v in child_env().items()
-        if k not in _VENDOR_ENV and not k.startswith("STEERFLOW_")
-    }
-    env.update({"OPENAI_BASE_URL": server.base_url, "OPENAI_API_KEY": "sk-intent"})
-    env.update({"NO_PROXY": "127.0.0.1,localhost", "STEERFLOW_PROVIDER_MAX_ATTEMPTS": "1"})
-    return env
 
 
 @pytest.fixture
