@@ -36,7 +36,6 @@ __all__ = [
     "closed_by",
     "in_flight_call",
     "intent_digest",
-    "intent_entry",
 ]
 
 #: Every member of an intent entry besides ``result_digest``.
@@ -70,35 +69,6 @@ class IntentError(ValueError):
 def intent_digest(entry: Mapping[str, object]) -> str:
     """The ``result_digest`` of an intent: over every member but the digest itself."""
     return result_digest({name: entry.get(name) for name in INTENT_MEMBERS})
-
-
-def intent_entry(
-    *,
-    call_id: str,
-    node: str,
-    record: str,
-    key: str,
-    attempt: int,
-    model: str | None,
-    started_at: float,
-    reserved_cost_usd: float | None,
-    reserved_tokens: int | None,
-) -> dict[str, Any]:
-    """A checked intent entry, without its digest (the writer seals it)."""
-    entry: dict[str, Any] = {
-        "call_id": call_id,
-        "type": "call",
-        "node": node,
-        "record": record,
-        "key": key,
-        "attempt": attempt,
-        "model": model,
-        "started_at": started_at,
-        "reserved_cost_usd": reserved_cost_usd,
-        "reserved_tokens": reserved_tokens,
-    }
-    check_intent(entry, sealed=False)
-    return entry
 
 
 def _number(value: object, *, integral: bool) -> bool:

@@ -38,7 +38,7 @@ from steerflow.errors import PersistenceError
 
 from . import _capture
 from ._digest import JSON, normalize
-from ._intents import intent_entry
+from ._intents import IntentError, check_intent
 from ._seed import seed_entries
 from ._state import Item, Kind, State, Ticket
 from ._v2 import V2Backend
@@ -261,17 +261,22 @@ class CheckpointWriter:
         would cost more than the call, and version 2 is the library's legacy default.
         """
         self._check_open()
-        entry = intent_entry(
-            call_id=call_id,
-            node=node,
-            record=record,
-            key=key,
-            attempt=attempt,
-            model=model,
-            started_at=started_at,
-            reserved_cost_usd=reserved_cost_usd,
-            reserved_tokens=reserved_tokens,
-        )
+        entry: dict[str, Any] = {
+            "call_id": call_id,
+            "type": "call",
+            "node": node,
+            "record": record,
+            "key": key,
+            "attempt": attempt,
+            "model": model,
+            "started_at": started_at,
+            "reserved_cost_usd": reserved_cost_usd,
+            "reserved_tokens": reserved_tokens,
+        }
+        try:
+            check_intent(entry, sealed=False)  # the writer seals it (adds its digest)
+        except IntentError as exc:
+            raise ValueError(f"cannot record the intent of {node!r}: {exc}") from None
         if self.version == 2:
             return False
         ticket = Ticket(Item("intent", call_id, entry, None, self._ctx))

@@ -8,7 +8,7 @@ built; a refusal names the node and never touches the source run directory.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -207,10 +207,15 @@ def chain_doubt(state: CheckpointState) -> InFlightDoubt:
     return doubt
 
 
-def in_flight_line(calls: int, cost_usd: float | None) -> str:
-    """``3 calls were in flight when the run died and may have been paid: about $0.0060``."""
+def in_flight_line(costs: Sequence[float | None]) -> str:
+    """``3 calls were in flight when the run died and may have been paid: about $0.0060``.
+
+    ``costs``: each call's reservation (None where its size was not known yet).
+    """
+    calls = len(costs)
     noun = "call was" if calls == 1 else "calls were"
-    about = f": about ${cost_usd:.4f}" if cost_usd is not None else " (their cost is not known)"
+    known = [c for c in costs if c is not None]
+    about = f": about ${sum(known):.4f}" if len(known) == calls else " (their cost is not known)"
     return f"{calls} {noun} in flight when the run died and may have been paid{about}"
 
 
@@ -219,12 +224,10 @@ def in_flight_notes(state: CheckpointState, doubt: InFlightDoubt) -> list[str]:
     notes: list[str] = []
     calls = state.in_flight
     if calls:
-        known = [c.reserved_cost_usd for c in calls if c.reserved_cost_usd is not None]
-        cost = sum(known) if len(known) == len(calls) else None
         nodes = ", ".join(sorted({c.node for c in calls}))
         notes.append(
-            f"{in_flight_line(len(calls), cost)} (node(s) {nodes}); they count as spent "
-            "against the chain's cap, and their nodes run again"
+            f"{in_flight_line([c.reserved_cost_usd for c in calls])} (node(s) {nodes}); they "
+            "count as spent against the chain's cap, and their nodes run again"
         )
     earlier = doubt.calls - len(calls)
     if earlier > 0:

@@ -135,10 +135,7 @@ class ResumePreflight:
         from steerflow.orchestrate._resume import in_flight_line
 
         calls = self.in_flight_calls
-        if not calls:
-            return None
-        known = [c["reserved_cost_usd"] for c in calls if c["reserved_cost_usd"] is not None]
-        return in_flight_line(len(calls), sum(known) if len(known) == len(calls) else None)
+        return in_flight_line([c["reserved_cost_usd"] for c in calls]) if calls else None
 
     @property
     def allowed(self) -> bool:
