@@ -143,3 +143,9 @@ def test_doubt_round_trips_through_the_checkpoint_config() -> None:
     assert InFlightDoubt.from_json({"calls": -1, "cost_usd": float("nan")}) == InFlightDoubt()
     assert InFlightDoubt.from_json("junk") == InFlightDoubt()
     assert doubt + doubt == InFlightDoubt(4, 0.008, 600, 2)
+
+
+def test_an_unpriced_models_reservation_has_no_cost_only_tokens() -> None:
+    meter = Meter()  # no price known: costs stay None
+    meter.charge("script:/x.yaml", CALL)
+    assert meter.reservation() == (None, 150)

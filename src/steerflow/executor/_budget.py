@@ -110,6 +110,7 @@ class Meter:
         self._largest_tokens = 0
         #: Whether some call's size is known (this run's, or one the chain recorded).
         self._sized = False
+        self._cost_known = False  # whether some call seen had a cost
         self._released = asyncio.Event()
 
     @property
@@ -128,7 +129,9 @@ class Meter:
         """What one call admitted now reserves (cost, tokens); None while no size is known."""
         if not self._sized:
             return None, None
-        return self._largest_cost, self._largest_tokens
+        # A cost is reserved only once some call had one: an unpriced model's calls are
+        # "cost not known", never "$0" (tokens still are).
+        return (self._largest_cost if self._cost_known else None), self._largest_tokens
 
     def charge(self, spec: str | None, usage: Usage | None, key: str | None = None) -> Usage | None:
         """Price one returned call, count it, and return its priced usage.
@@ -147,6 +150,7 @@ class Meter:
         """Size the reservation by a call seen (this run's, or one the chain recorded)."""
         if usage is not None:
             self._sized = True
+            self._cost_known = self._cost_known or usage.cost_usd is not None
             self._largest_cost = max(self._largest_cost, usage.cost_usd or 0.0)
             self._largest_tokens = max(self._largest_tokens, usage.tokens)
 
