@@ -23,7 +23,7 @@ LAYERS: list[set[str]] = [
     # _values: the option checks the CLI and the API share (decision 245)
     {"errors", "home", "plan", "_faults", "_lazy", "_live", "_usage", "_values"},
     {"state", "checkpoint", "providers", "artifacts"},
-    {"control", "resume", "cluster"},  # cluster: node calls on Ray (--executor ray)
+    {"control", "resume", "cluster", "tools"},  # cluster: Ray; tools: the step loop
     {"executor"},
     {"orchestrate"},
     {"views"},  # the typed readers the CLI, the MCP server and the Studio share

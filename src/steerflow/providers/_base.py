@@ -11,10 +11,13 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import ClassVar, Literal
+from typing import TYPE_CHECKING, ClassVar, Literal
 
 from steerflow._usage import USAGE_MEMBERS, Usage
 from steerflow.providers._paths import ensure_leg_dir
+
+if TYPE_CHECKING:
+    from steerflow.providers._steps import StepReply, StepRequest
 
 __all__ = [
     "USAGE_MEMBERS",
@@ -186,6 +189,9 @@ class Provider(abc.ABC):
     #: False for a provider that never reports token usage (``echo``): a token or cost
     #: cap cannot be enforced on it, so such a run is refused before it starts.
     reports_usage: ClassVar[bool] = True
+    #: True for a provider whose :meth:`invoke_step` runs a model that can call tools;
+    #: a node with tools on any other model is refused before the run starts.
+    supports_tools: ClassVar[bool] = False
 
     @abc.abstractmethod
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
@@ -194,6 +200,16 @@ class Provider(abc.ABC):
     @abc.abstractmethod
     async def plan(self, request: PlanRequest) -> object:
         """Return raw plan data (validated by the caller against ``request.schema``)."""
+
+    async def invoke_step(self, request: StepRequest) -> StepReply:
+        """One model request of a tool node's loop (issue 39): text, tool calls, usage.
+
+        A provider that can call tools overrides this and sets ``supports_tools``; the
+        loop around it (journal, replay, steering, running the tools) is not its concern.
+        """
+        from steerflow.errors import ProviderError
+
+        raise ProviderError(f"model {self.spec!r} cannot call tools")
 
     async def plan_with_usage(self, request: PlanRequest) -> PlanReply:
         """Plan data and the call's usage; a provider that reports usage overrides this.
