@@ -32,10 +32,17 @@ def _listener(on_accept: Callable[[socket.socket], None]) -> Iterator[str]:
                 held.append(conn)
                 on_accept(conn)
 
-    threading.Thread(target=serve, daemon=True).start()
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
     try:
         yield f"127.0.0.1:{server.getsockname()[1]}"
     finally:
+        # shutdown() wakes the blocked accept() (close() alone does not, on Linux); only
+        # once the thread ended is ``held`` complete, so no accepted socket is left to
+        # the garbage collector (an unraisable ResourceWarning in a later test).
+        with contextlib.suppress(OSError):
+            server.shutdown(socket.SHUT_RDWR)
+        thread.join(timeout=10)
         server.close()
         for conn in held:
             conn.close()

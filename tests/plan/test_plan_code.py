@@ -327,8 +327,10 @@ def _plans(draw: st.DrawFn) -> Plan:
     )
 
 
+# 60 examples: each writes and parses a YAML file through the plan model (~0.1 s on a
+# loaded two-core machine): the suite keeps to its 8-minute budget (issue 38 item 8).
 @settings(
-    max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(plan=_plans())
 def test_a_code_plan_saved_and_read_back_is_equal(tmp_path: Path, plan: Plan) -> None:

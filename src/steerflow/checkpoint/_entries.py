@@ -254,6 +254,9 @@ class CheckpointState:
     #: Call intents no outcome closed (version 3 only; already checked by the loader):
     #: calls that left the process and may have been paid (decision 217).
     in_flight: tuple[InFlightCall, ...] = ()
+    #: The steps of tool nodes' loops, node by node, each node's in order (version 3
+    #: only; already checked by the loader: decision 254).
+    steps: tuple[dict[str, Any], ...] = ()
 
     def as_dict(self) -> dict[str, Any]:
         """The logical checkpoint in the D4 shape, as :func:`load_checkpoint` returns it."""
@@ -319,6 +322,7 @@ def typed_state(doc: dict[str, Any], *, lenient: bool) -> CheckpointState:
         in_flight=tuple(
             in_flight_call(raw) for raw in (doc.get("in_flight", ()) if doc["version"] == 3 else ())
         ),
+        steps=tuple(doc.get("steps", ())) if doc["version"] == 3 else (),
     )
 
 

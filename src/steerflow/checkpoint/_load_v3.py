@@ -34,6 +34,7 @@ from typing import Any
 from . import _entries as entries
 from ._entries import EntryKind, entry_ref
 from ._intents import IntentError, check_intent, closed_by
+from ._steps import StepError, StepLog, check_step
 from ._patch import PatchError, apply_patch, validate_patch
 from ._read import (
     CHECKPOINT_FILENAME,
@@ -99,8 +100,43 @@ def _intent_ref(entry: object) -> dict[str, Any] | None:
     return ref
 
 
+def _step_ref(entry: object) -> dict[str, Any] | None:
+    """How a refusal names a step: its node and index, where readable."""
+    if not isinstance(entry, dict):
+        return None
+    ref: dict[str, Any] = {"kind": "step"}
+    for name in ("node", "index"):
+        value = entry.get(name)
+        if isinstance(value, (str, int)) and not isinstance(value, bool):
+            ref[name] = value
+    return ref
+
+
 def _ref(kind: object, entry: object) -> dict[str, Any] | None:
+    if kind == "step":
+        return _step_ref(entry)
     return _intent_ref(entry) if kind == "intent" else entry_ref(kind, entry)
+
+
+def _check_step(entry: object) -> None:
+    try:
+        check_step(entry)
+    except StepError as bad:
+        raise _InvalidError("invalid-step", bad.detail, entry=_step_ref(entry)) from None
+
+
+def _fold_steps(entries: object) -> StepLog:
+    """A base's ``steps``: a non-empty list of valid steps in a valid order."""
+    if not isinstance(entries, list) or not entries:
+        raise _InvalidError("invalid-base", "steps is not a non-empty list")
+    log = StepLog()
+    for entry in entries:
+        _check_step(entry)
+        try:
+            log.add(entry)
+        except StepError as bad:
+            raise _InvalidError("invalid-step", bad.detail, entry=_step_ref(entry)) from None
+    return log
 
 
 def _check_intent(entry: object) -> None:
@@ -157,6 +193,8 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
                     "invalid-base", "an in_flight call_id repeats", entry=_intent_ref(intent)
                 )
             calls.add(intent["call_id"])
+    if "steps" in doc:
+        _fold_steps(doc["steps"])
     return doc
 
 
@@ -211,6 +249,11 @@ def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
             raise _InvalidError("invalid-intent", "an intent record carries flow_context")
         _check_intent(rec["entry"])
         return rec
+    if rec["kind"] == "step":
+        if "flow_context" in rec:
+            raise _InvalidError("invalid-step", "a step record carries flow_context")
+        _check_step(rec["entry"])
+        return rec
     if rec["kind"] not in ("op", "spawn"):
         raise _InvalidError("unknown-kind")
     check_entry(rec["kind"], rec["entry"])
@@ -236,8 +279,12 @@ class _Fold:
         self.context: Any = base["flow_context"]
         self.intents: dict[str, Any] = {i["call_id"]: i for i in base.get("in_flight", ())}
         self.closed: set[str] = set()  # call ids an outcome closed in this journal
+        self.steps = StepLog.of(base.get("steps", ()))  # _check_base checked them
 
     def apply(self, rec: dict[str, Any]) -> None:
+        if rec["kind"] == "step":
+            self._apply_step(rec["entry"])
+            return
         if rec["kind"] == "intent":
             intent = rec["entry"]
             call_id = intent["call_id"]
@@ -276,6 +323,14 @@ class _Fold:
             self.spawned.append(entry)
         self.context = context
 
+    def _apply_step(self, step: dict[str, Any]) -> None:
+        try:
+            self.steps.add(step)
+        except StepError as bad:
+            raise _InvalidError("invalid-step", bad.detail, entry=_step_ref(step)) from None
+        if step["type"] == "model" and self.intents.pop(step["call_id"], None) is not None:
+            self.closed.add(step["call_id"])
+
     def state(self) -> dict[str, Any]:
         base = self.base
         out: dict[str, Any] = {"version": 3, "generation": base["generation"]}
@@ -286,6 +341,8 @@ class _Fold:
         out["spawned"] = self.spawned
         if self.intents:
             out["in_flight"] = list(self.intents.values())
+        if self.steps:
+            out["steps"] = self.steps.entries()
         out["config"] = base["config"]
         if base.get("max_spawn") is not None:
             out["max_spawn"] = base["max_spawn"]

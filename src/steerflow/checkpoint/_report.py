@@ -119,6 +119,9 @@ def describe_entry(entry: dict[str, Any] | None) -> str:
     if entry.get("kind") == "intent":
         call = f" (call_id {entry['call_id']!r})" if entry.get("call_id") else ""
         return f"the call intent of node {entry.get('node')!r}{call}"
+    if entry.get("kind") == "step":
+        at = f" {entry['index']}" if entry.get("index") is not None else ""
+        return f"step{at} of node {entry.get('node')!r}"
     spawn_id, node_id = entry.get("spawn_id"), entry.get("node_id")
     if spawn_id is not None and node_id is not None:
         return f"spawned node {spawn_id!r} (node_id {node_id!r})"

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from ._digest import JSON, entry_digest
 from ._intents import closed_by, intent_digest
+from ._steps import StepLog, step_digest
 from ._io import Span, read_span
 
 __all__ = [
@@ -33,7 +34,7 @@ __all__ = [
 ]
 
 #: ``op`` and ``spawn`` are outcomes; ``intent`` a call recorded before it left (decision 217).
-Kind = Literal["op", "spawn", "intent"]
+Kind = Literal["op", "spawn", "intent", "step"]
 
 #: A kept entry encoding: its bytes, or its length in the published base (its offset
 #: there is in the parallel offsets list; :attr:`State.base_fd`, decision 65).
@@ -84,12 +85,15 @@ class Item:
     context: Any
 
 
+_DIGESTS = {"intent": intent_digest, "step": step_digest}
+
+
 def seal(batch: list[Ticket]) -> None:
     """Add ``result_digest`` to each entry (on the worker: hashing can release the GIL)."""
     for ticket in batch:
         item = ticket.item
         if item is not None and "result_digest" not in item.entry:
-            digest = intent_digest if item.kind == "intent" else entry_digest
+            digest = _DIGESTS.get(item.kind, entry_digest)
             item.entry["result_digest"] = digest(item.entry)
 
 
@@ -127,6 +131,8 @@ class State:
     #: Open call intents by call id, in the order they were recorded (decision 217):
     #: a base carries them as ``in_flight``; an outcome of their node closes them.
     intents: dict[str, dict[str, JSON]] = field(default_factory=dict)
+    #: The steps of tool nodes' loops (decision 254): a base carries them as ``steps``.
+    steps: StepLog = field(default_factory=StepLog)
     entry_encodes: int = 0
     encoded_bytes: int = 0
     # Parallel encodings (each member without its separating comma: planned entries as
@@ -174,6 +180,13 @@ class State:
             # intents after every entry), so nothing adopted from the base moves.
             self.intents[item.key] = item.entry
             return
+        if item.kind == "step":
+            # Like an intent: kept after every entry, so nothing adopted moves. A model
+            # step closes the write-ahead intent of the request it answers.
+            self.steps.add(item.entry)
+            if item.entry["type"] == "model":
+                self.intents.pop(str(item.entry["call_id"]), None)
+            return
         closes = closed_by(item.kind, item.entry) if self.intents else None
         if closes is not None:
             self._close(closes)
@@ -218,9 +231,11 @@ class State:
         spawned: list[dict[str, JSON]],
         context: Any,
         intents: list[dict[str, JSON]] | None = None,
+        steps: list[dict[str, JSON]] | None = None,
     ) -> None:
         """Replace the folded outcomes, intents and context wholesale (reconciliation)."""
         self.intents = {str(i["call_id"]): i for i in intents or []}
+        self.steps = StepLog.of(steps or [])
         self.ops = ops
         self.spawned = spawned
         self.spawn_index = {str(e["node_id"]): i for i, e in enumerate(spawned)}
@@ -288,6 +303,8 @@ class State:
         doc["spawned"] = list(self.spawned)
         if self.intents:
             doc["in_flight"] = list(self.intents.values())
+        if self.steps:
+            doc["steps"] = self.steps.entries()
         doc["config"] = self.meta["config"]
         if self.meta.get("max_spawn") is not None:
             doc["max_spawn"] = self.meta["max_spawn"]
@@ -356,9 +373,11 @@ class State:
         spawned_at = _offsets(spawned_len, end + len(middle))
         self._layout = (self._changes, ops_len, spawned_len, ops_at, spawned_at, fd is not None)
         tail = [b"],", post_b, b"}"]
+        if self.steps:
+            tail[1:1] = [b'"steps":', self._counted(self.steps.entries()), b","]
         if self.intents:
             flying = self._counted(list(self.intents.values()))
-            tail = [b'],"in_flight":', flying, b",", post_b, b"}"]
+            tail[1:1] = [b'"in_flight":', flying, b","]
         last = spawned_at[-1] + spawned_len[-1] if spawned_len else end + len(middle)
         self.assembled = last + sum(map(len, tail))
         return self._pieces(lead, ops_pieces, middle, spawned_pieces, tail)

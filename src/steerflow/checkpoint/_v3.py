@@ -59,7 +59,7 @@ __all__ = ["V3Backend"]
 
 _Pin = tuple[int, _io.Identity]  # (open creation fd, identity)
 _KIND_ENTRY = {
-    kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn", "intent")
+    kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn", "intent", "step")
 }
 
 
@@ -194,6 +194,7 @@ class V3Backend:
                 list(state["spawned"]),
                 _capture.freeze(state["flow_context"]),
                 list(state.get("in_flight", ())),
+                list(state.get("steps", ())),
             )
             self._compact()
         except (OSError, ValueError) as exc:
@@ -274,7 +275,7 @@ class V3Backend:
     def _tail(self, item: Item, entry: bytes) -> bytes:
         """The members after ``seq``: kind, the encoded entry, the context change."""
         tail = _KIND_ENTRY[item.kind] + entry
-        if item.kind == "intent":
+        if item.kind in ("intent", "step"):
             return tail + b"}\n"
         if self.resync:
             # Disk and the admitted baseline may differ after reconciliation: restate it.
@@ -499,4 +500,4 @@ class V3Backend:
 
 def _counts(item: Item | None) -> int:
     """1 for an outcome record (what ``max_records`` counts), 0 for an intent or a flush."""
-    return 0 if item is None or item.kind == "intent" else 1
+    return 0 if item is None or item.kind in ("intent", "step") else 1

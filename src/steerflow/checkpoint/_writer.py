@@ -41,6 +41,7 @@ from ._digest import JSON, normalize
 from ._intents import IntentError, check_intent
 from ._seed import seed_entries
 from ._state import Item, Kind, State, Ticket
+from ._steps import StepError, check_step
 from ._v2 import V2Backend
 from ._v3 import V3Backend
 
@@ -284,6 +285,28 @@ class CheckpointWriter:
         await self._settle(ticket, "intent", call_id)
         return True
 
+    async def record_step(self, entry: dict[str, Any]) -> bool:
+        """Record one step of a tool node's loop; returns once it is acknowledged.
+
+        ``entry`` holds exactly :data:`~._steps.STEP_MEMBERS` (the writer adds its
+        digest). A model reply is recorded as soon as it returned, a tool call before
+        it starts (``in_flight``) and again when it ended (decision 254). Returns False,
+        writing nothing, for version 2, which has no journal to hold steps.
+        """
+        self._check_open()
+        entry = dict(entry)
+        try:
+            check_step(entry, sealed=False)
+        except StepError as exc:
+            raise ValueError(f"cannot record a step of {entry.get('node')!r}: {exc}") from None
+        if self.version == 2:
+            return False
+        key = f"{entry['record']}:{entry['key']}:{entry['index']}"
+        ticket = Ticket(Item("step", key, entry, None, self._ctx))
+        self._queue.append(ticket)
+        await self._settle(ticket, "step", key)
+        return True
+
     @property
     def bytes_written(self) -> int:
         """Total bytes this writer wrote to checkpoint files (snapshots, bases, journal).
@@ -374,6 +397,8 @@ class CheckpointWriter:
             # and the call not yet sent, apart from the outcome records' ``ack``.
             _faults.seam("intent-ack", "after")
             return
+        if kind == "step":
+            return  # a step's seams are the loop's (tools._loop), around each step
         _faults.seam("ack", "before")
         if kind != "flush":
             self.records_acknowledged += 1
