@@ -69,6 +69,7 @@ def test_the_expected_packages_are_found() -> None:
         "steerflow.providers",
         "steerflow.resume",
         "steerflow.state",
+        "steerflow.tools",
         "steerflow.views",
     }
     assert expected <= set(PACKAGES)
@@ -225,6 +226,14 @@ EXPECTED: dict[str, set[str]] = {
         "app",
         "cli_exit",
         "main",
+    },
+    "steerflow.tools": {
+        "DEFAULT_TOOL_TIMEOUT_S",
+        "Tool",
+        "ToolOptions",
+        "ToolOutput",
+        "ToolRuntime",
+        "Toolset",
     },
     "steerflow.cluster": {
         "CONNECT_BOUND_S",

@@ -34,7 +34,6 @@ from typing import Any
 from . import _entries as entries
 from ._entries import EntryKind, entry_ref
 from ._intents import IntentError, check_intent, closed_by
-from ._steps import StepError, StepLog, check_step
 from ._patch import PatchError, apply_patch, validate_patch
 from ._read import (
     CHECKPOINT_FILENAME,
@@ -45,6 +44,7 @@ from ._read import (
     read_pinned,
 )
 from ._report import Report
+from ._steps import StepError, StepLog, check_step
 
 __all__ = ["MAX_SEQ", "entry_ref", "fold_unit", "load_v3", "valid_generation"]
 

@@ -20,8 +20,8 @@ from typing import Any, Literal
 
 from ._digest import JSON, entry_digest
 from ._intents import closed_by, intent_digest
-from ._steps import StepLog, step_digest
 from ._io import Span, read_span
+from ._steps import StepLog, step_digest
 
 __all__ = [
     "Item",

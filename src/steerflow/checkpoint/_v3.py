@@ -59,7 +59,8 @@ __all__ = ["V3Backend"]
 
 _Pin = tuple[int, _io.Identity]  # (open creation fd, identity)
 _KIND_ENTRY = {
-    kind: b',"kind":' + dumps_compact(kind) + b',"entry":' for kind in ("op", "spawn", "intent", "step")
+    kind: b',"kind":' + dumps_compact(kind) + b',"entry":'
+    for kind in ("op", "spawn", "intent", "step")
 }
 
 

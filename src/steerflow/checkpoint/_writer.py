@@ -41,7 +41,7 @@ from ._digest import JSON, normalize
 from ._intents import IntentError, check_intent
 from ._seed import seed_entries
 from ._state import Item, Kind, State, Ticket
-from ._steps import StepError, check_step
+from ._steps import StepError, StepLog, check_step
 from ._v2 import V2Backend
 from ._v3 import V3Backend
 
@@ -101,6 +101,7 @@ class CheckpointWriter:
         on_saved: SavedHook | None = None,
         ops: Mapping[str, Mapping[str, object]] | None = None,
         spawned: Sequence[Mapping[str, object]] | None = None,
+        steps: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
         if version not in (2, 3) or isinstance(version, bool):
             raise ValueError(f"unsupported checkpoint version: {version!r}")
@@ -132,6 +133,7 @@ class CheckpointWriter:
             ops=initial_ops,
             spawned=initial_spawned,
             spawn_index={str(e["node_id"]): i for i, e in enumerate(initial_spawned)},
+            steps=_seed_steps(steps),
         )
         self._backend: _Backend
         if version == 2:
@@ -477,6 +479,17 @@ class CheckpointWriter:
         self.persisted = False
         if self.error is None:
             self.error = message
+
+
+def _seed_steps(steps: Sequence[Mapping[str, Any]] | None) -> StepLog:
+    """A resume's steps, published in its first base (a tool node continues after them)."""
+    entries = [dict(step) for step in steps or ()]
+    try:
+        for entry in entries:
+            check_step(entry)  # sealed: they come from a checkpoint, digest included
+        return StepLog.of(entries)
+    except StepError as exc:
+        raise ValueError(f"an initial step cannot be stored: {exc}") from None
 
 
 def _add_spawned_ids(raw: dict[str, object], spawned_ids: Sequence[str] | None) -> None:

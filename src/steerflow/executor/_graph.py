@@ -88,6 +88,10 @@ class Operation:
     escalated_from: str | None = None
     escalation: int = 0
     pinned_model: str | None = None
+    # The tool specs its model may call (plan, role and entry ``tools``): with any, its
+    # call is a model-and-tool loop of at most ``max_steps`` model requests (issue 39).
+    tools: tuple[str, ...] = ()
+    max_steps: int | None = None
 
     @property
     def terminal(self) -> bool:
@@ -278,6 +282,8 @@ def build_graph(plan: PlanFile) -> Graph:
             assignee=entry.assignee,
             inherit_context=entry.inherit_context,
             declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
+            tools=tuple(plan.tools_of(entry)),
+            max_steps=entry.max_steps,
         )
         ids[entry.agent_id] = op.node_id
         graph.add(op)

@@ -6,10 +6,11 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from steerflow.executor._graph import Operation
 
-__all__ = ["CallIntent", "IntentHook"]
+__all__ = ["CallIntent", "IntentHook", "StepRecorder"]
 
 
 @dataclass(frozen=True)
@@ -53,3 +54,7 @@ class CallIntent:
 #: Records an intent durably before its call is sent; False: the call must not be sent
 #: (the run's lease is gone, or the checkpoint could not hold the intent).
 IntentHook = Callable[[Operation, CallIntent], Awaitable[bool]]
+
+#: Journals one step of a tool node's loop and waits for its acknowledgement (issue 39);
+#: False: nothing more can be recorded, so the loop stops before its next step.
+StepRecorder = Callable[[Operation, dict[str, Any]], Awaitable[bool]]

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ValidationError
 
@@ -25,7 +25,7 @@ from steerflow.executor._budget import BUDGET_REASON, Meter
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
-from steerflow.executor._intent import CallIntent, IntentHook
+from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -39,6 +39,9 @@ from steerflow.providers import (
     is_leg_key,
 )
 from steerflow.providers._plugins import checked_response
+
+if TYPE_CHECKING:
+    from steerflow.tools import ToolRuntime
 
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
 
@@ -152,6 +155,14 @@ class FlowExecutor:
         #: (``prior_calls``, set by a resume): the next intent's attempt number.
         self.prior_calls: dict[str, int] = {}
         self._calls: dict[str, int] = {}
+        #: Builds a tool node's toolset (``tools.ToolRuntime``); None: no node has tools.
+        self.tool_runtime: ToolRuntime | None = None
+        #: Journals each step of a tool node's loop (the recorder's); None: unrecorded.
+        self.on_step: StepRecorder | None = None
+        #: Steps earlier runs of the chain recorded, by ``(record, key)``, and the
+        #: operator's ``--tool-call`` decisions, for loops a resume continues.
+        self.prior_steps: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
+        self.tool_decisions: dict[str, str] = {}
 
     # -- control surface -------------------------------------------------------------------
 
@@ -453,7 +464,7 @@ class FlowExecutor:
                 op.status = "pending"
                 # walked in a thread: a worker's tree can be large, and the loop is shared
                 op.artifacts = await asyncio.to_thread(_files_under, request.artifact_dir)
-                op.cancelled = call.scope.cancelled_by
+                op.cancelled = call.scope.cancelled_by or op.cancelled  # a held loop's
                 self._withhold(op)
                 return op.status
         except ProviderError as exc:  # UnsafePathError included: the node fails, not the run
@@ -468,7 +479,7 @@ class FlowExecutor:
         # Paid for whatever follows: a node that fails its artifact check still cost this.
         op.usage = (
             self.meter.charge(op.model, response.usage, op.node_id)
-            if self.meter
+            if self.meter and not op.extra.pop("tool_loop", False)
             else response.usage
         )
         if op.declared_artifacts:
@@ -500,6 +511,8 @@ class FlowExecutor:
         # lease's local deadline has passed (a stall included) it asks the state DB.
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
+        if op.tools:
+            return await self._run_tools(op, provider, request)
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -511,6 +524,47 @@ class FlowExecutor:
                 return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
         return checked_response(provider, await provider.invoke(request))
+
+    async def _run_tools(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """A tool node's loop, step by step (issue 39); None if it stopped between steps."""
+        from steerflow.executor._steps import NodeSteps
+        from steerflow.tools._loop import DEFAULT_MAX_STEPS, LoopHeld, ToolLoop
+
+        if self.tool_runtime is None:
+            raise ProviderError(f"node {op.key!r} has tools, and this run has no tool runtime")
+        # The node's own messages went into its first instruction; later ones reach the
+        # loop's next model request.
+        self.context.mark_delivered(self._claims.pop(op.node_id, []))
+        toolset = await self.tool_runtime.toolset(op.tools)
+        planned = op.kind == "planned"
+        record, key = ("op", op.key) if planned else ("spawn", op.node_id)
+        loop = ToolLoop(
+            provider,
+            toolset,
+            NodeSteps(self, op),
+            node=op.key,
+            record=record,
+            key=key,
+            max_steps=op.max_steps or DEFAULT_MAX_STEPS,
+            prior=self.prior_steps.get((record, key), ()),
+            decisions=self.tool_decisions,
+        )
+        try:
+            response = await loop.run(request)
+        except LoopHeld as held:
+            op.cancelled = op.cancelled or held.reason
+            return None
+        finally:
+            # Paid as it ran, failed or not: the outcome records what its steps cost.
+            op.usage = loop.total
+        op.extra["tool_loop"] = True  # its usage is already charged, step by step
+        return response
+
+    def emit_paused(self, op: Operation) -> None:
+        """Say that ``op`` waits at the pause gate (its loop's next step, too)."""
+        self._emit("node_paused", op)
 
     def _release_claim(self, op: Operation, base: str) -> None:
         """Messages claimed by an operation whose provider call never ran go back to the queue."""

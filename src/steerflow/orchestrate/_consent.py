@@ -130,3 +130,30 @@ def _unconsented(
         who = f"node(s) {shown}" if ids else "no planned node (spawned nodes may use it)"
         parts.append(f"{spec!r} ({', '.join(origins)}) for {who}")
     return "; ".join(parts)
+
+
+def check_tool_consent(plan: PlanFile, source: str, *, allow_python: bool, allow_mcp: bool) -> None:
+    """Refuse (exit 2) a plan whose tools run code nobody consented to (issue 39 item 1).
+
+    ``python:`` tools run in this process (``--allow-python``); ``mcp:`` tools start the
+    plan's MCP servers, which are commands of the plan's choosing (``--allow-mcp``).
+    Every ``mcp:SERVER`` must also name a server the plan declares.
+    """
+    plan.check_mcp_servers()
+    where: dict[str, list[str]] = {"python": [], "mcp": []}
+    for entry in plan.plan:
+        for spec in plan.tools_of(entry):
+            kind = spec.split(":", 1)[0]
+            if kind in where and spec not in where[kind]:
+                where[kind].append(spec)
+    if where["python"] and not allow_python:
+        raise UsageError(
+            f"{source} gives nodes Python tools that run in this process: "
+            f"{', '.join(where['python'])}. Pass --allow-python to run them"
+        )
+    if (where["mcp"] or plan.mcp_servers) and not allow_mcp:
+        servers = ", ".join(sorted(plan.mcp_servers)) or "none"
+        raise UsageError(
+            f"{source} starts MCP servers for its tools ({servers}): "
+            f"{', '.join(where['mcp']) or 'declared, unused'}. Pass --allow-mcp to start them"
+        )

@@ -114,6 +114,12 @@ class ResumeSeed:
     #: 217), and every call of the chain in that state: counted as spent.
     in_flight: tuple[InFlightCall, ...] = ()
     doubt: InFlightDoubt = field(default_factory=InFlightDoubt)
+    #: Every step of the source's tool nodes (copied into the resumed run's checkpoint;
+    #: an unfinished node's loop continues after them), the ``(record, key)`` of the
+    #: nodes whose outcome ended them, and the operator's ``--tool-call`` decisions.
+    steps: tuple[dict[str, Any], ...] = ()
+    finished_steps: set[tuple[str, str]] = field(default_factory=set)
+    tool_decisions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -160,6 +166,8 @@ class FlowOptions:
     allow_agent_workers: bool = False
     # ... and ``python:`` function nodes with this one (the same spec as --model also counts).
     allow_python: bool = False
+    #: Consent to start the plan's MCP servers for its ``mcp:`` tools (``--allow-mcp``).
+    allow_mcp: bool = False
     # ``--synthesize TEXT``: a final operation over every worker's result; it replaces the
     # instruction of the plan's ``synthesis`` (whose model it keeps).
     synthesize: str | None = None

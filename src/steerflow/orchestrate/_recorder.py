@@ -206,6 +206,26 @@ class CheckpointRecorder:
         await self._durably(op, write)
         return acknowledged
 
+    async def record_step(self, op: Operation, entry: dict[str, Any]) -> bool:
+        """The executor's ``on_step``: journal one step of a tool node's loop (decision 254).
+
+        True once acknowledged; False when nothing more can be recorded (a lease taken
+        over, a lost checkpoint): the loop then stops before its next step. A version 2
+        checkpoint records no steps (a tool node there is not durable step by step).
+        """
+        if self.writer.version != 3:
+            return True
+        if self.lost:
+            return False
+        acknowledged = False
+
+        async def write() -> None:
+            nonlocal acknowledged
+            acknowledged = await self.writer.record_step(entry)
+
+        await self._durably(op, write)
+        return acknowledged
+
     async def record_intent(self, children: list[Operation]) -> None:
         """Spawn observer: record accepted spawns as ``pending`` (recorded, never invoked).
 

@@ -50,6 +50,7 @@ def prepare_resume(
     save: Path | None = None,
     accept_checkpoint_contract: bool = False,
     redeliver_claimed: bool = False,
+    tool_calls: Mapping[str, str] | None = None,
 ) -> ResumeSeed:
     """Resolve ``target``, load and check its checkpoint, and describe the replay.
 
@@ -68,6 +69,9 @@ def prepare_resume(
     ``save``, when given, must name the source run's artifact root (``UsageError``).
     Messages of the chain a dead process left behind are listed in ``stranded`` (and
     the notes); ``redeliver_claimed`` re-queues the claimed ones too (issue 26).
+    ``tool_calls``: the operator's ``--tool-call CALL_ID=retry|skip`` decisions for tool
+    calls a crash left unfinished; one that is neither idempotent nor decided refuses the
+    resume (``ToolCallUndecidedError``, issue 39 item 3).
     """
     run = resolve_run_target(home, target)
     known: dict[str, str | None] = {"session_id": run.session_id, "run_id": run.run_id}
@@ -83,6 +87,7 @@ def prepare_resume(
             save=save,
             accept_checkpoint_contract=accept_checkpoint_contract,
             redeliver_claimed=redeliver_claimed,
+            tool_calls=dict(tool_calls or {}),
         )
     except SteerflowError as exc:
         exc.source_ids = dict(known)
@@ -101,6 +106,7 @@ def _prepare(
     save: Path | None,
     accept_checkpoint_contract: bool,
     redeliver_claimed: bool,
+    tool_calls: dict[str, str],
 ) -> ResumeSeed:
     preflight_claim(home, run.run_id, fork=fork)
     checkpoint = run.run_dir / CHECKPOINT_FILENAME
@@ -117,11 +123,7 @@ def _prepare(
     # A context the loader accepts (a hand-made file, a journal's deep patch) but the
     # writer would refuse must stop the resume here, before a run directory or session
     # exists, not when the new checkpoint is first written.
-    problem = context_problem(state.flow_context)
-    if problem is not None:
-        raise FlowResumeError(
-            f"the flow context of run {run.run_id} cannot be stored again: {problem}"
-        )
+    _check_context(state, run.run_id)
     # The contract the source persisted, never one re-derived from today's roles.
     source = read_source_contract(
         home, state, accept_checkpoint_contract=accept_checkpoint_contract
@@ -168,8 +170,67 @@ def _prepare(
         spent=chain_spent(state),
         in_flight=state.in_flight,
         doubt=doubt,
+        **_tool_steps(state, tool_calls),
     )
 
+
+def _check_context(state: CheckpointState, run_id: str) -> None:
+    problem = context_problem(state.flow_context)
+    if problem is not None:
+        raise FlowResumeError(f"the flow context of run {run_id} cannot be stored again: {problem}")
+
+
+def _tool_steps(state: CheckpointState, tool_calls: dict[str, str]) -> dict[str, Any]:
+    """The seed's tool-loop members, once every unfinished call is decided."""
+    check_tool_calls(state, tool_calls)
+    return {
+        "steps": state.steps,
+        "finished_steps": _finished(state),
+        "tool_decisions": tool_calls,
+    }
+
+
+def check_tool_calls(state: CheckpointState, decisions: Mapping[str, str]) -> None:
+    """Refuse a resume that would have to guess about an unfinished tool call.
+
+    Every ``--tool-call`` must name a call left unfinished; every unfinished call that
+    was not idempotent when it started must be decided.
+    """
+    from steerflow.tools._loop import ToolCallUndecidedError, undecided_calls, undecided_message
+
+    unfinished = {
+        str(step["call_id"])
+        for step in state.steps
+        if step["type"] == "tool" and step["status"] == "in_flight"
+    }
+    unknown = sorted(set(decisions) - unfinished)
+    if unknown:
+        raise UsageError(
+            f"--tool-call names {', '.join(map(repr, unknown))}, which is not a tool call "
+            f"left unfinished in this run (unfinished: {', '.join(sorted(unfinished)) or 'none'})"
+        )
+    undecided = undecided_calls(state.steps, decisions)
+    if undecided:
+        more = f" ({len(undecided) - 1} more undecided)" if len(undecided) > 1 else ""
+        raise ToolCallUndecidedError(undecided_message(undecided[0]) + more)
+
+
+def open_steps_usage(steps: Sequence[Mapping[str, Any]], finished: set[tuple[str, str]]) -> Usage:
+    """What the model steps of nodes with no final outcome cost (paid, in no entry)."""
+    total = Usage()
+    for step in steps:
+        if step["type"] == "model" and (step["record"], step["key"]) not in finished:
+            total = total + (Usage.from_json(step["data"].get("usage")) or Usage())
+    return total
+
+
+def _finished(state: CheckpointState) -> set[tuple[str, str]]:
+    done = {("op", key) for key, e in state.ops.items() if e.raw.get("status") in _FINAL}
+    return done | {("spawn", e.node_id) for e in state.spawned if e.raw.get("status") in _FINAL}
+
+
+#: An outcome that ends a node (a spawned ``pending`` entry is its intent, not an end).
+_FINAL = frozenset({"completed", "failed"})
 
 #: The checkpoint ``config`` member with what the chain spent that no entry of the
 #: checkpoint records (planner calls, attempts a resume ran again); absent when nothing.
@@ -182,7 +243,9 @@ def chain_spent(state: CheckpointState) -> Usage:
     entries = [e.raw for e in state.ops.values()] + [e.raw for e in state.spawned]
     for raw in entries:
         total = total + (Usage.from_json(raw.get("usage")) or Usage())
-    return total
+    # A tool node's steps were paid as they ran: until its outcome holds them, its
+    # steps' own records do (decision 256).
+    return total + open_steps_usage(state.steps, _finished(state))
 
 
 #: The session ``node_metadata`` member holding the planner call in flight (decision 219).
@@ -252,6 +315,9 @@ def spent_before(seed: ResumeSeed | None, planner: list[Usage]) -> Usage:
     kept = Usage()
     for recorded in seed.replay.usage.values():
         kept = kept + (Usage.from_json(recorded) or Usage())
+    # The resumed run's checkpoint holds the seeded steps again, and a node that ends
+    # there records them in its outcome's usage: not in spent_before as well.
+    kept = kept + open_steps_usage(seed.steps, seed.finished_steps)
     return total + _less(seed.spent, kept)
 
 

@@ -44,7 +44,11 @@ from steerflow.executor import (
 )
 from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import RUN_ID_KEY, create_session, lineage, run_name
-from steerflow.orchestrate._consent import check_agent_worker_consent, check_python_consent
+from steerflow.orchestrate._consent import (
+    check_agent_worker_consent,
+    check_python_consent,
+    check_tool_consent,
+)
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
@@ -91,6 +95,7 @@ from steerflow.state import SessionRow, StateDB
 
 if TYPE_CHECKING:
     from steerflow.cluster import RayCluster
+    from steerflow.tools import ToolRuntime
 
 __all__ = ["FlowRun", "run_flow"]
 
@@ -148,6 +153,8 @@ class FlowRun:
         self.steering.on_budget = self.change_budget
         self.warnings: list[str] = list(seed.notes) if seed else []
         self._providers = ProviderCache()
+        #: The run's tools (toolsets, MCP sessions), built when some node has tools.
+        self.tool_runtime: ToolRuntime | None = None
         self._planning: CallScope | None = None  # the planner call, while it runs
         self._connecting: CallScope | None = None  # joining the Ray cluster, while it runs
         #: What the planner calls cost: paid work of this run, counted in its usage.
@@ -309,6 +316,9 @@ class FlowRun:
                 model=settings.model,
                 given_model=opts.model,
                 allowed=opts.allow_python,
+            )
+            check_tool_consent(
+                plan, source, allow_python=opts.allow_python, allow_mcp=opts.allow_mcp
             )
         cluster = await self._join_cluster(settings)
         try:
@@ -883,6 +893,7 @@ class FlowRun:
                 ),
                 ops=replayed_ops,
                 spawned=replayed_spawned,
+                steps=opts.resume.steps if opts.resume is not None else None,
             )
         except ValueError as exc:
             if opts.resume is None:
@@ -952,9 +963,16 @@ class FlowRun:
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.meter = self.meter
         executor.before_call = recorder.record_call
+        executor.on_step = recorder.record_step
+        executor.tool_runtime = self.tool_runtime
         seed = self.options.resume
         for call in seed.in_flight if seed is not None else ():
             executor.prior_calls[call.node] = executor.prior_calls.get(call.node, 0) + 1
+        if seed is not None:
+            for step in seed.steps:
+                key = (str(step["record"]), str(step["key"]))
+                executor.prior_steps[key] = (*executor.prior_steps.get(key, ()), step)
+            executor.tool_decisions = dict(seed.tool_decisions)
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
         return executor

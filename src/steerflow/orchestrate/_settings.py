@@ -65,6 +65,10 @@ class RunSettings:
     #: The plan's ``name``, kept in the checkpoint so ``db rebuild`` and a resume can name
     #: the run as it was named (``_claim.run_name``).
     plan_name: str | None = None
+    #: ``tool_options`` and ``mcp_servers`` as stored (JSON objects; issue 39): a resume
+    #: runs a tool node's tools as its first run did.
+    tool_options: Mapping[str, Any] = field(default_factory=dict)
+    mcp_servers: Mapping[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -97,6 +101,8 @@ class RunSettings:
                 "compact_bytes",
             ),
             synthesis=_synthesis(options, plan),
+            tool_options=_dumped(plan.tool_options if plan else {}),
+            mcp_servers=_dumped(plan.mcp_servers if plan else {}),
             caps=_caps(
                 options.max_cost if options.max_cost is not None else _plan_cost(plan),
                 options.max_tokens if options.max_tokens is not None else _plan_tokens(plan),
@@ -151,6 +157,8 @@ class RunSettings:
             caps=_stored_caps(config.get("budget")),
             prices=_stored_prices(config.get("prices")),
             plan_name=config["name"] if isinstance(config.get("name"), str) else None,
+            tool_options=dict(config.get("tool_options") or {}),
+            mcp_servers=dict(config.get("mcp_servers") or {}),
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
@@ -190,6 +198,10 @@ class RunSettings:
                                 for k, p in self.prices.items()}  # fmt: skip
         if self.plan_name is not None:
             config["name"] = self.plan_name
+        if self.tool_options:
+            config["tool_options"] = dict(self.tool_options)
+        if self.mcp_servers:
+            config["mcp_servers"] = dict(self.mcp_servers)
         return config
 
     @property
@@ -329,3 +341,8 @@ def _stored(value: object, bound: CompactBound) -> int:
     if isinstance(value, bool) or not isinstance(value, int):
         return bound.default
     return value if bound.least <= value <= bound.most else bound.default
+
+
+def _dumped(models: Mapping[str, Any]) -> dict[str, Any]:
+    """Plan models by name as stored: JSON objects without their unset (None) members."""
+    return {name: model.model_dump(exclude_none=True) for name, model in models.items()}

@@ -34,6 +34,11 @@ def plan_to_checkpoint(
             item["inherit_context"] = True
         if entry.artifacts:
             item["artifacts"] = list(entry.artifacts)
+        tools = plan.tools_of(entry)
+        if tools:  # resolved (plan, role, own): a resume has no roles' or plan's tools
+            item["tools"] = tools
+        if entry.max_steps is not None:
+            item["max_steps"] = entry.max_steps
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Mapping
 from typing import Annotated, Literal, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from steerflow.errors import PlanValidationError
 from steerflow.plan._keys import SYNTHESIS_KEY
 
 __all__ = [
@@ -25,11 +27,13 @@ __all__ = [
     "CompactBound",
     "Dependency",
     "EdgeWhen",
+    "McpServerSpec",
     "PlanEntry",
     "PlanFile",
     "RoleSpec",
     "SpawnSpec",
     "SynthesisSpec",
+    "ToolOptionSpec",
     "artifact_path_problem",
     "resource_problem",
 ]
@@ -61,6 +65,17 @@ MAX_ARTIFACT_PATH = 1024
 
 EdgeWhen = Literal["completed", "failed", "always"]
 AgentId = Annotated[str, Field(pattern=AGENT_ID_PATTERN)]
+#: A tool's name and an MCP server's name: what a model API accepts as a function name.
+TOOL_NAME_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}$"
+#: ``python:MODULE:FUNCTION``, ``mcp:SERVER`` or ``mcp:SERVER/TOOL`` (CONTRACT §12).
+TOOL_SPEC_PATTERN = (
+    r"^(python:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*"
+    r"|mcp:[A-Za-z0-9_][A-Za-z0-9_.-]{0,63}(/[A-Za-z0-9_][A-Za-z0-9_.-]{0,63})?)$"
+)
+ToolSpecText = Annotated[str, Field(pattern=TOOL_SPEC_PATTERN)]
+ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
+#: ``max_steps`` bounds: model requests of one tool node (default 25, CONTRACT §12).
+MAX_STEPS_LIMIT = 10_000
 
 
 class _Strict(BaseModel):
@@ -99,6 +114,12 @@ class PlanEntry(_Strict):
         "chat model writes no files, so leave this empty for its nodes.",
     )
 
+    #: Tools this node's model may call (``python:MOD:FN``, ``mcp:SERVER[/TOOL]``), added
+    #: to its role's and the plan's: a node with any runs a model-and-tool loop.
+    tools: list[ToolSpecText] = Field(default_factory=list)
+    #: Model requests the loop may make before the node fails (default 25).
+    max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
+
     @property
     def dependencies(self) -> list[Dependency]:
         """Dependencies normalized to :class:`Dependency` objects."""
@@ -112,6 +133,8 @@ class RoleSpec(_Strict):
     system: str | None = None
     artifacts: list[str] = Field(default_factory=list)
     escalation: list[str] = Field(default_factory=list)
+    #: Tools every node of the role may call (issue 39).
+    tools: list[ToolSpecText] = Field(default_factory=list)
     #: What one of the role's calls asks a Ray cluster for (``--executor ray``): ``num_cpus``,
     #: ``num_gpus``, ``memory`` (bytes) and custom resources by name. Ignored when local.
     resources: dict[str, float] | None = Field(
@@ -129,6 +152,32 @@ class RoleSpec(_Strict):
                 if problem:
                     raise ValueError(f"resources.{name}: {problem}")
         return value
+
+
+class ToolOptionSpec(_Strict):
+    """``tool_options.<TOOL>``: how one tool is run (CONTRACT §12)."""
+
+    #: True: calling it twice does no more than once, so a call a crash interrupted
+    #: simply runs again on resume; otherwise the resume asks the operator.
+    idempotent: bool | None = None
+    approval: Literal["required", "never"] | None = None
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400, allow_inf_nan=False)
+
+
+class McpServerSpec(_Strict):
+    """``mcp_servers.<NAME>``: a stdio command (with its environment) or an HTTP URL."""
+
+    command: list[str] | None = Field(default=None, min_length=1)
+    env: dict[str, str] = Field(default_factory=dict)
+    url: str | None = Field(default=None, pattern=r"^https?://")
+
+    @model_validator(mode="after")
+    def _one_transport(self) -> McpServerSpec:
+        if (self.command is None) == (self.url is None):
+            raise ValueError("give exactly one of command (stdio) and url (streamable HTTP)")
+        if self.url is not None and self.env:
+            raise ValueError("env applies to a command, not to a url")
+        return self
 
 
 class SpawnSpec(_Strict):
@@ -199,6 +248,10 @@ class PlanFile(_Strict):
     max_cost: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     max_tokens: int | None = Field(default=None, ge=1, strict=True)
     prices: dict[str, PriceSpec] = Field(default_factory=dict)
+    #: Tools for every node, how each is run, and the MCP servers they come from.
+    tools: list[ToolSpecText] = Field(default_factory=list)
+    tool_options: dict[ToolName, ToolOptionSpec] = Field(default_factory=dict)
+    mcp_servers: dict[ToolName, McpServerSpec] = Field(default_factory=dict)
     plan: list[PlanEntry] = Field(min_length=1)
 
     @field_validator("reactive", mode="before")
@@ -253,6 +306,33 @@ class PlanFile(_Strict):
         if cycle:
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
         return self
+
+    def tools_of(self, entry: PlanEntry) -> list[str]:
+        """The tool specs of one entry: the plan's, its role's, its own (first wins)."""
+        role = self.roles.get(entry.assignee or "")
+        specs = [*self.tools, *(role.tools if role else ()), *entry.tools]
+        return list(dict.fromkeys(specs))
+
+    def check_mcp_servers(self, declared: Mapping[str, object] | None = None) -> None:
+        """Every ``mcp:SERVER`` spec names a declared server (``declared``: the plan's).
+
+        Not a model rule: a resume rebuilds its plan from the checkpoint, where the
+        servers are in the run's ``config`` (checked against those instead).
+        """
+        servers = self.mcp_servers if declared is None else declared
+        named = [("tools", self.tools)]
+        named += [(f"roles.{name}.tools", role.tools) for name, role in self.roles.items()]
+        named += [(f"plan[{i}].tools", e.tools) for i, e in enumerate(self.plan)]
+        for where, specs in named:
+            for spec in specs:
+                if spec.startswith("mcp:"):
+                    server = spec[4:].split("/", 1)[0]
+                    if server not in servers:
+                        known = ", ".join(sorted(servers)) or "none"
+                        raise PlanValidationError(
+                            f"{where}: {spec!r} names MCP server {server!r}, which "
+                            f"mcp_servers does not declare (declared: {known})"
+                        )
 
     def _check_artifact_paths(self) -> None:
         # Checked here rather than per field so the message names the entry's agent_id.

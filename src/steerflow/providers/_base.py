@@ -11,23 +11,27 @@ import abc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from steerflow._usage import USAGE_MEMBERS, Usage
 from steerflow.providers._paths import ensure_leg_dir
 
-if TYPE_CHECKING:
-    from steerflow.providers._steps import StepReply, StepRequest
-
 __all__ = [
     "USAGE_MEMBERS",
+    "ConversationItem",
     "DependencyResult",
     "Message",
+    "ModelTurn",
     "PlanReply",
     "PlanRequest",
     "Provider",
     "ProviderRequest",
     "ProviderResponse",
+    "StepReply",
+    "StepRequest",
+    "ToolCall",
+    "ToolResult",
+    "ToolSpec",
     "Usage",
 ]
 
@@ -137,6 +141,87 @@ class PlanReply:
     """What one planning call returned: the raw plan data, and its usage if reported."""
 
     data: object
+    usage: Usage | None = None
+
+
+# -- one step of a tool node's loop (issue 39, decision 253; see providers._steps) --
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model is told about it: name, description, JSON Schema of its args."""
+
+    name: str
+    description: str
+    #: A JSON Schema of type ``object`` (the arguments by name).
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call a model reply asked for.
+
+    ``call_id`` is the vendor's id (OpenAI ``call_…``, Anthropic ``toolu_…``; ``script:``
+    makes a stable one), kept exactly: the result sent back names the same id.
+    """
+
+    call_id: str
+    name: str
+    args: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """An assistant reply in the conversation: its text and the tool calls it made."""
+
+    text: str
+    tool_calls: tuple[ToolCall, ...] = ()
+    role: Literal["assistant"] = "assistant"
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What one tool call returned, sent back to the model under the call's id.
+
+    ``is_error`` marks a tool's error (bad arguments, a raised exception, a timeout, an
+    unknown outcome): the model sees it as the tool's answer, the node goes on.
+    """
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
+    role: Literal["tool"] = "tool"
+
+
+#: A conversation item after the node's history: a user message (the instruction, an
+#: operator's message between steps), an assistant reply, or a tool's result.
+ConversationItem = Message | ModelTurn | ToolResult
+
+
+@dataclass(frozen=True)
+class StepRequest:
+    """One model request of a tool node's loop.
+
+    The messages to send are ``node.history`` (system prompt and inherited turns) followed
+    by ``conversation``, whose first item is the node's instruction as a user message.
+    Every :class:`ModelTurn` with tool calls is followed by one :class:`ToolResult` per
+    call, in the calls' order, before the next user message or turn.
+    """
+
+    node: ProviderRequest
+    conversation: tuple[ConversationItem, ...]
+    tools: tuple[ToolSpec, ...]
+    #: 1 for the node's first model request, 2 for the next, ... (stable across a resume).
+    step: int
+
+
+@dataclass
+class StepReply:
+    """What one model request returned: text, the tool calls asked for, usage."""
+
+    text: str
+    tool_calls: list[ToolCall] = field(default_factory=list)
     usage: Usage | None = None
 
 

@@ -7,6 +7,7 @@ step, each step journaled before the next begins. Imported only by nodes that ha
 
 from __future__ import annotations
 
+from steerflow.tools._runtime import ToolRuntime
 from steerflow.tools._toolset import (
     DEFAULT_TOOL_TIMEOUT_S,
     Tool,
@@ -15,4 +16,11 @@ from steerflow.tools._toolset import (
     Toolset,
 )
 
-__all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Tool", "ToolOptions", "ToolOutput", "Toolset"]
+__all__ = [
+    "DEFAULT_TOOL_TIMEOUT_S",
+    "Tool",
+    "ToolOptions",
+    "ToolOutput",
+    "ToolRuntime",
+    "Toolset",
+]

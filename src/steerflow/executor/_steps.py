@@ -1,0 +1,107 @@
+"""The run's side of a tool node's loop: the gate, messages, budget and intent per step.
+
+``tools.ToolLoop`` asks these hooks before each model request and each tool call
+(issue 39 item 4): a pause holds the loop at its next step; ``ctl stop``, the deadline,
+a closed budget or a lost lease end it between steps (the node stays pending and a
+resume continues from its recorded steps); operator messages reach the next model
+request, at most once; every request gets its write-ahead intent like a node's call.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from steerflow._usage import Usage
+from steerflow.executor._budget import BUDGET_REASON, Meter
+from steerflow.executor._fence import AdmissionFence
+from steerflow.executor._graph import Operation
+from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
+from steerflow.executor._steer import PauseGate, SharedContext, render_steer
+from steerflow.tools._loop import Admitted, LoopHeld
+
+__all__ = ["NodeSteps"]
+
+
+class _Run(Protocol):
+    """What the hooks read of the executor (``FlowExecutor``)."""
+
+    admission_open: bool
+    admission_reason: str | None
+    gate: PauseGate
+    context: SharedContext
+    meter: Meter | None
+    fence: AdmissionFence | None
+    before_call: IntentHook | None
+    on_step: StepRecorder | None
+
+    def close_admission(self, reason: str) -> None: ...
+
+    def emit_paused(self, op: Operation) -> None: ...
+
+
+class NodeSteps:
+    """:class:`tools.StepHooks` for one operation of one executor."""
+
+    def __init__(self, executor: _Run, op: Operation) -> None:
+        self.executor, self.op = executor, op
+        self._claimed: dict[str, list[dict[str, Any]]] = {}
+        self._first = True  # the node's admission already reserved its first request
+
+    def _held(self) -> LoopHeld | None:
+        ex = self.executor
+        if not ex.admission_open:
+            return LoopHeld(ex.admission_reason or "admission closed")
+        return None
+
+    def check_between(self) -> None:
+        """Raise :class:`LoopHeld` once admission closed (stop, deadline, budget, lease)."""
+        held = self._held()
+        if held is not None:
+            raise held
+
+    async def admit_request(self, step: int) -> Admitted:
+        """Pause gate, stop and budget checks, then the write-ahead intent; the messages."""
+        ex, op = self.executor, self.op
+        await ex.gate.wait_open(lambda: ex.emit_paused(op))
+        self.check_between()
+        meter = ex.meter
+        if meter is not None and not self._first:
+            if not meter.room():
+                ex.close_admission(BUDGET_REASON)
+                self.check_between()
+            meter.reserve(op.node_id)
+        self._first = False
+        call_id = CallIntent.of(op, step).call_id
+        if ex.before_call is not None:
+            reservation = meter.reservation() if meter is not None else (None, None)
+            intent = CallIntent.of(op, step, reservation)
+            call_id = intent.call_id
+            fence = ex.fence
+            if fence is not None and not fence.fresh() and not await fence.hold():
+                raise LoopHeld("lease")
+            if not await ex.before_call(op, intent):
+                raise LoopHeld("lease")
+        steers = ex.context.take_unrendered(op.key)
+        self._claimed[call_id] = steers
+        messages: tuple[dict[str, str], ...] = ()
+        if steers:
+            ids = ",".join(str(m.get("control_id")) for m in steers)
+            messages = ({"control_id": ids, "text": render_steer(steers, "").strip()},)
+        return Admitted(call_id, messages)
+
+    def delivered(self, admitted: Admitted) -> None:
+        """The request left with its messages: they count as delivered (at most once)."""
+        self.executor.context.mark_delivered(self._claimed.pop(admitted.call_id, []))
+
+    def charge(self, usage: Usage | None) -> Usage | None:
+        """Price the reply and count it (its reservation ends here)."""
+        meter, op = self.executor.meter, self.op
+        if meter is None:
+            return usage
+        return meter.charge(op.model, usage, op.node_id)
+
+    async def record(self, entry: dict[str, Any]) -> None:
+        """Journal the step (acknowledged) before the loop goes on."""
+        record = self.executor.on_step
+        if record is not None and not await record(self.op, entry):
+            raise LoopHeld("checkpoint")

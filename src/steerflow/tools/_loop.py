@@ -1,0 +1,370 @@
+"""The tool node's loop: model request, tool calls, results, next request (issue 39).
+
+Each step is journaled before the next begins (decision 254): a model reply as soon as
+it returned (closing its request's write-ahead intent), a tool call as ``in_flight``
+before it starts and again when it ended. A resume hands the recorded steps back in
+``prior``: they are replayed without calling the model or a tool, the conversation is
+rebuilt exactly (every call paired with its result, ids and order kept), and the loop
+goes on at the first unrecorded step. A call recorded as started and never ended runs
+again only if it was idempotent when it started, or the operator said ``retry``;
+``skip`` gives the model "the call's outcome is unknown" (decision 255).
+
+The loop owns no policy of the run: the pause gate, operator messages, the budget, the
+write-ahead intent and the journal are reached through :class:`StepHooks`, which the
+executor implements, so the loop is the same under every front end.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from steerflow import _faults
+from steerflow._usage import Usage
+from steerflow.errors import FlowResumeError, ProviderError
+from steerflow.providers._base import Message, Provider, ProviderRequest, ProviderResponse
+from steerflow.providers._steps import (
+    ConversationItem,
+    ModelTurn,
+    StepRequest,
+    ToolCall,
+    ToolResult,
+)
+from steerflow.tools._toolset import ToolOutput, Toolset
+
+__all__ = [
+    "DEFAULT_MAX_RESULT_CHARS",
+    "DEFAULT_MAX_STEPS",
+    "UNKNOWN_OUTCOME",
+    "Admitted",
+    "LoopHeld",
+    "StepHooks",
+    "ToolCallUndecidedError",
+    "ToolLoop",
+    "undecided_calls",
+    "undecided_message",
+]
+
+#: ``max_steps`` when the plan does not say: model requests per node (CONTRACT §12).
+DEFAULT_MAX_STEPS = 25
+#: A tool result longer than this is cut before the model sees it, with a marker.
+DEFAULT_MAX_RESULT_CHARS = 20_000
+#: What the model is told for a call the operator chose not to run again (``skip``).
+UNKNOWN_OUTCOME = (
+    "the call's outcome is unknown: the run stopped while it was running, and the "
+    "operator chose not to run it again"
+)
+_TRUNCATED = "\n[... truncated by steerflow: {cut} of {total} characters not shown]"
+
+
+@dataclass(frozen=True)
+class Admitted:
+    """What the executor gives a model request it admits.
+
+    ``call_id``: the write-ahead intent recorded for it (closed by the step's record);
+    ``messages``: operator messages to deliver with it, oldest first, as
+    ``{"control_id", "text"}`` (``text`` already rendered as the steer block).
+    """
+
+    call_id: str
+    messages: tuple[dict[str, str], ...] = ()
+
+
+class LoopHeld(Exception):  # noqa: N818 - a signal between steps, not an error
+    """The loop stopped between steps (pause ended by stop, deadline, budget, lease).
+
+    The node stays pending; its recorded steps let a resume continue where it stopped.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+class ToolCallUndecidedError(FlowResumeError):
+    """A tool call started before the crash and never ended, and nothing says what to do."""
+
+
+class StepHooks(Protocol):
+    """What the loop needs from the run (implemented by the executor)."""
+
+    async def admit_request(self, step: int) -> Admitted:
+        """Wait out a pause; raise :class:`LoopHeld` on stop/deadline/budget; record intent."""
+        ...
+
+    def delivered(self, admitted: Admitted) -> None:
+        """The request carrying ``admitted.messages`` left: they count as delivered."""
+        ...
+
+    def charge(self, usage: Usage | None) -> Usage | None:
+        """Price one model reply and add it to the run's spend."""
+        ...
+
+    def check_between(self) -> None:
+        """Raise :class:`LoopHeld` if the loop must stop before the next tool call."""
+        ...
+
+    async def record(self, entry: dict[str, Any]) -> None:
+        """Journal one step entry (``checkpoint.STEP_MEMBERS``) and wait for its ack."""
+        ...
+
+
+@dataclass
+class _Replay:
+    """The conversation and position rebuilt from recorded steps."""
+
+    conversation: list[ConversationItem]
+    index: int = 0  # the last recorded step's index
+    requests: int = 0  # model requests made so far
+    usage: Usage | None = None
+    last: ModelTurn | None = None  # the last reply; its calls still to run follow
+    pending: list[ToolCall] = field(default_factory=list)
+    in_flight: dict[str, Any] | None = None  # a call started and never ended
+
+
+def _turn(data: Mapping[str, Any]) -> ModelTurn:
+    calls = tuple(
+        ToolCall(str(c["call_id"]), str(c["name"]), dict(c["args"]))
+        for c in data.get("tool_calls", ())
+    )
+    return ModelTurn(str(data.get("text", "")), calls)
+
+
+def _replay(instruction: str, prior: Sequence[Mapping[str, Any]], node: str) -> _Replay:
+    """Rebuild the conversation from recorded steps; refuse one that does not fit."""
+    state = _Replay([Message("user", instruction)])
+    for step in prior:
+        data = step["data"]
+        state.index = int(step["index"])
+        if step["type"] == "model":
+            if state.pending or state.in_flight is not None:
+                raise FlowResumeError(
+                    f"node {node!r}: step {state.index} is a model reply before every "
+                    "tool call of the previous one has a result"
+                )
+            for message in data.get("steered", ()):
+                state.conversation.append(Message("user", str(message["text"])))
+            state.last = _turn(data)
+            state.conversation.append(state.last)
+            state.pending = list(state.last.tool_calls)
+            state.requests += 1
+            state.usage = _add(state.usage, Usage.from_json(data.get("usage")))
+            continue
+        expected = state.pending[0] if state.pending else None
+        if expected is None or expected.call_id != step["call_id"]:
+            raise FlowResumeError(
+                f"node {node!r}: tool step {state.index} ({step['call_id']!r}) answers no "
+                "call of the reply before it, or not in the order it asked"
+            )
+        if step["status"] == "in_flight":
+            state.in_flight = dict(step)
+            continue
+        state.pending.pop(0)
+        state.conversation.append(_result(expected, step))
+    return state
+
+
+def _result(call: ToolCall, step: Mapping[str, Any]) -> ToolResult:
+    if step["status"] == "skipped":
+        return ToolResult(call.call_id, call.name, UNKNOWN_OUTCOME, is_error=True)
+    content = str(step["data"].get("result", ""))
+    return ToolResult(call.call_id, call.name, content, is_error=step["status"] == "failed")
+
+
+def _add(a: Usage | None, b: Usage | None) -> Usage | None:
+    if a is None:
+        return b
+    return a if b is None else a + b
+
+
+def undecided_calls(
+    prior: Sequence[Mapping[str, Any]], decisions: Mapping[str, str]
+) -> list[dict[str, Any]]:
+    """The tool calls left ``in_flight`` that may not simply run again, and are undecided.
+
+    A call recorded as idempotent when it started runs again on its own; any other needs
+    the operator's ``--tool-call CALL_ID=retry|skip`` (issue 39 item 3).
+    """
+    last: dict[str, dict[str, Any]] = {}
+    for step in prior:
+        if step["type"] == "tool":
+            last[str(step["call_id"])] = dict(step)
+    return [
+        step
+        for call_id, step in last.items()
+        if step["status"] == "in_flight"
+        and not step["data"].get("idempotent")
+        and call_id not in decisions
+    ]
+
+
+class ToolLoop:
+    """One tool node's loop over a model that calls tools and the node's toolset."""
+
+    def __init__(
+        self,
+        model: Provider,
+        toolset: Toolset,
+        hooks: StepHooks,
+        *,
+        node: str,
+        record: str,
+        key: str,
+        max_steps: int = DEFAULT_MAX_STEPS,
+        max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
+        prior: Sequence[Mapping[str, Any]] = (),
+        decisions: Mapping[str, str] | None = None,
+    ) -> None:
+        self.model, self.toolset, self.hooks = model, toolset, hooks
+        self.node_id, self.record_kind, self.key = node, record, key
+        self.max_steps, self.max_result_chars = max_steps, max_result_chars
+        self.prior, self.decisions = tuple(prior), dict(decisions or {})
+        self.usage: Usage | None = None  # what this run's requests cost (charged)
+        self.total: Usage | None = None  # every step's, the replayed ones included
+
+    async def run(self, request: ProviderRequest) -> ProviderResponse:
+        """Run (or continue) the loop until a reply asks for no tool; the final reply.
+
+        Raises:
+            LoopHeld: stopped between steps; the node stays pending.
+            ProviderError: the model failed, or ``max_steps`` was reached.
+        """
+        node = self.node_id
+        state = _replay(request.instruction, self.prior, node)
+        self.total = state.usage
+        if state.in_flight is not None:
+            await self._settle_in_flight(state)
+        while True:
+            await self._run_pending(state)
+            self.total = state.usage
+            if state.last is not None and not state.last.tool_calls:
+                return ProviderResponse(text=state.last.text, usage=state.usage)
+            if state.requests >= self.max_steps:
+                raise ProviderError(
+                    f"node {node!r} reached max_steps {self.max_steps} (model requests) "
+                    "without a final reply; raise max_steps on the op to let it go on"
+                )
+            await self._request(request, state)
+
+    async def _request(self, request: ProviderRequest, state: _Replay) -> None:
+        step = state.requests + 1
+        admitted = await self.hooks.admit_request(step)
+        steered = [Message("user", m["text"]) for m in admitted.messages]
+        conversation = (*state.conversation, *steered)
+        ask = StepRequest(request, conversation, self.toolset.specs(), step)
+        self.hooks.delivered(admitted)
+        started = time.time()
+        reply = await self.model.invoke_step(ask)
+        usage = self.hooks.charge(reply.usage)
+        self.usage = _add(self.usage, usage)
+        turn = ModelTurn(reply.text, tuple(reply.tool_calls))
+        data: dict[str, Any] = {
+            "text": reply.text,
+            "tool_calls": [
+                {"call_id": c.call_id, "name": c.name, "args": c.args} for c in turn.tool_calls
+            ],
+            "usage": usage.to_json() if usage is not None else None,
+            "steered": list(admitted.messages),
+            "model": self.model.spec,
+            "started_at": started,
+            "ended_at": time.time(),
+        }
+        _faults.seam("model-step", "before")
+        await self._record(state.index + 1, "model", admitted.call_id, "completed", data)
+        _faults.seam("model-step", "after")
+        state.index += 1
+        state.requests = step
+        state.usage = self.total = _add(state.usage, usage)
+        state.conversation.extend([*steered, turn])
+        state.last, state.pending = turn, list(turn.tool_calls)
+
+    async def _run_pending(self, state: _Replay) -> None:
+        """Run the last reply's calls that have no recorded step yet, in order."""
+        while state.pending:
+            call = state.pending[0]
+            self.hooks.check_between()
+            state.index += 1
+            await self._call(state, call, state.index, retried=None)
+
+    async def _call(
+        self, state: _Replay, call: ToolCall, index: int, *, retried: str | None
+    ) -> None:
+        tool = self.toolset.tools.get(call.name)
+        idempotent = bool(tool is not None and tool.idempotent)
+        base: dict[str, Any] = {"tool": call.name, "args": call.args, "idempotent": idempotent}
+        started = time.time()
+        if retried is None:
+            _faults.seam("tool-intent", "before")
+            intent = {**base, "started_at": started}
+            await self._record(index, "tool", call.call_id, "in_flight", intent)
+            _faults.seam("tool-intent", "after")
+        else:
+            base["decision"] = retried
+        output = await self.toolset.call(call.name, call.args)
+        _faults.seam("tool-result", "before")  # the tool returned; its result not yet saved
+        content, truncated = self._cut(output)
+        data = {**base, "result": content, "truncated": truncated, "started_at": started,
+                "ended_at": time.time()}  # fmt: skip
+        status = "failed" if output.is_error else "completed"
+        await self._record(index, "tool", call.call_id, status, data)
+        _faults.seam("tool-result", "after")
+        state.pending.pop(0)
+        state.conversation.append(ToolResult(call.call_id, call.name, content, output.is_error))
+
+    async def _settle_in_flight(self, state: _Replay) -> None:
+        """A call that started before the crash and never ended: rerun, skip or refuse."""
+        step = state.in_flight
+        assert step is not None
+        state.in_flight = None
+        call = state.pending[0]
+        decision = self.decisions.get(call.call_id)
+        if decision is None and step["data"].get("idempotent"):
+            decision = "retry"
+        if decision == "retry":
+            await self._call(state, call, int(step["index"]), retried="retry")
+            return
+        if decision == "skip":
+            data = {**step["data"], "result": None, "decision": "skip", "ended_at": time.time()}
+            await self._record(int(step["index"]), "tool", call.call_id, "skipped", data)
+            state.pending.pop(0)
+            state.conversation.append(_result(call, {"status": "skipped", "data": data}))
+            return
+        raise ToolCallUndecidedError(undecided_message(step))
+
+    def _cut(self, output: ToolOutput) -> tuple[str, bool]:
+        text, limit = output.content, self.max_result_chars
+        if len(text) <= limit:
+            return text, False
+        return text[:limit] + _TRUNCATED.format(cut=len(text) - limit, total=len(text)), True
+
+    async def _record(
+        self, index: int, type_: str, call_id: str, status: str, data: dict[str, Any]
+    ) -> None:
+        await self.hooks.record(
+            {
+                "node": self.node_id,
+                "record": self.record_kind,
+                "key": self.key,
+                "index": index,
+                "type": type_,
+                "call_id": call_id,
+                "status": status,
+                "data": data,
+            }
+        )
+
+
+def undecided_message(step: Mapping[str, Any]) -> str:
+    """The refusal for one undecided call: node, step, tool, arguments and the way out."""
+    data = step["data"]
+    args = json.dumps(data.get("args"), sort_keys=True, ensure_ascii=False)
+    return (
+        f"node {step['node']!r}, step {step['index']}: tool {data.get('tool')!r} was called "
+        f"with {args} and the run stopped before it returned; it is not declared "
+        "idempotent, so running it again could repeat its side effect. Decide with "
+        f"`steerflow resume RUN --tool-call {step['call_id']}=retry` (run it again) or "
+        "`=skip` (tell the model its outcome is unknown)"
+    )
