@@ -105,6 +105,13 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         "(they run code in this process); not needed for the spec given with --model.",
     ),
     click.option(
+        "--allow-mcp",
+        is_flag=True,
+        help="Let a plan file or playbook start the MCP servers it declares (mcp_servers:) "
+        "for its mcp:SERVER tools; they are commands of the plan's choosing. python: tools "
+        "need --allow-python.",
+    ),
+    click.option(
         "--synthesize",
         type=TEXT,
         metavar="TEXT",
@@ -158,6 +165,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
             compact_bytes=kw.get("compact_bytes"),
             allow_agent_workers=bool(kw.get("allow_agent_workers")),
             allow_python=bool(kw.get("allow_python")),
+            allow_mcp=bool(kw.get("allow_mcp")),
             synthesize=kw.get("synthesize"),
             **budget_kw(kw),
             **executor_kw(kw),
@@ -409,6 +417,16 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     "listed as warnings and in stranded_messages. Messages never claimed are re-queued "
     "either way.",
 )
+@click.option(
+    "--tool-call",
+    "tool_calls",
+    multiple=True,
+    metavar="CALL_ID=retry|skip",
+    help="Decide a tool call that was running when the run died and is not declared "
+    "idempotent (the resume refuses, exit 3, naming it): retry runs it again (its side "
+    "effect may happen twice), skip tells the model its outcome is unknown. Repeatable; "
+    "the decision is recorded in the step.",
+)
 @compact_options
 @budget_options
 @executor_options
@@ -454,6 +472,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         save=kw["save"],
         accept_checkpoint_contract=kw["accept_checkpoint_contract"],
         redeliver_claimed=kw["redeliver_claimed"],
+        tool_calls=tool_call_decisions(kw["tool_calls"]),
     )
     with flags_named():
         options = FlowOptions(
@@ -468,6 +487,19 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
             **executor_kw(kw),
         )
     return execute(home, options, as_json=kw["as_json"])
+
+
+def tool_call_decisions(values: tuple[str, ...]) -> dict[str, str]:
+    """``--tool-call CALL_ID=retry|skip`` values by call id; a malformed one exits 2."""
+    decisions: dict[str, str] = {}
+    for value in values:
+        call, sep, how = value.partition("=")
+        if not sep or not call or how not in ("retry", "skip"):
+            raise UsageError(f"--tool-call {value!r}: expected CALL_ID=retry or CALL_ID=skip")
+        if decisions.get(call, how) != how:
+            raise UsageError(f"--tool-call decides {call!r} twice, differently")
+        decisions[call] = how
+    return decisions
 
 
 def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:

@@ -203,6 +203,10 @@ def check_tool_calls(state: CheckpointState, decisions: Mapping[str, str]) -> No
         for step in state.steps
         if step["type"] == "tool" and step["status"] == "in_flight"
     }
+    bad = {call: how for call, how in decisions.items() if how not in ("retry", "skip")}
+    if bad:
+        call, how = next(iter(bad.items()))
+        raise UsageError(f"--tool-call {call}={how}: the decision is retry or skip")
     unknown = sorted(set(decisions) - unfinished)
     if unknown:
         raise UsageError(

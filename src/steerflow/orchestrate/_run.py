@@ -703,6 +703,7 @@ class FlowRun:
             if plan is None:
                 return await self._stopped_while_planning(s)
         graph, max_spawn = await self._prepare_graph(s.run_dir, plan, settings)
+        self._open_tools(s.run_dir, graph, settings)
         keeper, settings = await self._persist_contract(s, graph, settings)
         writer = await self._open_writer(s, graph, plan, prompt, settings, max_spawn)
         publisher = self._start_publisher(s, graph)
@@ -722,7 +723,29 @@ class FlowRun:
         finally:
             await publisher.close()
             await asyncio.to_thread(live.close)
+            if self.tool_runtime is not None:  # ends the MCP servers the run started
+                await self.tool_runtime.aclose()
         return await self._conclude(s, graph, executor, checkpoint)
+
+    def _open_tools(self, run_dir: RunDir, graph: Graph, settings: RunSettings) -> None:
+        """The run's tool runtime, if a node has tools; a model that cannot call them is refused."""
+        with_tools = [op for op in graph if op.tools]
+        if not with_tools:
+            return
+        for op in with_tools:
+            spec = op.pinned_model or settings.model_for(op.assignee)
+            if not self._providers.get(spec).supports_tools:
+                raise UsageError(
+                    f"node {op.key!r} has tools, and its model {spec!r} cannot call tools: "
+                    "give it a model that can (openai/..., anthropic/..., script:...)"
+                )
+        from steerflow.tools._runtime import open_runtime
+
+        self.tool_runtime = open_runtime(
+            mcp_servers=settings.mcp_servers,
+            tool_options=settings.tool_options,
+            stderr_dir=run_dir.path / "mcp",
+        )
 
     async def _redeliver_stranded(self, s: _Session) -> None:
         """Re-queue the source chain's stranded messages, once this run is the one to resume.

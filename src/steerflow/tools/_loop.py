@@ -162,6 +162,7 @@ def _replay(instruction: str, prior: Sequence[Mapping[str, Any]], node: str) -> 
         if step["status"] == "in_flight":
             state.in_flight = dict(step)
             continue
+        state.in_flight = None  # its intent, if recorded, is closed by this record
         state.pending.pop(0)
         state.conversation.append(_result(expected, step))
     return state
