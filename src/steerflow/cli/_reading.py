@@ -7,6 +7,7 @@ stay exact.
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from pathlib import Path
@@ -131,6 +132,9 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     if d.get("artifacts"):
         lines.append("artifacts:")
         lines += artifact_lines(d["artifacts"], indent="  ")
+    if d.get("steps"):
+        lines.append(f"steps: {len(d['steps'])}")
+        lines += [f"  {step_line(step)}" for step in d["steps"]]
     lines.append("")
     not_rendered = (
         "not recorded (the state DB has no row for this call)"
@@ -211,6 +215,32 @@ def show_verify(
         lines.append("runs those nodes and everything downstream of them again")
     emit_text("\n".join(lines))
     return int(code)
+
+
+def step_line(step: dict[str, Any]) -> str:
+    """One step of a tool node: ``3 tool  read_file {"path": "a.py"} -> completed 0.01s: ...``."""
+    took = fmt_duration(step.get("duration_s"))
+    if step["kind"] == "model":
+        asked = ", ".join(str(c.get("name")) for c in step.get("tool_calls") or ())
+        said = f"calls {asked}" if asked else f"replied: {_first_line(step.get('text'))}"
+        steered = f" (+{len(step['steered'])} operator message)" if step.get("steered") else ""
+        usage = fmt_usage(step.get("usage"))
+        return f"{step['index']:>3} model {said}{steered}  {took}  usage: {usage}"
+    args = json.dumps(step.get("args"), sort_keys=True, ensure_ascii=False)
+    status = step["status"] + (f" ({step['decision']})" if step.get("decision") else "")
+    cut = " [truncated]" if step.get("truncated") else ""
+    return printable(
+        f"{step['index']:>3} tool  {step.get('tool')} {_clip(args)} -> {status} {took}: "
+        f"{_first_line(step.get('result'))}{cut}"
+    )
+
+
+def _first_line(text: object) -> str:
+    return _clip("" if text is None else str(text).split("\n", 1)[0])
+
+
+def _clip(text: str, most: int = 80) -> str:
+    return text if len(text) <= most else text[: most - 1] + "…"
 
 
 def show_node(home: Path, target: str, node: str, *, as_json: bool, raw: bool) -> int:

@@ -439,7 +439,20 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         # Outcomes live in the checkpoint: when it cannot be read, say why instead of
         # presenting the missing response as "none".
         "checkpoint_error": str(record.load_error) if record.load_error else None,
+        **_steps(record, info),
     }
+
+
+def _steps(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
+    """``steps`` of a node that ran a tool loop (issue 39 item 6); nothing for any other."""
+    state = record.state
+    if state is None or not state.steps:
+        return {}
+    from steerflow.tools._view import node_steps
+
+    record_kind, key = ("op", info.key) if info.kind == "planned" else ("spawn", info.node_id)
+    steps = node_steps(state.steps, record_kind, str(key))
+    return {"steps": steps} if steps else {}
 
 
 # -- the run's result ----------------------------------------------------------------------
