@@ -11,7 +11,7 @@ the op by its position and id, as a file's error does.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -30,6 +30,7 @@ from steerflow.plan._model import (
     RoleSpec,
     SynthesisSpec,
 )
+from steerflow.plan._tool_ref import tool_spec_of
 
 __all__ = ["CODE_SOURCE", "Edge", "Op", "Plan", "Role", "Synthesis"]
 
@@ -71,11 +72,17 @@ class Op:
     assignee: str | None = None
     inherit_context: bool = False
     artifacts: Sequence[str] = ()
+    #: Tool specs (``python:MODULE:FUNCTION``, ``mcp:SERVER[/TOOL]``) or module-level
+    #: functions, kept as their importable spec (a lambda or closure is refused).
+    tools: Sequence[str | Callable[..., Any]] = ()
+    #: Model requests of the node's tool loop before it fails (default 25).
+    max_steps: int | None = None
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
         _freeze(self, "depends_on", _items("Op.depends_on", self.depends_on, "op ids"))
         _freeze(self, "artifacts", _items("Op.artifacts", self.artifacts, "paths"))
+        _freeze(self, "tools", _tools("Op.tools", self.tools))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agent_id": self.agent_id}
@@ -88,6 +95,10 @@ class Op:
             out["inherit_context"] = self.inherit_context
         if self.artifacts:
             out["artifacts"] = list(self.artifacts)
+        if self.tools:
+            out["tools"] = list(self.tools)
+        if self.max_steps is not None:
+            out["max_steps"] = self.max_steps
         return out
 
 
@@ -101,9 +112,11 @@ class Role:
     escalation: Sequence[str] = ()
     #: Ray resources per call (``num_cpus``, ``num_gpus``, ``memory``, custom names).
     resources: Mapping[str, float] | None = None
+    tools: Sequence[str | Callable[..., Any]] = ()
 
     def __post_init__(self) -> None:
         _freeze(self, "artifacts", _items("Role.artifacts", self.artifacts, "paths"))
+        _freeze(self, "tools", _tools("Role.tools", self.tools))
         _freeze(self, "escalation", _items("Role.escalation", self.escalation, "model specs"))
         if self.resources is not None:
             _freeze(self, "resources", MappingProxyType(_mapping("Role.resources", self.resources)))
@@ -113,7 +126,7 @@ class Role:
         for name in ("model", "system"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        for name in ("artifacts", "escalation"):
+        for name in ("artifacts", "escalation", "tools"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
         if self.resources is not None:
@@ -183,12 +196,21 @@ class Plan:
     max_cost: float | None = None
     max_tokens: int | None = None
     prices: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
+    #: Tools for every op (specs or module-level functions), how each tool is run
+    #: (``{TOOL: {idempotent, approval, timeout_s}}``) and the MCP servers ``mcp:``
+    #: tools come from (``{NAME: {command, env} | {url}}``): the plan file's keys.
+    tools: Sequence[str | Callable[..., Any]] = ()
+    tool_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     _file: PlanFile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         _freeze(self, "ops", _items("Plan.ops", self.ops, "steerflow.Op objects"))
         _freeze(self, "roles", MappingProxyType(_mapping("Plan.roles", self.roles)))
         _freeze(self, "prices", MappingProxyType(_mapping("Plan.prices", self.prices)))
+        _freeze(self, "tools", _tools("Plan.tools", self.tools))
+        for name in ("tool_options", "mcp_servers"):
+            _freeze(self, name, MappingProxyType(_mapping(f"Plan.{name}", getattr(self, name))))
         self._check_types()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
@@ -234,6 +256,11 @@ class Plan:
         out |= {name: getattr(self, name) for name in _BUDGET if getattr(self, name) is not None}
         if self.prices:
             out["prices"] = {model: _price_data(price) for model, price in self.prices.items()}
+        if self.tools:
+            out["tools"] = list(self.tools)
+        for name in ("tool_options", "mcp_servers"):
+            if getattr(self, name):
+                out[name] = {k: dict(v) for k, v in getattr(self, name).items()}
         out["plan"] = [op._data() for op in self.ops]
         return out
 
@@ -266,6 +293,12 @@ class Plan:
             synthesis=_synthesis_of(plan.synthesis),
             **{name: getattr(plan, name) for name in _BUDGET},
             prices=_prices_of(plan),
+            tools=plan.tools,
+            tool_options={k: v.model_dump(exclude_none=True) for k, v in plan.tool_options.items()},
+            mcp_servers={
+                k: v.model_dump(exclude_none=True, exclude_defaults=True)
+                for k, v in plan.mcp_servers.items()
+            },
         )
 
 
@@ -312,6 +345,12 @@ def _price_data(price: object) -> object:
     return price
 
 
+def _tools(name: str, value: object) -> tuple[str, ...]:
+    """A tools argument as spec strings: a function becomes its importable spec."""
+    items = _items(name, value, "tool specs or functions")
+    return tuple(tool_spec_of(item, f"{name}[{i}]") for i, item in enumerate(items))
+
+
 def _mapping(name: str, value: object) -> dict[Any, Any]:
     """A mapping argument as a dict; anything else is refused (``dict("ab")`` would raise)."""
     if not isinstance(value, Mapping):
@@ -328,6 +367,8 @@ def _op_of(entry: PlanEntry) -> Op:
         assignee=entry.assignee,
         inherit_context=entry.inherit_context,
         artifacts=entry.artifacts,
+        tools=entry.tools,
+        max_steps=entry.max_steps,
     )
 
 
@@ -342,6 +383,7 @@ def _role_of(role: RoleSpec) -> Role:
         artifacts=role.artifacts,
         escalation=role.escalation,
         resources=role.resources,
+        tools=role.tools,
     )
 
 
