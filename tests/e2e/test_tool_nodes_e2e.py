@@ -12,7 +12,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from flow_support import child_env, read_invocations, run_cli, write_yaml
 
 pytestmark = pytest.mark.timeout(120)
