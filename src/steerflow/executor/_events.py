@@ -31,6 +31,10 @@ EventType = Literal[
     "checkpoint_reconciled",
     "control_applied",
     "admission_closed",
+    # a tool node's loop, step by step (issue 39 item 6)
+    "model_step",
+    "tool_call_started",
+    "tool_call_ended",
 ]
 
 

@@ -566,6 +566,21 @@ class FlowExecutor:
         """Say that ``op`` waits at the pause gate (its loop's next step, too)."""
         self._emit("node_paused", op)
 
+    def emit_step(self, op: Operation, entry: dict[str, Any]) -> None:
+        """Say that one step of ``op``'s tool loop is on record (a model reply, a tool call)."""
+        data = entry["data"]
+        out: dict[str, object] = {"index": entry["index"], "status": entry["status"]}
+        if entry["type"] == "model":
+            calls = data.get("tool_calls") or ()
+            out.update(tool_calls=[c["name"] for c in calls], usage=data.get("usage"))
+            self._emit("model_step", op, data=out)
+            return
+        out.update(call_id=entry["call_id"], tool=data.get("tool"), args=data.get("args"))
+        kind: EventType = (
+            "tool_call_started" if entry["status"] == "in_flight" else "tool_call_ended"
+        )
+        self._emit(kind, op, data=out)
+
     def _release_claim(self, op: Operation, base: str) -> None:
         """Messages claimed by an operation whose provider call never ran go back to the queue."""
         unsent = self._claims.pop(op.node_id, [])

@@ -38,6 +38,8 @@ class _Run(Protocol):
 
     def emit_paused(self, op: Operation) -> None: ...
 
+    def emit_step(self, op: Operation, entry: dict[str, Any]) -> None: ...
+
 
 class NodeSteps:
     """:class:`tools.StepHooks` for one operation of one executor."""
@@ -105,3 +107,4 @@ class NodeSteps:
         record = self.executor.on_step
         if record is not None and not await record(self.op, entry):
             raise LoopHeld("checkpoint")
+        self.executor.emit_step(self.op, entry)

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
         ControlApplied,
         EventsDropped,
         EventStream,
+        ModelStep,
         NodeCompleted,
         NodeFailed,
         NodePaused,
@@ -36,6 +37,8 @@ if TYPE_CHECKING:
         RunEvent,
         SpawnAccepted,
         SpawnRejected,
+        ToolCallEnded,
+        ToolCallStarted,
     )
 
 __all__ = [
@@ -49,6 +52,7 @@ __all__ = [
     "FlowOptions",
     "FlowResult",
     "FlowRun",
+    "ModelStep",
     "NodeCompleted",
     "NodeFailed",
     "NodePaused",
@@ -62,6 +66,8 @@ __all__ = [
     "RunEvent",
     "SpawnAccepted",
     "SpawnRejected",
+    "ToolCallEnded",
+    "ToolCallStarted",
     "graph_text",
     "load_branch",
     "node_detail",
@@ -105,6 +111,9 @@ _LAZY = {
     "RunEvent": "_stream",
     "SpawnAccepted": "_stream",
     "SpawnRejected": "_stream",
+    "ModelStep": "_stream",
+    "ToolCallEnded": "_stream",
+    "ToolCallStarted": "_stream",
 }
 
 

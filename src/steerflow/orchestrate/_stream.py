@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from dataclasses import dataclass, field
-from typing import ClassVar
+from typing import Any, ClassVar
 
 from steerflow.executor import FlowEvent
 
@@ -24,6 +24,7 @@ __all__ = [
     "ControlApplied",
     "EventStream",
     "EventsDropped",
+    "ModelStep",
     "NodeCompleted",
     "NodeFailed",
     "NodePaused",
@@ -36,6 +37,8 @@ __all__ = [
     "RunEvent",
     "SpawnAccepted",
     "SpawnRejected",
+    "ToolCallEnded",
+    "ToolCallStarted",
     "typed_event",
 ]
 
@@ -124,6 +127,39 @@ class NodePaused(_NodeEvent):
     """The node waits at the closed pause gate."""
 
     type: ClassVar[str] = "node_paused"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ModelStep(_NodeEvent):
+    """A tool node's model reply is on record: step ``index``, the tools it asked for."""
+
+    type: ClassVar[str] = "model_step"
+    index: int
+    tool_calls: tuple[str, ...] = ()
+    usage: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallStarted(_NodeEvent):
+    """A tool call's intent is on record and the tool runs now."""
+
+    type: ClassVar[str] = "tool_call_started"
+    index: int
+    call_id: str
+    tool: str
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallEnded(_NodeEvent):
+    """A tool call's outcome is on record: ``completed``, ``failed`` or ``skipped``."""
+
+    type: ClassVar[str] = "tool_call_ended"
+    index: int
+    call_id: str
+    tool: str
+    status: str
+    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -227,6 +263,8 @@ _PLAIN: dict[str, type[_NodeEvent]] = {
 
 def _node(event: FlowEvent, error: str | None) -> RunEvent:
     d, ts, key, node_id = event.data, event.ts, event.node_key or "", event.node_id
+    if event.type in _STEPS:
+        return _step(event, key)
     plain = _PLAIN.get(event.type)
     if plain is not None:
         return plain(ts=ts, key=key, node_id=node_id)
@@ -247,6 +285,31 @@ def _node(event: FlowEvent, error: str | None) -> RunEvent:
         escalation=_int(d.get("escalation")),
         model=_text(d.get("model")),
     )
+
+
+_STEPS = frozenset({"model_step", "tool_call_started", "tool_call_ended"})
+
+
+def _step(event: FlowEvent, key: str) -> RunEvent:
+    d, ts, node_id = event.data, event.ts, event.node_id
+    index = _int(d.get("index")) or 0
+    if event.type == "model_step":
+        usage = d.get("usage")
+        calls = d.get("tool_calls")
+        return ModelStep(
+            ts=ts, key=key, node_id=node_id, index=index,
+            tool_calls=tuple(str(c) for c in calls) if isinstance(calls, list) else (),
+            usage=dict(usage) if isinstance(usage, dict) else None,
+        )  # fmt: skip
+    args = d.get("args")
+    common: dict[str, Any] = {
+        "ts": ts, "key": key, "node_id": node_id, "index": index,
+        "call_id": str(d.get("call_id")), "tool": str(d.get("tool")),
+        "args": dict(args) if isinstance(args, dict) else {},
+    }  # fmt: skip
+    if event.type == "tool_call_started":
+        return ToolCallStarted(**common)
+    return ToolCallEnded(**common, status=str(d.get("status")))
 
 
 def typed_event(event: FlowEvent, *, error: str | None = None) -> RunEvent:

@@ -91,6 +91,12 @@ svg.timeline .bar.status-running { fill: #3b82f6; }
 svg.timeline .bar.status-completed { fill: #2e9a48; }
 svg.timeline .bar.status-failed { fill: #d23c2f; }
 svg.timeline .bar.status-interrupted, svg.timeline .bar.status-paused { fill: #b08900; }
+ol.steps { list-style: none; padding-left: 0; font-size: 0.9em; }
+ol.steps li { margin: 2px 0; }
+svg.step-bar rect { fill: #ccc; }
+svg.step-bar rect.bar-completed { fill: #2e9a48; }
+svg.step-bar rect.bar-failed { fill: #d23c2f; }
+svg.step-bar rect.bar-in_flight, svg.step-bar rect.bar-skipped { fill: #b08900; }
 #failures ul { margin: .2rem 0; padding-left: 1.2rem; }
 svg.dag text.edge-label { font-size: 10px; fill: #6a6a70; }
 svg.dag .edge-failed text.edge-label { fill: #d23c2f; }

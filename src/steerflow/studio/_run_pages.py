@@ -19,6 +19,7 @@ from steerflow.studio._pages import (
     run_href,
     when,
 )
+from steerflow.studio._steps import steps_section
 from steerflow.studio._svg import graph_svg
 from steerflow.studio._timeline import timeline_svg
 from steerflow.views import (
@@ -479,6 +480,7 @@ def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
         body.append(
             f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
         )
+    body.append(steps_section(detail.raw.get("steps") or []))
     if detail.status in ("pending", "running", "paused"):
         # The call's output as it comes (issue 31); the script stops once the node ended.
         output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"

@@ -223,6 +223,7 @@ class ToolLoop:
         self.node_id, self.record_kind, self.key = node, record, key
         self.max_steps, self.max_result_chars = max_steps, max_result_chars
         self.prior, self.decisions = tuple(prior), dict(decisions or {})
+        self._live: ProviderRequest | None = None  # where each step is shown as it happens
         self.usage: Usage | None = None  # what this run's requests cost (charged)
         self.total: Usage | None = None  # every step's, the replayed ones included
 
@@ -234,6 +235,7 @@ class ToolLoop:
             ProviderError: the model failed, or ``max_steps`` was reached.
         """
         node = self.node_id
+        self._live = request
         state = _replay(request.instruction, self.prior, node)
         self.total = state.usage
         if state.in_flight is not None:
@@ -356,6 +358,22 @@ class ToolLoop:
                 "data": data,
             }
         )
+        if self._live is not None:  # `show RUN NODE --follow` prints it as it happens
+            self._live.emit(live_line(index, type_, status, data))
+
+
+def live_line(index: int, type_: str, status: str, data: Mapping[str, Any]) -> str:
+    """One step as the node's live output shows it (a line; the model's text in full)."""
+    if type_ == "model":
+        names = ", ".join(str(c["name"]) for c in data.get("tool_calls", ()))
+        text = str(data.get("text") or "")
+        said = f"{text}\n" if text else ""
+        return f"{said}[step {index}] model " + (f"calls {names}\n" if names else "replied\n")
+    if status == "in_flight":
+        args = json.dumps(data.get("args"), sort_keys=True, ensure_ascii=False)
+        return f"[step {index}] tool {data.get('tool')} {args}\n"
+    result = str(data.get("result") or "").split("\n", 1)[0][:200]
+    return f"[step {index}] tool {data.get('tool')} -> {status}: {result}\n"
 
 
 def undecided_message(step: Mapping[str, Any]) -> str:

@@ -42,7 +42,10 @@ def _merge(before: dict[str, Any] | None, step: Mapping[str, Any]) -> dict[str, 
             text=data.get("text", ""),
             tool_calls=data.get("tool_calls", []),
             usage=data.get("usage"),
-            steered=[m.get("control_id") for m in data.get("steered", ())],
+            # one rendered block may carry several messages: their ids joined by ","
+            steered=[
+                i for m in data.get("steered", ()) for i in str(m.get("control_id")).split(",")
+            ],
         )
         return out
     out.update(
