@@ -267,3 +267,40 @@ def test_code_reviews_function_reports_failing_tests_as_its_verdict(tmp_path: Pa
     log = (tmp_path / "artifacts" / "run-tests" / "pytest.txt").read_text()
     assert "test_hyphens" in log and "AssertionError" in log
     assert sorted(p.name for p in author.iterdir()) == ["slugify.py", "test_slugify.py"]
+
+
+def _steps(stdout: str) -> list[str]:
+    return [line.strip() for line in stdout.splitlines() if line.startswith("  step ")]
+
+
+def test_coding_agent_fixes_the_failing_test_with_its_tools_offline(tmp_path: Path) -> None:
+    home, work = tmp_path / "home", tmp_path / "project"
+    done = _run(_example("coding_agent.py", "--home", home, "--workdir", work))
+    assert done.returncode == 0, done.stderr
+    assert re.fullmatch(r"run \d{8}T\d{6}-[0-9a-f]{6}: completed", done.stdout.splitlines()[0])
+    assert _steps(done.stdout) == [
+        "step 1: model model completed", "step 2: tool run_pytest completed",
+        "step 3: model model completed", "step 4: tool read_file completed",
+        "step 5: model model completed", "step 6: tool write_file completed",
+        "step 7: model model completed", "step 8: tool run_pytest completed",
+        "step 9: model reply completed",
+    ]  # fmt: skip
+    assert "tests now: PASSED" in done.stdout
+    assert "(ordered[middle - 1] + ordered[middle]) / 2" in (work / "stats.py").read_text()
+
+
+def test_coding_agent_killed_after_writing_resumes_without_writing_again(tmp_path: Path) -> None:
+    home, work = tmp_path / "home", tmp_path / "project"
+    # The third tool call (write_file) returned and its result is on record; then death.
+    killed = _run(_example("coding_agent.py", "--home", home, "--workdir", work),
+                  STEERFLOW_FAULT="exit:after:tool-result:3")  # fmt: skip
+    assert killed.returncode == 137, killed.stderr
+    fixed = (work / "stats.py").read_text()
+    assert "middle - 1" in fixed
+    (work / "stats.py").write_text(fixed + "# edited after the crash\n")  # a rewrite would drop it
+    run_id = sorted(p.name for p in (home / "runs").iterdir())[-1]
+    done = _run(_example("coding_agent.py", "--home", home, "--workdir", work, "--resume", run_id))
+    assert done.returncode == 0, done.stderr
+    assert "tests now: PASSED" in done.stdout
+    assert (work / "stats.py").read_text().endswith("# edited after the crash\n")
+    assert len(_steps(done.stdout)) == 9
