@@ -329,12 +329,22 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     metavar="DIR",
     help="Artifact root (default: <run dir>/artifacts); every turn runs in DIR/agent.",
 )
+@click.option(
+    "--tool",
+    "tools",
+    multiple=True,
+    metavar="SPEC",
+    help="Give the agent a tool: python:MODULE:FUNCTION (its signature, type hints and "
+    "docstring are what the model sees). Repeatable; naming it is its consent. Each turn "
+    "then runs a loop of model requests and tool calls, every step journaled, so a resume "
+    "never runs a finished call again (needs openai/, anthropic/ or script:).",
+)
 @budget_options
 @executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
-          save: Path | None, as_json: bool, **more: Any) -> int:  # fmt: skip
+          save: Path | None, tools: tuple[str, ...], as_json: bool, **more: Any) -> int:  # fmt: skip
     """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
 
     After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
@@ -351,7 +361,8 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
         raise UsageError("agent needs a non-empty TASK")
     with flags_named():
         options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                               save=save, **budget_kw(more), **executor_kw(more))  # fmt: skip
+                               save=save, tools=tools, **budget_kw(more),
+                               **executor_kw(more))  # fmt: skip
     return execute_agent(home_of(ctx), options, as_json=as_json)
 
 
@@ -526,6 +537,7 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
         retry_failed=kw["retry_failed"],
         fork=kw["fork"],
         redeliver_claimed=kw["redeliver_claimed"],
+        tool_calls=tool_call_decisions(kw["tool_calls"]),
     )
     if kw.get("dry_run"):
         return print_agent_dry_run(seed, as_json=kw["as_json"])

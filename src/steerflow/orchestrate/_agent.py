@@ -30,14 +30,20 @@ import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from steerflow import _faults
 from steerflow._live import LiveWriter
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller, SteeringTarget
 from steerflow.control._queue import UNENFORCEABLE_KEY
-from steerflow.errors import LeaseLostError, PersistenceError, StateDBLostError, SteerflowError
+from steerflow.errors import (
+    LeaseLostError,
+    PersistenceError,
+    StateDBLostError,
+    SteerflowError,
+    UsageError,
+)
 from steerflow.executor import (
     CallScope,
     Caps,
@@ -59,10 +65,21 @@ from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._resume import IN_FLIGHT_KEY
 from steerflow.orchestrate._stranded import redeliver_stranded
-from steerflow.providers import Message, Provider, ProviderRequest, Usage, make_provider
+from steerflow.providers import (
+    Message,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
+    Usage,
+    make_provider,
+)
 from steerflow.providers._plugins import checked_response
 from steerflow.providers._pricing import PriceTable, as_prices
 from steerflow.state import NodeStatus, NodeUpdate, SessionRow, StateDB, this_host
+from steerflow.tools._loop import LoopHeld
+
+if TYPE_CHECKING:
+    from steerflow.tools import ToolRuntime
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
 
@@ -172,6 +189,8 @@ class AgentRun:
         self.task = seed.task if seed else options.task
         self.model = seed.model if seed else options.model
         self.max_turns = seed.max_turns if seed else options.max_turns
+        self.tools: tuple[str, ...] = seed.tools if seed else tuple(options.tools)
+        self.tool_runtime: ToolRuntime | None = None
         self.target = AgentTarget()
         self.target.on_stop = self.request_operator_stop
         self.turns: list[TurnOutcome] = list(seed.turns) if seed else []
@@ -198,6 +217,8 @@ class AgentRun:
         self._scope: CallScope | None = None
         #: The model; built from the spec by :meth:`run` unless given (library use, tests).
         self._provider: Provider | None = provider
+        #: What a tool turn's steps cost, replayed ones included (its recorded usage).
+        self.loop_usage: Usage | None = None
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -278,6 +299,11 @@ class AgentRun:
             chain.max_tokens if opts.max_tokens is None else opts.max_tokens,
         )
         prices = PriceTable(as_prices(opts.prices))
+        if self.tools and not provider.supports_tools:
+            raise UsageError(
+                f"--tool needs a model that can call tools; {self.model!r} cannot "
+                "(openai/..., anthropic/..., script:... can)"
+            )
         await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
         await asyncio.to_thread(prices.prepare, [self.model])
         models = {self.model: provider}
@@ -293,9 +319,17 @@ class AgentRun:
             self.meter.observe(Usage.from_json(turn.usage))
         self.target.meter = self.meter
         db = await asyncio.to_thread(StateDB.open, self.home)
+        if self.tools:
+            from steerflow.tools._runtime import open_runtime
+
+            self.tool_runtime = open_runtime(
+                mcp_servers={}, tool_options={}, stderr_dir=self.home / "runs"
+            )
         try:
             return await self._run_with_db(db, provider)
         finally:
+            if self.tool_runtime is not None:
+                await self.tool_runtime.aclose()
             await provider.aclose()
             await asyncio.to_thread(db.close)
 
@@ -401,6 +435,7 @@ class AgentRun:
                 "max_turns": self.max_turns,
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
+                **({"tools": list(self.tools)} if self.tools else {}),
                 **({"budget": self.meter.caps.to_json()} if self.meter.caps.any else {}),
                 # The chain's calls that may have been paid (decision 217), as a flow's.
                 **({IN_FLIGHT_KEY: seed.doubt.to_json()} if seed and seed.doubt.calls else {}),
@@ -412,6 +447,7 @@ class AgentRun:
             flow_context=self.context,
             version=3,
             ops=seed_ops,
+            steps=seed.steps if seed is not None else None,
         )
         await writer.flush()
         return writer
@@ -577,15 +613,18 @@ class AgentRun:
             with scope:
                 # Write-ahead (decision 217): durable before the turn's call leaves. A
                 # checkpoint that cannot hold it ends the run before anything is paid.
-                await self._record_call(s, key, number)
-                response = checked_response(provider, await provider.invoke(request))
+                response = await self._call(s, provider, request, key, number)
                 text = response.text
                 if response.conversation:
                     self.conversation = response.conversation
                 priced = self.meter.charge(self.model, response.usage)
+                if self.tool_runtime is not None:
+                    priced = self.loop_usage
                 used = priced.to_json() if priced is not None else None
         except PersistenceError:
             raise  # the intent could not be recorded: the call never left
+        except LoopHeld as held:  # stopped between steps: the turn reruns from its steps
+            scope.cancelled_by = scope.cancelled_by or held.reason
         except Exception as exc:  # the turn fails; the run reports it
             error = str(exc) or type(exc).__name__
         finally:
@@ -619,6 +658,33 @@ class AgentRun:
         await self._set_meta(s, turn=None)
         self.progress(f"turn {number} {outcome.status}" + (f": {error}" if error else ""))
         return outcome
+
+    async def _call(
+        self, s: _Live, provider: Provider, request: ProviderRequest, key: str, number: int
+    ) -> ProviderResponse:
+        """The turn's call: one request, or with ``--tool`` a tool loop (issue 39)."""
+        if self.tool_runtime is None:
+            await self._record_call(s, key, number)
+            return checked_response(provider, await provider.invoke(request))
+        from steerflow.orchestrate._agent_steps import AgentSteps
+        from steerflow.tools._loop import ToolLoop
+
+        seed = self.options.resume
+        loop = ToolLoop(
+            provider,
+            await self.tool_runtime.toolset(self.tools),
+            AgentSteps(self, s.writer, key),
+            node=key,
+            record="op",
+            key=key,
+            prior=[st for st in seed.steps if st["key"] == key] if seed is not None else (),
+            decisions=seed.tool_decisions if seed is not None else None,
+        )
+        response = await loop.run(request)
+        # Every step was charged as it returned: the turn records what they cost.
+        response.usage = None
+        self.loop_usage = loop.total
+        return response
 
     async def _record_call(self, s: _Live, key: str, number: int) -> None:
         """The turn call's write-ahead intent, closed by the turn's entry."""

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from steerflow._values import some_text, whole_number
 from steerflow.checkpoint import InFlightCall
-from steerflow.errors import ExitCode
+from steerflow.errors import ExitCode, InvalidValueError
 from steerflow.executor import Caps, InFlightDoubt
 from steerflow.orchestrate._options import EndStatus, check_run_values
 from steerflow.orchestrate._stranded import StrandedMessage
@@ -88,6 +88,11 @@ class AgentSeed:
     #: of the chain in that state: counted as spent.
     in_flight: tuple[InFlightCall, ...] = ()
     doubt: InFlightDoubt = field(default_factory=InFlightDoubt)
+    #: ``--tool`` specs of the source run, its recorded steps, and the operator's
+    #: ``--tool-call`` decisions (issue 39).
+    tools: tuple[str, ...] = ()
+    steps: tuple[dict[str, Any], ...] = ()
+    tool_decisions: dict[str, str] = field(default_factory=dict)
 
 
 @dataclass
@@ -114,8 +119,12 @@ class AgentOptions:
     # Where each turn's call runs, as for a flow (``--executor``, ``--ray-address``).
     executor: str = "local"
     ray_address: str | None = None
+    #: ``--tool SPEC`` (``python:MODULE:FUNCTION``): each turn runs a tool loop; naming a
+    #: tool here is its own consent (issue 39 item 1).
+    tools: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        self.tools = tuple(self.tools)
         self.check()
 
     def check(self) -> None:
@@ -125,6 +134,12 @@ class AgentOptions:
         some_text(self.model, "model")
         if self.resume is None:
             some_text(self.task, "task")
+        for spec in self.tools:
+            if not isinstance(spec, str) or not spec.startswith("python:"):
+                raise InvalidValueError(
+                    "tools", f"{spec!r}: an agent's tools are python:MODULE:FUNCTION specs "
+                    "(mcp: tools need a plan that declares mcp_servers)"
+                )  # fmt: skip
 
 
 @dataclass

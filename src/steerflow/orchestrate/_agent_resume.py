@@ -7,6 +7,7 @@ Every check runs before the resume claims its source or creates anything.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -23,7 +24,7 @@ from steerflow.orchestrate._agent_state import (
     turn_key,
 )
 from steerflow.orchestrate._claim import preflight_claim
-from steerflow.orchestrate._resume import chain_doubt, in_flight_notes
+from steerflow.orchestrate._resume import chain_doubt, check_tool_calls, in_flight_notes
 from steerflow.orchestrate._stranded import ChainControls, read_chain, stranded_notes
 from steerflow.providers import Usage
 from steerflow.resume import RunTarget, resolve_run_target
@@ -66,6 +67,7 @@ def prepare_agent_resume(
     retry_failed: bool = False,
     fork: bool = False,
     redeliver_claimed: bool = False,
+    tool_calls: Mapping[str, str] | None = None,
 ) -> AgentSeed:
     """Load and check an agent run's checkpoint; what the resumed run replays and runs.
 
@@ -81,18 +83,26 @@ def prepare_agent_resume(
     """
     try:
         return _prepare(
-            home, run, retry_failed=retry_failed, fork=fork, redeliver_claimed=redeliver_claimed
-        )
+            home, run, retry_failed=retry_failed, fork=fork,
+            redeliver_claimed=redeliver_claimed, tool_calls=dict(tool_calls or {}),
+        )  # fmt: skip
     except SteerflowError as exc:
         exc.source_ids = {"session_id": run.session_id, "run_id": run.run_id}
         raise
 
 
 def _prepare(
-    home: Path, run: RunTarget, *, retry_failed: bool, fork: bool, redeliver_claimed: bool
+    home: Path,
+    run: RunTarget,
+    *,
+    retry_failed: bool,
+    fork: bool,
+    redeliver_claimed: bool,
+    tool_calls: dict[str, str],
 ) -> AgentSeed:
     preflight_claim(home, run.run_id, fork=fork)
     state, report = load_state(run.run_dir / CHECKPOINT_FILENAME, v2_lenient=True)
+    check_tool_calls(state, tool_calls)  # before anything runs: no call left to a guess
     session_id = state.session_id or run.session_id
     if not session_id:
         raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
@@ -154,6 +164,9 @@ def _prepare(
         spent=_spent(replayed),
         in_flight=state.in_flight,
         doubt=doubt,
+        tools=tuple(str(t) for t in state.config.get("tools") or ()),
+        steps=state.steps,
+        tool_decisions=tool_calls,
     )
 
 
