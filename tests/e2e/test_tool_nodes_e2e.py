@@ -215,3 +215,25 @@ def test_an_operator_message_reaches_the_next_model_request_of_a_running_loop_on
     assert steered == [3], shown.json["steps"]  # the loop's second request, and no other
     assert shown.json["steps"][2]["steered"] == [control_id]
     assert len(shown.json["steps"]) == 19
+
+
+def test_an_agent_with_a_tool_runs_a_loop_per_turn_and_resumes_without_repeating_it(
+    tmp_path: Path,
+) -> None:
+    home, env = tmp_path / "home", _env(tmp_path)
+    script = write_yaml(tmp_path / "s.yaml", {"turn-1": {"steps": TWO_POSTS}})
+    argv = ["agent", "tell the team", "--model", f"script:{script}",
+            "--tool", "python:tool_fns:post", "--json"]  # fmt: skip
+    killed = run_cli(home, *argv, env=_env(tmp_path, STEERFLOW_FAULT="exit:after:tool-result:1"))
+    assert killed.returncode == 137, killed.explain()
+    assert len(_ledger(tmp_path)) == 1
+    done = run_cli(home, "resume", _run_id(home), "--json", env=env)
+    assert done.returncode == 0, done.explain()
+    assert done.json["result"] == "posted both"
+    assert [e["message"] for e in _ledger(tmp_path)] == ["one", "two"]
+
+
+def test_an_agent_tool_must_be_a_python_spec(tmp_path: Path) -> None:
+    refused = run_cli(tmp_path / "home", "agent", "t", "--tool", "mcp:files", env=_env(tmp_path))
+    assert refused.returncode == 2, refused.explain()
+    assert "mcp:files" in refused.stderr and "mcp_servers" in refused.stderr
