@@ -211,6 +211,37 @@ async def test_openai_unparseable_arguments_fail_the_step_naming_the_tool(
         await openai_provider.invoke_step(_step(make_request()))
 
 
+async def test_openai_step_is_retried_and_a_step_without_tools_sends_none(
+    openai_provider: OpenAIProvider,
+    openai_server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+) -> None:
+    openai_server.push(Reply(status=429), Reply(text="no tools needed"))
+    live: list[str] = []
+    node = make_request(live=live.append)
+    reply = await openai_provider.invoke_step(
+        StepRequest(node, (Message("user", INSTRUCTION),), (), 1)
+    )
+    assert reply.text == "no tools needed"
+    assert live == ["no tools needed"]  # whole, to the live view
+    first, second = openai_server.bodies()  # the 429 retried under the provider's policy
+    assert first == second
+    assert "tools" not in second  # the API refuses an empty tools array
+
+
+async def test_openai_refusal_without_calls_fails_the_step(
+    openai_provider: OpenAIProvider,
+    openai_server: FakeLLMServer,
+    make_request: Callable[..., ProviderRequest],
+) -> None:
+    reply = openai_calls_body([])
+    assert isinstance(reply.body, dict)
+    reply.body["choices"][0]["message"] = {"role": "assistant", "content": None, "refusal": "no"}
+    openai_server.push(reply)
+    with pytest.raises(ProviderError, match="the model refused: no"):
+        await openai_provider.invoke_step(_step(make_request()))
+
+
 async def test_openai_loop_runs_tools_then_answers(
     openai_provider: OpenAIProvider,
     openai_server: FakeLLMServer,
