@@ -12,14 +12,23 @@ from __future__ import annotations
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, ClassVar, Literal
 
 import anthropic
+from anthropic.types import ContentBlockParam, MessageParam, ToolParam
 from anthropic.types import Message as AnthropicMessage
-from anthropic.types import MessageParam
 
 from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import Message, Usage
+from steerflow.providers._base import (
+    ConversationItem,
+    Message,
+    ModelTurn,
+    StepReply,
+    StepRequest,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from steerflow.providers._env import env_float
 from steerflow.providers._retry import RetryPolicy
 from steerflow.providers._sdk import (
@@ -29,6 +38,7 @@ from steerflow.providers._sdk import (
     is_event_stream,
     restarted,
 )
+from steerflow.providers._step_wire import step_items, tool_args
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
@@ -60,6 +70,8 @@ class AnthropicProvider(SDKProvider):
     Raises:
         UsageError: No credentials and no base URL, or a bad max-tokens value.
     """
+
+    supports_tools: ClassVar[bool] = True  # invoke_step: Messages with ``tools``
 
     def __init__(
         self,
@@ -125,6 +137,58 @@ class AnthropicProvider(SDKProvider):
             )
 
         return self._reply(await self._retried(anthropic, attempt, timeout_s=per_call))
+
+    async def invoke_step(self, request: StepRequest) -> StepReply:
+        """One model request of a tool node's loop: a whole (non-streamed) Messages call.
+
+        The system prompt goes apart, the turns as content blocks (``tool_use`` in the
+        assistant's, every result of one reply as ``tool_result`` blocks of one user
+        message), the node's tools with their ``input_schema``. Retried like :meth:`invoke`.
+
+        Raises:
+            ProviderError: The call failed, the model refused, or a ``tool_use`` input is
+                not a JSON object (naming the tool).
+        """
+        system, items = step_items(request)
+        extra_system, messages = _step_messages(items)
+        system = "\n\n".join(part for part in (system, *extra_system) if part) or None
+        per_call = self._per_call_s(request.node.timeout_s)
+        extra: dict[str, Any] = {"system": system} if system else {}
+        if request.tools:
+            extra["tools"] = [_tool(t) for t in request.tools]
+
+        async def attempt() -> Any:
+            return await self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=messages,
+                timeout=per_call,
+                **extra,
+            )
+
+        reply = self._step_reply(await self._retried(anthropic, attempt, timeout_s=per_call))
+        request.node.emit(reply.text)  # whole, as a non-streamed invoke hands it over
+        return reply
+
+    def _step_reply(self, reply: object) -> StepReply:
+        """Text blocks joined, ``tool_use`` blocks as calls in their order, and usage."""
+        blocks = getattr(reply, "content", None)
+        if blocks is None:
+            raise ProviderError(f"{self.spec}: the server returned no content")
+        parts: list[str] = []
+        calls: list[ToolCall] = []
+        for block in blocks:
+            kind = getattr(block, "type", "")
+            if kind == "text":
+                parts.append(str(getattr(block, "text", "")))
+            elif kind == "tool_use":
+                name = str(getattr(block, "name", ""))
+                args = tool_args(self.spec, name, getattr(block, "input", None))
+                calls.append(ToolCall(str(getattr(block, "id", "")), name, args))
+        text = "".join(parts)
+        if not text and not calls and getattr(reply, "stop_reason", None) == "refusal":
+            raise ProviderError(f"{self.spec}: the model refused the request")
+        return StepReply(text=text, tool_calls=calls, usage=_usage(getattr(reply, "usage", None)))
 
     def _reply(self, reply: object) -> tuple[str, Usage | None]:
         """The text and usage of a whole (non-streamed) Messages reply."""
@@ -216,6 +280,10 @@ def _counts(raw: object) -> dict[str, Any]:
     }
 
 
+#: The first user turn the API wants when a conversation starts with the assistant's.
+_CONVERSATION_FOLLOWS = "(The conversation so far follows.)"
+
+
 def _messages(turns: Sequence[Message]) -> list[MessageParam]:
     """Alternate user/assistant turns, merging neighbours of the same role.
 
@@ -231,7 +299,7 @@ def _messages(turns: Sequence[Message]) -> list[MessageParam]:
             merged.append([turn.content])
     if roles and roles[0] != "user":
         roles.insert(0, "user")
-        merged.insert(0, ["(The conversation so far follows.)"])
+        merged.insert(0, [_CONVERSATION_FOLLOWS])
     result: list[MessageParam] = []
     for role, parts in zip(roles, merged, strict=True):
         content = "\n\n".join(parts)
@@ -242,6 +310,67 @@ def _messages(turns: Sequence[Message]) -> list[MessageParam]:
         )
         result.append(param)
     return result
+
+
+def _tool(spec: ToolSpec) -> ToolParam:
+    return {"name": spec.name, "description": spec.description, "input_schema": spec.parameters}
+
+
+_Role = Literal["user", "assistant"]
+
+
+def _step_messages(items: Sequence[ConversationItem]) -> tuple[list[str], list[MessageParam]]:
+    """The system messages among ``items``, and the rest as alternating block messages.
+
+    Neighbours of one role merge into one message, so the results of one reply's calls
+    travel as ``tool_result`` blocks of ONE user message (the API wants every result of
+    a turn in the message right after it), followed by any user text sent with them.
+    The Messages API has one system prompt: a system message in the conversation joins
+    it, as :func:`split_history` does for the history's.
+    """
+    system: list[str] = []
+    merged: list[tuple[_Role, list[ContentBlockParam]]] = []
+    for item in items:
+        if isinstance(item, Message) and item.role == "system":
+            system.append(item.content)
+            continue
+        role, blocks = _blocks(item)
+        if not blocks:
+            continue  # an empty text block is refused; an empty turn says nothing
+        if merged and merged[-1][0] == role:
+            merged[-1][1].extend(blocks)
+        else:
+            merged.append((role, blocks))
+    if merged and merged[0][0] != "user":
+        merged.insert(0, ("user", [{"type": "text", "text": _CONVERSATION_FOLLOWS}]))
+    messages: list[MessageParam] = [
+        {"role": "assistant", "content": blocks}
+        if role == "assistant"
+        else {"role": "user", "content": blocks}
+        for role, blocks in merged
+    ]
+    return system, messages
+
+
+def _blocks(item: ConversationItem) -> tuple[_Role, list[ContentBlockParam]]:
+    """One item's role and content blocks (system messages are taken out before)."""
+    if isinstance(item, ModelTurn):
+        blocks: list[ContentBlockParam] = [{"type": "text", "text": item.text}] if item.text else []
+        blocks.extend(
+            {"type": "tool_use", "id": call.call_id, "name": call.name, "input": call.args}
+            for call in item.tool_calls
+        )
+        return "assistant", blocks
+    if isinstance(item, Message):
+        role: _Role = "assistant" if item.role == "assistant" else "user"
+        return role, [{"type": "text", "text": item.content}] if item.content else []
+    result: ContentBlockParam = {
+        "type": "tool_result",
+        "tool_use_id": item.call_id,
+        "content": item.content,
+        "is_error": item.is_error,
+    }
+    return "user", [result]
 
 
 def _usage(raw: object) -> Usage | None:

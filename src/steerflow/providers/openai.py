@@ -9,19 +9,31 @@ from __future__ import annotations
 
 import os
 from collections.abc import Callable, Mapping, Sequence
-from typing import Any
+from typing import Any, ClassVar
 
 import openai
 from openai.types.chat import (
     ChatCompletion,
     ChatCompletionAssistantMessageParam,
     ChatCompletionMessageParam,
+    ChatCompletionMessageToolCallParam,
     ChatCompletionSystemMessageParam,
+    ChatCompletionToolMessageParam,
+    ChatCompletionToolParam,
     ChatCompletionUserMessageParam,
 )
 
 from steerflow.errors import ProviderError, UsageError
-from steerflow.providers._base import Message, Usage
+from steerflow.providers._base import (
+    ConversationItem,
+    Message,
+    ModelTurn,
+    StepReply,
+    StepRequest,
+    ToolCall,
+    ToolSpec,
+    Usage,
+)
 from steerflow.providers._retry import RetryPolicy
 from steerflow.providers._sdk import (
     SDKProvider,
@@ -30,6 +42,7 @@ from steerflow.providers._sdk import (
     is_event_stream,
     restarted,
 )
+from steerflow.providers._step_wire import args_json, step_items, tool_args
 
 __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 
@@ -51,6 +64,8 @@ class OpenAIProvider(SDKProvider):
     Raises:
         UsageError: Neither ``OPENAI_API_KEY`` nor ``OPENAI_BASE_URL`` is set.
     """
+
+    supports_tools: ClassVar[bool] = True  # invoke_step: chat completions with ``tools``
 
     def __init__(
         self,
@@ -85,6 +100,60 @@ class OpenAIProvider(SDKProvider):
                 api_key=self._api_key, base_url=self.base_url, max_retries=0
             )
         return self._client
+
+    async def invoke_step(self, request: StepRequest) -> StepReply:
+        """One model request of a tool node's loop: a whole (non-streamed) chat completion.
+
+        The node's history and the loop's conversation go as chat messages, the node's
+        tools as ``function`` tools; the reply's text, its tool calls in the order given
+        (parallel calls included) and its usage come back. Retried like :meth:`invoke`.
+
+        Raises:
+            ProviderError: The call failed, the model refused, or a tool call's arguments
+                are not a JSON object (naming the tool).
+        """
+        system, items = step_items(request)
+        messages = _step_messages(system, items)
+        per_call = self._per_call_s(request.node.timeout_s)
+        # An empty ``tools`` array is refused by the API: a step without tools sends none.
+        extra: dict[str, Any] = (
+            {"tools": [_tool(t) for t in request.tools]} if request.tools else {}
+        )
+
+        async def attempt() -> Any:
+            return await self.client.chat.completions.create(
+                model=self.model, messages=messages, timeout=per_call, **extra
+            )
+
+        reply = self._step_reply(await self._retried(openai, attempt, timeout_s=per_call))
+        request.node.emit(reply.text)  # whole, as a non-streamed invoke hands it over
+        return reply
+
+    def _step_reply(self, completion: object) -> StepReply:
+        """Text, tool calls and usage of one step's chat completion."""
+        choices = getattr(completion, "choices", None)
+        if not choices:
+            raise ProviderError(f"{self.spec}: the server returned no choices")
+        message = getattr(choices[0], "message", None)
+        calls = [self._tool_call(raw) for raw in getattr(message, "tool_calls", None) or ()]
+        content = getattr(message, "content", None)
+        if content is None and not calls:
+            refusal = getattr(message, "refusal", None)
+            if refusal:
+                raise ProviderError(f"{self.spec}: the model refused: {refusal}")
+        usage = _usage(getattr(completion, "usage", None))
+        return StepReply(text=str(content or ""), tool_calls=calls, usage=usage)
+
+    def _tool_call(self, raw: object) -> ToolCall:
+        """One ``function`` tool call of a reply, its id kept exactly, its arguments decoded."""
+        function = getattr(raw, "function", None)
+        name = getattr(function, "name", None)
+        call_id = getattr(raw, "id", None)
+        if not isinstance(name, str) or not isinstance(call_id, str):
+            kind = getattr(raw, "type", None)
+            raise ProviderError(f"{self.spec}: a tool call of type {kind!r} has no function name")
+        arguments = getattr(function, "arguments", None)
+        return ToolCall(call_id, name, tool_args(self.spec, name, arguments))
 
     async def _plan_text(self, system: str, turns: Sequence[Message]) -> tuple[str, Usage | None]:
         """Ask in JSON mode where the server supports it, and remember when it does not."""
@@ -199,6 +268,60 @@ def _messages(system: str | None, turns: Sequence[Message]) -> list[ChatCompleti
         else:
             messages.append(ChatCompletionUserMessageParam(role="user", content=turn.content))
     return messages
+
+
+def _tool(spec: ToolSpec) -> ChatCompletionToolParam:
+    return {
+        "type": "function",
+        "function": {
+            "name": spec.name,
+            "description": spec.description,
+            "parameters": spec.parameters,
+        },
+    }
+
+
+def _step_messages(
+    system: str | None, items: Sequence[ConversationItem]
+) -> list[ChatCompletionMessageParam]:
+    """Chat messages of one step: a turn with tool calls, then one ``tool`` message per result.
+
+    Call ids go back exactly as the model gave them, so each result pairs with its call.
+    """
+    messages: list[ChatCompletionMessageParam] = []
+    if system:
+        messages.append(ChatCompletionSystemMessageParam(role="system", content=system))
+    for item in items:
+        if isinstance(item, ModelTurn):
+            messages.append(_assistant(item))
+        elif isinstance(item, Message) and item.role == "system":
+            messages.append(ChatCompletionSystemMessageParam(role="system", content=item.content))
+        elif isinstance(item, Message):
+            messages.extend(_messages(None, [item]))
+        else:
+            messages.append(
+                ChatCompletionToolMessageParam(
+                    role="tool", tool_call_id=item.call_id, content=item.content
+                )
+            )
+    return messages
+
+
+def _assistant(turn: ModelTurn) -> ChatCompletionAssistantMessageParam:
+    if not turn.tool_calls:
+        return ChatCompletionAssistantMessageParam(role="assistant", content=turn.text)
+    calls: list[ChatCompletionMessageToolCallParam] = [
+        {
+            "id": call.call_id,
+            "type": "function",
+            "function": {"name": call.name, "arguments": args_json(call.args)},
+        }
+        for call in turn.tool_calls
+    ]
+    # A turn that only called tools has no text: ``null`` content, as the API returned it.
+    return ChatCompletionAssistantMessageParam(
+        role="assistant", content=turn.text or None, tool_calls=calls
+    )
 
 
 def _rejects_json_mode(exc: ProviderError) -> bool:
