@@ -12,22 +12,35 @@ from __future__ import annotations
 
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from steerflow.tools._loop import Admitted, LoopHeld
 
 if TYPE_CHECKING:
     from steerflow._usage import Usage
     from steerflow.checkpoint import CheckpointWriter
-    from steerflow.orchestrate._agent import AgentRun
+    from steerflow.executor import Meter
+    from steerflow.orchestrate._lease import LeaseLoss
 
 __all__ = ["AgentSteps"]
+
+
+class _Agent(Protocol):
+    """What the hooks read of the agent run (``AgentRun``)."""
+
+    model: str
+    meter: Meter
+    budget_hit: bool
+    stopped_by: dict[str, Any] | None
+    stop_signal: int | None
+    deadline_hit: bool
+    lease_loss: LeaseLoss | None
 
 
 class AgentSteps:
     """:class:`tools.StepHooks` for one turn of an :class:`AgentRun`."""
 
-    def __init__(self, run: AgentRun, writer: CheckpointWriter, key: str) -> None:
+    def __init__(self, run: _Agent, writer: CheckpointWriter, key: str) -> None:
         self.run, self.writer, self.key = run, writer, key
 
     def check_between(self) -> None:
