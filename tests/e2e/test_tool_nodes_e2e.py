@@ -237,3 +237,40 @@ def test_an_agent_tool_must_be_a_python_spec(tmp_path: Path) -> None:
     refused = run_cli(tmp_path / "home", "agent", "t", "--tool", "mcp:files", env=_env(tmp_path))
     assert refused.returncode == 2, refused.explain()
     assert "mcp:files" in refused.stderr and "mcp_servers" in refused.stderr
+
+
+def test_a_message_a_killed_loop_carried_is_not_delivered_again_on_resume(
+    tmp_path: Path,
+) -> None:
+    from ctl_support import control, ctl_ok
+    from flow_support import finish, start_cli, stop, wait_for
+
+    home = tmp_path / "home"
+    env = _env(tmp_path, TOOL_RELEASE=str(tmp_path / "release"))
+    steps: list[dict[str, Any]] = [
+        {"tool_calls": [{"name": "wait_for_release", "args": {"tag": "first"}}]}
+    ]
+    steps += [{"tool_calls": [{"name": "lookup", "args": {"key": f"k{i}"}}]} for i in range(8)]
+    steps.append({"response": "done"})
+    plan, script = _setup(
+        tmp_path, steps,
+        entry={"tools": ["python:tool_fns:wait_for_release", "python:tool_fns:lookup"]},
+    )  # fmt: skip
+    # Dies right after the reply to the request that carried the message is on record.
+    killed_env = {**env, "STEERFLOW_FAULT": "exit:after:model-step:2"}
+    proc = start_cli(home, "flow", "--plan", plan, "--model", f"script:{script}",
+                     "--allow-python", "--json", env=killed_env)  # fmt: skip
+    try:
+        wait_for(lambda: _ledger(tmp_path), timeout=30, what="the first tool to start")
+        control_id = ctl_ok(home, "msg", _run_id(home), "use the other file")
+        wait_for(lambda: control(home, control_id).result, timeout=30, what="the message claimed")
+        (tmp_path / "release").touch()
+        assert finish(proc, timeout=60).returncode == 137
+    finally:
+        stop(proc)
+    done = run_cli(home, "resume", _run_id(home), "--json", env=env)
+    assert done.returncode == 0, done.explain()
+    assert control_id not in json.dumps(done.json.get("stranded_messages"))
+    shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
+    steered = [(s["index"], s["steered"]) for s in shown.json["steps"] if s.get("steered")]
+    assert steered == [(3, [control_id])], shown.json["steps"]

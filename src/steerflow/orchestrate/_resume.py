@@ -361,6 +361,14 @@ def _stranded(home: Path, session_id: str, state: CheckpointState) -> list[Stran
         e.spawn_id for e in state.spawned if e.status != "pending" and e.spawn_id
     }
     delivered = {control for control, node in taken.items() if node in recorded}
+    # A tool node's model step records the messages its request carried (decision 257).
+    delivered |= {
+        control
+        for step in state.steps
+        if step["type"] == "model"
+        for message in step["data"].get("steered", ())
+        for control in str(message.get("control_id", "")).split(",")
+    }
     chain = read_chain(home, session_id)
     return chain.stranded(
         delivered,
