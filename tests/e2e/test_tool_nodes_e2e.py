@@ -274,3 +274,32 @@ def test_a_message_a_killed_loop_carried_is_not_delivered_again_on_resume(
     shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
     steered = [(s["index"], s["steered"]) for s in shown.json["steps"] if s.get("steered")]
     assert steered == [(3, [control_id])], shown.json["steps"]
+
+
+def test_stop_now_cancels_the_call_in_flight_and_leaves_it_to_the_operator(
+    tmp_path: Path,
+) -> None:
+    from ctl_support import ctl_ok
+    from flow_support import finish, start_cli, stop, wait_for
+
+    home = tmp_path / "home"
+    env = _env(tmp_path, TOOL_RELEASE=str(tmp_path / "release"))
+    steps = [{"tool_calls": [{"name": "wait_for_release", "args": {"tag": "held"}}]},
+             {"response": "done"}]  # fmt: skip
+    plan, script = _setup(tmp_path, steps, entry={"tools": ["python:tool_fns:wait_for_release"]})
+    proc = start_cli(home, "flow", "--plan", plan, "--model", f"script:{script}",
+                     "--allow-python", "--json", env=env)  # fmt: skip
+    try:
+        wait_for(lambda: _ledger(tmp_path), timeout=30, what="the tool to start")
+        ctl_ok(home, "stop", _run_id(home), "--now")
+        stopped = finish(proc, timeout=60)
+    finally:
+        (tmp_path / "release").touch()  # the cancelled tool's thread may still wait
+        stop(proc)
+    assert stopped.returncode == 75, stopped.explain()
+    shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
+    assert [(s["index"], s["status"]) for s in shown.json["steps"]] == [
+        (1, "completed"), (2, "in_flight"),
+    ]  # fmt: skip
+    refused = run_cli(home, "resume", _run_id(home), env=env)
+    assert refused.returncode == 3 and "wait_for_release" in refused.stderr, refused.explain()
