@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import functools
 import importlib
 import inspect
 import queue
@@ -21,7 +22,7 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 from steerflow.errors import FunctionNodeError, UsageError
 from steerflow.providers._base import (
@@ -33,6 +34,8 @@ from steerflow.providers._base import (
 )
 from steerflow.providers._paths import ensure_leg_dir
 from steerflow.providers._stdout import Sink, call_sink, routed_stdout
+
+T = TypeVar("T")
 
 __all__ = ["DEADLINE_GRACE_S", "PYTHON_PREFIX", "FunctionProvider", "NodeCall", "resolve_function"]
 
@@ -217,8 +220,18 @@ async def _in_daemon_thread(function: Callable[[NodeCall], Any], call: NodeCall,
 
     Its result is awaited without blocking the loop.
     """
+    return await in_daemon_thread(functools.partial(_routed, function, call, sink))
+
+
+async def in_daemon_thread(job: Callable[[], T]) -> T:
+    """``job()`` on a daemon pool thread (see :class:`_DaemonPool`), awaited off the loop.
+
+    Cancelling the await abandons the thread: a blocked ``job`` never holds the process's
+    exit. ``python:`` tools run here too (issue 39 item 5). The caller's context variables
+    are the job's.
+    """
     loop = asyncio.get_running_loop()
-    future: asyncio.Future[Any] = loop.create_future()
+    future: asyncio.Future[T] = loop.create_future()
     context = contextvars.copy_context()
 
     def settle(value: Any, error: BaseException | None) -> None:
@@ -231,7 +244,7 @@ async def _in_daemon_thread(function: Callable[[NodeCall], Any], call: NodeCall,
 
     def work() -> None:
         try:
-            value = context.run(_routed, function, call, sink)
+            value = context.run(job)
         except Exception as exc:  # delivered to the awaiting task, not lost in the thread
             _deliver(loop, settle, None, exc)
         except BaseException as exc:  # SystemExit in a node must not end the run's process
