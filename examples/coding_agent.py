@@ -111,6 +111,10 @@ def run_pytest() -> str:
 
 def fix_plan() -> Plan:
     """One agent node that may read, write and test the project."""
+    # The functions as the module ``coding_agent`` holds them, not as ``__main__`` does:
+    # a resume in another process imports that name (``Op`` refuses ``__main__``'s).
+    from coding_agent import read_file, run_pytest, write_file
+
     return Plan(
         name="coding agent",
         ops=[

@@ -110,7 +110,7 @@ async def test_a_pause_holds_the_loop_and_a_stop_ends_it_between_steps(tmp_path:
     models = [e.index for e in seen if isinstance(e, ModelStep)]
     ended = [(e.index, e.status) for e in seen if isinstance(e, ToolCallEnded)]
     assert (models, ended) == ([1], [(2, "completed")])
-    node = steerflow.views.node_detail(home, done.run_id or "", "a")
+    node = await asyncio.to_thread(steerflow.views.node_detail, home, done.run_id or "", "a")
     assert node.status == "pending"
     assert [(s["index"], s["status"]) for s in node.raw["steps"]] == [
         (1, "completed"),

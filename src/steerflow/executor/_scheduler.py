@@ -175,8 +175,14 @@ class FlowExecutor:
         self.gate.resume()
 
     def has_pending(self) -> bool:
-        """True if some operation has not started yet (a message can still reach it)."""
-        return any(op.status == "pending" for op in self.graph)
+        """True if a message can still reach an operation.
+
+        One not started yet, or a running tool node: its next model request takes it
+        (decision 257).
+        """
+        return any(
+            op.status == "pending" or (op.tools and op.status == "running") for op in self.graph
+        )
 
     def close_admission(
         self, reason: str, *, cancel_inflight: bool = False, cancel_long_running: bool = False
