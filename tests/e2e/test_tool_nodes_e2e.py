@@ -303,3 +303,28 @@ def test_stop_now_cancels_the_call_in_flight_and_leaves_it_to_the_operator(
     ]  # fmt: skip
     refused = run_cli(home, "resume", _run_id(home), env=env)
     assert refused.returncode == 3 and "wait_for_release" in refused.stderr, refused.explain()
+
+
+def test_mcp_tools_of_a_plan_need_consent_and_the_servers_stderr_is_kept(
+    tmp_path: Path,
+) -> None:
+    import sys
+
+    home, env = tmp_path / "home", _env(tmp_path)
+    server = TESTS / "tools" / "mcp_fixture_server.py"
+    servers = {"fx": {"command": [sys.executable, str(server), "stdio"],
+                      "env": {"MCP_LEDGER": str(tmp_path / "mcp-ledger.txt")}}}  # fmt: skip
+    steps = [{"tool_calls": [{"name": "post", "args": {"message": "via mcp"}}]},
+             {"response": "done"}]  # fmt: skip
+    plan, script = _setup(tmp_path, steps, entry={"tools": ["mcp:fx/post"]}, mcp_servers=servers)
+    args = ["flow", "--plan", plan, "--model", f"script:{script}", "--json"]
+    refused = run_cli(home, *args, env=env)
+    assert refused.returncode == 2, refused.explain()
+    assert "--allow-mcp" in refused.stderr and "fx" in refused.stderr
+    done = run_cli(home, *args, "--allow-mcp", env=env)
+    assert done.returncode == 0, done.explain()
+    assert (tmp_path / "mcp-ledger.txt").read_text() == "via mcp\n"
+    stderr = home / "runs" / _run_id(home) / "mcp" / "fx.stderr"
+    assert "fixture server: started" in stderr.read_text()
+    shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
+    assert shown.json["steps"][1]["result"] == "posted via mcp"

@@ -39,6 +39,8 @@ __all__ = ["McpServerConfig", "McpServers", "McpTool", "parse_mcp_servers"]
 STDERR_TAIL_LINES = 20
 #: How long a server may take to start and answer ``initialize``.
 START_TIMEOUT_S = 30.0
+#: How long a server whose call failed has to answer a ping before it counts as dead.
+PING_TIMEOUT_S = 5.0
 #: Restarts after the first start: one (issue 39 item 5).
 MAX_RESTARTS = 1
 
@@ -112,7 +114,7 @@ class _Server:
             if self.failure is not None:
                 raise ProviderError(self.failure)
             if self.starts > MAX_RESTARTS:
-                self.failure = await self._died("stopped again after its restart")
+                self.failure = await self.said("stopped again after its restart")
                 raise ProviderError(self.failure)
             await self._start()
             assert self.session is not None
@@ -133,14 +135,14 @@ class _Server:
                 self.session = await asyncio.shield(started)
         except TimeoutError:
             await self._end_owner()
-            self.failure = await self._died(f"did not start within {START_TIMEOUT_S:g} s")
+            self.failure = await self.said(f"did not start within {START_TIMEOUT_S:g} s")
             raise ProviderError(self.failure) from None
         except Exception as exc:
             await self._end_owner()
             if self.starts > MAX_RESTARTS:
-                self.failure = await self._died(f"could not start ({exc})")
+                self.failure = await self.said(f"could not start ({exc})")
                 raise ProviderError(self.failure) from None
-            raise ProviderError(await self._died(f"could not start ({exc})")) from None
+            raise ProviderError(await self.said(f"could not start ({exc})")) from None
 
     async def _own(self, started: asyncio.Future[ClientSession]) -> None:
         from mcp.client.session import ClientSession
@@ -178,13 +180,22 @@ class _Server:
         streams = await stack.enter_async_context(stdio_client(params, errlog=errlog))
         return streams[0], streams[1]
 
-    async def _died(self, what: str) -> str:
+    async def said(self, what: str) -> str:
+        """``what`` happened to the server, with the last lines of its stderr."""
         tail = await asyncio.to_thread(_tail, self.stderr_path)
         said = f"; its stderr ended with:\n{tail}" if tail else ""
         return f"MCP server {self.config.name!r} {what}{said}"
 
-    def alive(self) -> bool:
-        return self._owner is not None and not self._owner.done() and self.session is not None
+    async def answers(self, session: ClientSession) -> bool:
+        """Whether the server still answers (a ping, bounded), after a call failed."""
+        if self._owner is None or self._owner.done():
+            return False
+        try:
+            async with asyncio.timeout(PING_TIMEOUT_S):
+                await session.send_ping()
+        except Exception:
+            return False
+        return True
 
     async def _end_owner(self) -> None:
         owner, self._owner = self._owner, None
@@ -269,11 +280,13 @@ class McpServers:
         except TimeoutError:
             return ToolOutput(f"timed out after {timeout_s:g} s", is_error=True)
         except Exception as exc:
-            # The call may have run: it is not sent again. The server, if it died, is
-            # started again for the next call (once).
-            await asyncio.sleep(0)  # let its owner task see the end of the streams
-            state = "died" if not server.alive() else "failed"
-            why = await server._died(f"{state} during the call ({type(exc).__name__}: {exc})")
+            # The call may have run: it is not sent again. A server that no longer
+            # answers is ended here and started again for the next call (once).
+            dead = not await server.answers(session)
+            if dead:
+                await server.aclose()
+            state = "died" if dead else "failed"
+            why = await server.said(f"{state} during the call ({type(exc).__name__}: {exc})")
             return ToolOutput(why, is_error=True)
         return ToolOutput(_text(result), is_error=bool(result.is_error))
 
