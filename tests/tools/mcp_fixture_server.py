@@ -55,6 +55,9 @@ def _serve_http(port_file: Path) -> None:
     listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind(("127.0.0.1", 0))
+    # Listening before the port is told: a client that connects while uvicorn still
+    # starts waits in the backlog instead of being refused.
+    listener.listen(128)
     app = server.streamable_http_app()
     config = uvicorn.Config(app, log_level="warning", lifespan="on")
     uv = uvicorn.Server(config)

@@ -139,10 +139,10 @@ class _Server:
             raise ProviderError(self.failure) from None
         except Exception as exc:
             await self._end_owner()
+            why = await self.said(f"could not start ({_cause(exc)})")
             if self.starts > MAX_RESTARTS:
-                self.failure = await self.said(f"could not start ({exc})")
-                raise ProviderError(self.failure) from None
-            raise ProviderError(await self.said(f"could not start ({exc})")) from None
+                self.failure = why
+            raise ProviderError(why) from None
 
     async def _own(self, started: asyncio.Future[ClientSession]) -> None:
         from mcp.client.session import ClientSession
@@ -212,6 +212,13 @@ class _Server:
 
     async def aclose(self) -> None:
         await self._end_owner()
+
+
+def _cause(exc: BaseException) -> str:
+    """The first real error inside the SDK's task groups' ``ExceptionGroup`` wrapping."""
+    while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
+        exc = exc.exceptions[0]
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _open_stderr(path: Path) -> TextIO:
@@ -286,7 +293,7 @@ class McpServers:
             if dead:
                 await server.aclose()
             state = "died" if dead else "failed"
-            why = await server.said(f"{state} during the call ({type(exc).__name__}: {exc})")
+            why = await server.said(f"{state} during the call ({_cause(exc)})")
             return ToolOutput(why, is_error=True)
         return ToolOutput(_text(result), is_error=bool(result.is_error))
 
