@@ -22,8 +22,10 @@ Rows, each in a fresh child process (all run by ONE invocation of this script):
   plan of one tool-less node (one model request; process start-up, plan, run directory and
   state DB are in both and cancel out). The baseline is printed too.
 
-Each peer child runs the loop twice and measures the second run (the first warms imports,
-schemas, clients and connection pools; its CPU is printed as ``cold CPU``). Figures:
+Each peer child runs the loop once to warm up (imports, schemas, clients, connection pools;
+its CPU is printed as ``cold CPU``), then ``--repeat`` times (default 3), each run a new
+conversation; the steerflow row runs baseline and loop ``--repeat`` times, interleaved.
+Every figure printed is the median over those runs. Figures:
 
 - ``CPU ms/step``: the child's CPU (``time.process_time``: every thread, user + system)
   over the measured run / steps; for steerflow, ``RUSAGE_CHILDREN`` deltas around the
@@ -31,7 +33,10 @@ schemas, clients and connection pools; its CPU is printed as ``cold CPU``). Figu
 - ``wall-delay ms/step``: wall time / steps minus the server's delay;
 - ``state bytes``: growth of the durable state's files (SQLite DB + its WAL, steerflow's
   home: run directory with journal and artifacts, plus the state DB); ``-shm`` files are
-  not durable and not counted;
+  not durable and not counted. DBOS leaves SQLite in rollback-journal mode, so its figure is
+  the DB's net growth only (the journal file is deleted after each transaction);
+  LangGraph's ``SqliteSaver`` uses WAL, whose file keeps growing until a checkpoint: read
+  ``written`` beside it;
 - ``written``: bytes the child passed to ``write``/``pwrite`` (``/proc/self/io`` wchar:
   files, pipes and terminal; not sockets' ``send``) during the run; peer rows only;
 - ``fsyncs``: calls of ``fsync``/``fdatasync`` in the process, counted by a tiny
@@ -378,41 +383,58 @@ PREPARE = {
 }
 
 
-def child(row: str, base_url: str, steps: int) -> None:
-    """Run one peer row twice; print the measured (second) run's figures as one JSON line."""
+def child(row: str, base_url: str, steps: int, repeat: int) -> None:
+    """Run one peer row 1 + ``repeat`` times; print the measured runs' medians as JSON."""
     os.environ["NO_PROXY"] = "127.0.0.1"
     counters = Counters()
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="tool-loop-") as tmp:
         run, roots = PREPARE[row](base_url, steps, Path(tmp))
         cpu0 = time.process_time()
         run()  # warm-up: imports, schemas, clients, the DB's tables
         cold = time.process_time() - cpu0
-        size0, (synced0, written0) = state_bytes(*roots), counters.read()
-        cpu0, wall0 = time.process_time(), time.perf_counter()
-        text = run()
-        wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
-        synced1, written1 = counters.read()
-        out = {
-            "cpu": cpu,
-            "wall": wall,
-            "cold_cpu": cold,
-            "bytes": state_bytes(*roots) - size0 if roots else None,
-            "fsyncs": synced1 - synced0,
-            "written": written1 - written0 if written0 is not None and written1 else None,
-            "text": text,
-        }
+        for _ in range(repeat):
+            size0, (synced0, written0) = state_bytes(*roots), counters.read()
+            cpu0, wall0 = time.process_time(), time.perf_counter()
+            text = run()
+            wall, cpu = time.perf_counter() - wall0, time.process_time() - cpu0
+            synced1, written1 = counters.read()
+            runs.append(
+                {
+                    "cpu": cpu,
+                    "wall": wall,
+                    "bytes": state_bytes(*roots) - size0 if roots else None,
+                    "fsyncs": synced1 - synced0,
+                    "written": written1 - written0 if written0 is not None and written1 else None,
+                    "text": text,
+                }
+            )
         if row == "pydantic-ai+dbos":
             from dbos import DBOS
 
             DBOS.destroy()
+    out = medians(runs)
+    out["cold_cpu"] = cold
     print(json.dumps(out), flush=True)
 
 
-def measure_peer(row: str, base_url: str, steps: int, env: dict[str, str]) -> dict[str, Any]:
+def medians(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Each numeric figure's median over ``runs``; other values from the last run."""
+    out = dict(runs[-1])
+    for key, value in out.items():
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            out[key] = statistics.median(r[key] for r in runs)
+    out["cpu_all"] = [r["cpu"] for r in runs]
+    return out
+
+
+def measure_peer(
+    row: str, base_url: str, steps: int, repeat: int, env: dict[str, str]
+) -> dict[str, Any]:
     missing = [m for m in NEEDS[row] if not module_found(m)]
     if missing:
         return {"skipped": f"not installed ({HINTS[row]})"}
-    argv = [sys.executable, __file__, "--child", row, base_url, str(steps)]
+    argv = [sys.executable, __file__, "--child", row, base_url, str(steps), str(repeat)]
     done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False, timeout=300)
     lines = done.stdout.strip().splitlines()
     if done.returncode != 0 or not lines:
@@ -503,7 +525,7 @@ def steerflow_once(
     return out
 
 
-def measure_steerflow(base_url: str, steps: int, shim: Path | None) -> dict[str, Any]:
+def measure_steerflow(base_url: str, steps: int, repeat: int, shim: Path | None) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="tool-loop-sf-") as name:
         tmp = Path(name)
         home = tmp / "home"
@@ -513,9 +535,13 @@ def measure_steerflow(base_url: str, steps: int, shim: Path | None) -> dict[str,
         warm = steerflow_once(base_plan, home, base_url, tmp, shim, 1)  # creates the state DB
         if "error" in warm:
             return {"skipped": f"baseline failed: {warm['error']}"}
-        base = steerflow_once(base_plan, home, base_url, tmp, shim, 1)
-        loop = steerflow_once(loop_plan, home, base_url, tmp, shim, steps)
-        return {"baseline": base, "loop": loop}
+        bases, loops = [], []
+        for _ in range(repeat):  # interleaved: both see the same machine load
+            bases.append(steerflow_once(base_plan, home, base_url, tmp, shim, 1))
+            loops.append(steerflow_once(loop_plan, home, base_url, tmp, shim, steps))
+            if "error" in loops[-1]:
+                return {"baseline": medians(bases), "loop": loops[-1]}
+        return {"baseline": medians(bases), "loop": medians(loops)}
 
 
 # -- import cost -----------------------------------------------------------------------------
@@ -558,6 +584,10 @@ def fmt_bytes(n: object) -> str:
     return f"{n / 1e6:.2f} MB" if abs(n) >= 1e5 else f"{n / 1e3:.1f} kB"
 
 
+def fmt_count(n: object) -> str:
+    return f"{n:.0f}" if isinstance(n, int | float) else "-"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--steps", type=int, default=30, help="model requests per run (>= 2)")
@@ -565,16 +595,19 @@ def main() -> int:
     parser.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
     parser.add_argument("--import-runs", type=int, default=5, help="processes per import row")
     parser.add_argument("--serve", nargs=2, help=argparse.SUPPRESS)
-    parser.add_argument("--child", nargs=3, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="measured runs per row (medians are printed)"
+    )
+    parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.serve:
         serve(int(args.serve[0]), float(args.serve[1]))
         return 0
     if args.child:
-        child(args.child[0], args.child[1], int(args.child[2]))
+        child(args.child[0], args.child[1], int(args.child[2]), int(args.child[3]))
         return 0
-    if args.steps < 2:
-        parser.error("--steps must be at least 2")
+    if args.steps < 2 or args.repeat < 1:
+        parser.error("--steps must be at least 2 and --repeat at least 1")
     rows = [r for r in args.rows.split(",") if r]
     if set(rows) - set(ROWS):
         parser.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
@@ -591,7 +624,8 @@ def main() -> int:
     names = ("pydantic-ai-slim", "dbos", "langgraph", "langgraph-checkpoint-sqlite", "openai")
     print(
         f"workload: {steps} model requests per run ({steps - 1} tool calls, then text), "
-        f"loopback server in its own process, {args.delay_ms:g} ms delay, not streamed"
+        f"loopback server in its own process, {args.delay_ms:g} ms delay, not streamed; "
+        f"medians of {args.repeat} runs per row"
     )
     print(
         f"platform: {platform.platform()} python {sys.version.split()[0]} cpus={os.cpu_count()} "
@@ -623,12 +657,12 @@ def main() -> int:
         print("-" * len(header))
         for row in rows:
             if row == "steerflow":
-                show_steerflow(measure_steerflow(base_url, steps, shim), steps, delay)
+                show_steerflow(measure_steerflow(base_url, steps, args.repeat, shim), steps, delay)
                 continue
             env = dict(os.environ)
             if shim is not None:
                 env |= {"LD_PRELOAD": str(shim), COUNTER_ENV: str(counter_file(tmp))}
-            out = results[row] = measure_peer(row, base_url, steps, env)
+            out = results[row] = measure_peer(row, base_url, steps, args.repeat, env)
             if "skipped" in out:
                 print(f"{row:<18} {out['skipped']}", flush=True)
                 continue
@@ -636,12 +670,12 @@ def main() -> int:
                 f"{row:<18} {per_step(out['cpu'], steps):>11.2f} "
                 f"{per_step(out['wall'], steps) - delay * 1000:>18.2f} "
                 f"{fmt_bytes(out['bytes']):>11} {fmt_bytes(out['written']):>10} "
-                f"{out['fsyncs']:>7} {per_step(out['cold_cpu'], steps):>16.2f}",
+                f"{out['fsyncs']:>7.0f} {per_step(out['cold_cpu'], steps):>16.2f}",
                 flush=True,
             )
     print(
-        "CPU: the client process's user+system time over one warm run / steps (the server's "
-        "is in its own process); wall-delay: wall / steps - delay; state bytes: growth of the "
+        "medians of --repeat runs. CPU: the client process's user+system time / steps (server: "
+        "its own process); wall-delay: wall / steps - delay; state bytes: growth of the "
         "durable files (DB + WAL; steerflow: its home, run dir + state DB); written: bytes "
         "written to regular files (shim; without it wchar); cold: the first run in the process"
     )
@@ -675,7 +709,7 @@ def show_steerflow(out: dict[str, Any], steps: int, delay: float) -> None:
     print(
         f"{'  (baseline, 1 req)':<18} {base['cpu'] * 1000:>11.1f} "
         f"{(base['wall'] - delay) * 1000:>18.1f} {fmt_bytes(base['bytes']):>11} "
-        f"{fmt_bytes(base['written']):>10} {fsyncs if fsyncs is not None else '-':>7}"
+        f"{fmt_bytes(base['written']):>10} {fmt_count(fsyncs):>7}"
         "   (whole process, ms: not per step)",
         flush=True,
     )
@@ -688,7 +722,7 @@ def show_steerflow(out: dict[str, Any], steps: int, delay: float) -> None:
         f"{'steerflow':<18} {(loop['cpu'] - base['cpu']) / extra * 1000:>11.2f} "
         f"{(loop['wall'] - base['wall']) / extra * 1000 - delay * 1000:>18.2f} "
         f"{fmt_bytes(loop['bytes']):>11} {fmt_bytes(loop['written']):>10} "
-        f"{fs if fs is not None else '-':>7} "
+        f"{fmt_count(fs):>7} "
         f"{'-':>16}",
         flush=True,
     )
