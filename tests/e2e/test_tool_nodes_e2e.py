@@ -182,9 +182,13 @@ def test_killed_before_a_reply_is_recorded_its_request_is_listed_as_in_flight(
     assert [e["message"] for e in _ledger(tmp_path)] == ["one", "two"]
 
 
-def test_an_operator_message_reaches_the_next_model_request_of_a_running_loop_once(
-    tmp_path: Path,
-) -> None:
+def _message_into_a_ten_step_loop(tmp_path: Path, **extra_env: str) -> tuple[Any, str, dict]:
+    """A flow whose 10-step loop holds its first tool until ``ctl msg`` was claimed.
+
+    The message is sent while the first tool runs, and the tool let go once the run's
+    poller claimed it: the loop's next model request (step 3) is the one to carry it.
+    Returns the finished CLI, the control id and the environment.
+    """
     from ctl_support import control, ctl_ok
     from flow_support import finish, start_cli, stop, wait_for
 
@@ -200,7 +204,7 @@ def test_an_operator_message_reaches_the_next_model_request_of_a_running_loop_on
         entry={"tools": ["python:tool_fns:wait_for_release", "python:tool_fns:lookup"]},
     )  # fmt: skip
     proc = start_cli(home, "flow", "--plan", plan, "--model", f"script:{script}",
-                     "--allow-python", "--json", env=env)  # fmt: skip
+                     "--allow-python", "--json", env={**env, **extra_env})  # fmt: skip
     try:
         wait_for(lambda: _ledger(tmp_path), timeout=30, what="the first tool to start")
         control_id = ctl_ok(home, "msg", _run_id(home), "use the other file")
@@ -209,6 +213,14 @@ def test_an_operator_message_reaches_the_next_model_request_of_a_running_loop_on
         done = finish(proc, timeout=60)
     finally:
         stop(proc)
+    return done, control_id, env
+
+
+def test_an_operator_message_reaches_the_next_model_request_of_a_running_loop_once(
+    tmp_path: Path,
+) -> None:
+    done, control_id, env = _message_into_a_ten_step_loop(tmp_path)
+    home = tmp_path / "home"
     assert done.returncode == 0, done.explain()
     shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
     steered = [s["index"] for s in shown.json["steps"] if s.get("steered")]
@@ -242,32 +254,12 @@ def test_an_agent_tool_must_be_a_python_spec(tmp_path: Path) -> None:
 def test_a_message_a_killed_loop_carried_is_not_delivered_again_on_resume(
     tmp_path: Path,
 ) -> None:
-    from ctl_support import control, ctl_ok
-    from flow_support import finish, start_cli, stop, wait_for
-
-    home = tmp_path / "home"
-    env = _env(tmp_path, TOOL_RELEASE=str(tmp_path / "release"))
-    steps: list[dict[str, Any]] = [
-        {"tool_calls": [{"name": "wait_for_release", "args": {"tag": "first"}}]}
-    ]
-    steps += [{"tool_calls": [{"name": "lookup", "args": {"key": f"k{i}"}}]} for i in range(8)]
-    steps.append({"response": "done"})
-    plan, script = _setup(
-        tmp_path, steps,
-        entry={"tools": ["python:tool_fns:wait_for_release", "python:tool_fns:lookup"]},
-    )  # fmt: skip
     # Dies right after the reply to the request that carried the message is on record.
-    killed_env = {**env, "STEERFLOW_FAULT": "exit:after:model-step:2"}
-    proc = start_cli(home, "flow", "--plan", plan, "--model", f"script:{script}",
-                     "--allow-python", "--json", env=killed_env)  # fmt: skip
-    try:
-        wait_for(lambda: _ledger(tmp_path), timeout=30, what="the first tool to start")
-        control_id = ctl_ok(home, "msg", _run_id(home), "use the other file")
-        wait_for(lambda: control(home, control_id).result, timeout=30, what="the message claimed")
-        (tmp_path / "release").touch()
-        assert finish(proc, timeout=60).returncode == 137
-    finally:
-        stop(proc)
+    killed, control_id, env = _message_into_a_ten_step_loop(
+        tmp_path, STEERFLOW_FAULT="exit:after:model-step:2"
+    )
+    home = tmp_path / "home"
+    assert killed.returncode == 137, killed.explain()
     done = run_cli(home, "resume", _run_id(home), "--json", env=env)
     assert done.returncode == 0, done.explain()
     assert control_id not in json.dumps(done.json.get("stranded_messages"))

@@ -140,10 +140,8 @@ class ModelStep(_NodeEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolCallStarted(_NodeEvent):
-    """A tool call's intent is on record and the tool runs now."""
-
-    type: ClassVar[str] = "tool_call_started"
+class _ToolCall(_NodeEvent):
+    #: The step's index in the node's loop, the vendor's call id, the tool and its args.
     index: int
     call_id: str
     tool: str
@@ -151,15 +149,18 @@ class ToolCallStarted(_NodeEvent):
 
 
 @dataclass(frozen=True, kw_only=True)
-class ToolCallEnded(_NodeEvent):
+class ToolCallStarted(_ToolCall):
+    """A tool call's intent is on record and the tool runs now."""
+
+    type: ClassVar[str] = "tool_call_started"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ToolCallEnded(_ToolCall):
     """A tool call's outcome is on record: ``completed``, ``failed`` or ``skipped``."""
 
     type: ClassVar[str] = "tool_call_ended"
-    index: int
-    call_id: str
-    tool: str
     status: str
-    args: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, kw_only=True)
