@@ -79,7 +79,6 @@ from steerflow.orchestrate._resume import (
 )
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
-from steerflow.orchestrate._stream import ControlApplied, EventStream, typed_event
 from steerflow.plan import (
     CODE_SOURCE,
     SYNTHESIS_KEY,
@@ -95,6 +94,7 @@ from steerflow.state import SessionRow, StateDB
 
 if TYPE_CHECKING:
     from steerflow.cluster import RayCluster
+    from steerflow.orchestrate._stream import EventStream
     from steerflow.tools import ToolRuntime
 
 __all__ = ["FlowRun", "run_flow"]
@@ -183,6 +183,8 @@ class FlowRun:
         for the reader: with ``max_pending`` None nothing is dropped; with a number the
         oldest events make room and one ``EventsDropped`` marks the gap (decision 160).
         """
+        from steerflow.orchestrate._stream import EventStream
+
         stream = EventStream(max_pending=max_pending)
         if self._ended:
             stream.close()
@@ -194,6 +196,10 @@ class FlowRun:
         self._streams = [s for s in self._streams if not s.closed]
         if not self._streams:
             return  # no reader: no conversion
+        # Imported with the first reader: ~20 frozen dataclasses cost ~16 ms a process,
+        # and most runs (every CLI flow) have no reader.
+        from steerflow.orchestrate._stream import typed_event
+
         error = None
         if event.type == "node_failed" and self.executor is not None and event.node_id:
             op = self.executor.graph.ops.get(event.node_id)
@@ -204,6 +210,10 @@ class FlowRun:
 
     def _control_applied(self, verb: str, control_id: str | None) -> None:
         # Not on the bus: its subscribers (the CLI's progress) know message deliveries only.
+        if not self._streams:
+            return
+        from steerflow.orchestrate._stream import ControlApplied
+
         applied = ControlApplied(ts=time.time(), verb=verb, control_id=control_id)
         for stream in self._streams:
             stream.push(applied)
