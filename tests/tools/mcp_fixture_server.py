@@ -28,6 +28,12 @@ def add(a: int, b: int) -> int:
     return a + b
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def peek() -> str:
+    """Read-only: changes nothing."""
+    return "nothing changed"
+
+
 @server.tool()
 def post(message: str) -> str:
     """Post a message (a side effect)."""

@@ -39,7 +39,8 @@ async def test_a_stdio_servers_tools_are_listed_called_and_its_stderr_kept(
 ) -> None:
     options = {"post": ToolOptions(timeout_s=5)}
     toolset = await build_toolset(["mcp:fx"], servers=servers, options=options)
-    assert sorted(toolset.tools) == ["add", "die", "fail", "post"]
+    assert sorted(toolset.tools) == ["add", "die", "fail", "peek", "post"]
+    assert toolset.tools["peek"].idempotent is True  # readOnlyHint alone
     add = toolset.tools["add"]
     assert add.idempotent is True and add.source == "mcp:fx/add"  # its idempotentHint
     assert toolset.tools["post"].idempotent is False and toolset.tools["post"].timeout_s == 5

@@ -319,7 +319,10 @@ class McpTool(Tool):
         schema = dict(tool.input_schema or {"type": "object", "properties": {}})
         self.spec = ToolSpec(self.name, str(tool.description or ""), schema)
         self.source = f"mcp:{server}/{self.name}"
-        hint = getattr(tool.annotations, "idempotent_hint", None) if tool.annotations else None
+        notes = tool.annotations
+        # A read-only tool changes nothing, so calling it again is harmless too (MCP's
+        # idempotentHint is only meaningful for tools that do write).
+        hint = notes is not None and bool(notes.idempotent_hint or notes.read_only_hint)
         declared = options.idempotent if options is not None else None
         self.idempotent = bool(hint) if declared is None else declared
         timeout = options.timeout_s if options is not None else None
