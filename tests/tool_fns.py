@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import json
 import os
-import time
 from pathlib import Path
+
+from waiting import wait_until
 
 
 def _ledger(tool: str, **args: object) -> int:
@@ -51,9 +52,5 @@ def wait_for_release(tag: str) -> str:
     """Record that it started, then wait until ``$TOOL_RELEASE`` exists (bounded)."""
     _ledger("wait_for_release", tag=tag)
     release = Path(os.environ["TOOL_RELEASE"])
-    deadline = time.monotonic() + 60
-    while not release.exists():
-        if time.monotonic() > deadline:
-            raise TimeoutError("never released")
-        time.sleep(0.02)
+    wait_until(release.exists, timeout=60, what=f"{release} (the test's release)")
     return f"released {tag}"

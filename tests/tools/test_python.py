@@ -4,7 +4,6 @@ output, never the node's (issue 39 items 1 and 5)."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 
 import pytest
@@ -38,12 +37,11 @@ def where_am_i() -> str:
 
 async def async_add(a: int, b: int) -> int:
     """Add, asynchronously."""
-    await asyncio.sleep(0)
     return a + b
 
 
-def sleeps(seconds: float) -> str:
-    """Block for a while."""
+def blocks(seconds: float) -> str:
+    """Block the thread it runs on (an Event nobody sets) for ``seconds``."""
     threading.Event().wait(seconds)
     return "woke"
 
@@ -86,7 +84,7 @@ async def test_a_plain_function_runs_off_the_loop_and_an_async_one_on_it() -> No
 
 
 async def test_a_timeout_and_an_exception_are_error_outputs() -> None:
-    slow = python_tool(sleeps, timeout_s=0.05)
+    slow = python_tool(blocks, timeout_s=0.05)
     out = await slow.call({"seconds": 5})
     assert (out.content, out.is_error) == ("timed out after 0.05 s", True)
     failed = await python_tool(broken).call({})
