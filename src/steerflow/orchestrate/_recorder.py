@@ -183,15 +183,9 @@ class CheckpointRecorder:
         record (a lease taken over) or the checkpoint cannot hold it (the call is not
         sent; the loss closed admission). A version 2 checkpoint records no intents.
         """
-        if self.writer.version != 3:
-            return True
-        if self.lost:
-            return False
-        acknowledged = False
-
-        async def write() -> None:
-            nonlocal acknowledged
-            acknowledged = await self.writer.record_call(
+        return await self._journal(
+            op,
+            lambda: self.writer.record_call(
                 intent.call_id,
                 node=intent.node,
                 record=intent.record,
@@ -201,10 +195,8 @@ class CheckpointRecorder:
                 started_at=intent.started_at,
                 reserved_cost_usd=intent.reserved_cost_usd,
                 reserved_tokens=intent.reserved_tokens,
-            )
-
-        await self._durably(op, write)
-        return acknowledged
+            ),
+        )
 
     async def record_step(self, op: Operation, entry: dict[str, Any]) -> bool:
         """The executor's ``on_step``: journal one step of a tool node's loop (decision 254).
@@ -213,17 +205,21 @@ class CheckpointRecorder:
         over, a lost checkpoint): the loop then stops before its next step. A version 2
         checkpoint records no steps (a tool node there is not durable step by step).
         """
+        return await self._journal(op, lambda: self.writer.record_step(entry))
+
+    async def _journal(self, op: Operation, write: Callable[[], Awaitable[bool]]) -> bool:
+        """A version 3 journal record the caller waits on: True once acknowledged."""
         if self.writer.version != 3:
             return True
         if self.lost:
             return False
         acknowledged = False
 
-        async def write() -> None:
+        async def durable() -> None:
             nonlocal acknowledged
-            acknowledged = await self.writer.record_step(entry)
+            acknowledged = await write()
 
-        await self._durably(op, write)
+        await self._durably(op, durable)
         return acknowledged
 
     async def record_intent(self, children: list[Operation]) -> None:

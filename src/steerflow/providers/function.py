@@ -85,7 +85,12 @@ def _one_line(exc: BaseException) -> str:
 
 
 def resolve_function(spec: str) -> Callable[[NodeCall], Any]:
-    """Import the function a ``python:MODULE:FUNCTION`` spec names.
+    """The node function a ``python:MODULE:FUNCTION`` model spec names (import_callable)."""
+    return import_callable(spec, "model spec")
+
+
+def import_callable(spec: str, what: str) -> Callable[..., Any]:
+    """Import the function a ``python:MODULE:FUNCTION`` spec names (a node's or a tool's).
 
     ``FUNCTION`` may be dotted (``Class.method``). The module is found on ``sys.path`` as
     the process has it: steerflow does not add the working directory (decision 171).
@@ -97,25 +102,25 @@ def resolve_function(spec: str) -> Callable[[NodeCall], Any]:
     """
     module_name, sep, qualname = spec.removeprefix(PYTHON_PREFIX).partition(":")
     if not module_name or not sep or not qualname:
-        raise UsageError(f"model spec {spec!r}: {_USAGE}")
+        raise UsageError(f"{what} {spec!r}: {_USAGE}")
     try:
         target: object = importlib.import_module(module_name)
     # an ImportError, whatever the module raised, or its sys.exit(): steerflow must not end
     # with the module's exit code (0 would read as success)
     except (Exception, SystemExit) as exc:
         raise UsageError(
-            f"model spec {spec!r}: cannot import module {module_name!r} ({_one_line(exc)})"
+            f"{what} {spec!r}: cannot import module {module_name!r} ({_one_line(exc)})"
         ) from None
     for part in qualname.split("."):
         try:
             target = getattr(target, part)
         except AttributeError:
             raise UsageError(
-                f"model spec {spec!r}: module {module_name!r} has no function {qualname!r}"
+                f"{what} {spec!r}: module {module_name!r} has no function {qualname!r}"
             ) from None
     if not callable(target):
         raise UsageError(
-            f"model spec {spec!r}: {module_name}.{qualname} is not callable "
+            f"{what} {spec!r}: {module_name}.{qualname} is not callable "
             f"(a {type(target).__name__} object, not a function)"
         )
     return target

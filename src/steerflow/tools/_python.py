@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import importlib
 import inspect
 import re
 from collections.abc import Callable, Mapping
@@ -24,7 +23,7 @@ import pydantic_core
 from steerflow.errors import PlanValidationError, UsageError
 from steerflow.plan._tool_ref import importable_spec
 from steerflow.providers._base import ToolSpec
-from steerflow.providers.function import in_daemon_thread
+from steerflow.providers.function import import_callable, in_daemon_thread
 from steerflow.tools._toolset import DEFAULT_TOOL_TIMEOUT_S, Tool, ToolOutput
 
 __all__ = ["PythonTool", "importable_spec", "load_python_tool", "python_tool"]
@@ -218,14 +217,6 @@ def python_tool(
     )
 
 
-def _resolve(module: str, qualname: str) -> object:
-    """``module``'s attribute at the dotted ``qualname`` (import errors pass through)."""
-    target: object = importlib.import_module(module)
-    for part in qualname.split("."):
-        target = getattr(target, part)
-    return target
-
-
 def load_python_tool(
     module: str,
     function: str,
@@ -242,21 +233,10 @@ def load_python_tool(
     """
     spec = f"python:{module}:{function}"
     try:
-        target = _resolve(module, function)
-    except AttributeError:
-        raise PlanValidationError(
-            f"tool spec {spec!r}: module {module!r} has no function {function!r}"
-        ) from None
-    # whatever the module raised while importing, sys.exit() included (decision 240)
-    except (Exception, SystemExit) as exc:
-        raise PlanValidationError(
-            f"tool spec {spec!r}: cannot import module {module!r} ({_describe(exc)})"
-        ) from None
-    if not callable(target):
-        raise PlanValidationError(
-            f"tool spec {spec!r}: {module}.{function} is not callable "
-            f"(a {type(target).__name__} object, not a function)"
-        )
+        # the same import, with the same errors, as a function node's (decision 240)
+        target = import_callable(spec, "tool spec")
+    except UsageError as exc:
+        raise PlanValidationError(str(exc)) from None
     try:
         return python_tool(target, source=spec, idempotent=idempotent, timeout_s=timeout_s)
     except UsageError as exc:
