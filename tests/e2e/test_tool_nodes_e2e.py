@@ -320,3 +320,18 @@ def test_mcp_tools_of_a_plan_need_consent_and_the_servers_stderr_is_kept(
     assert "fixture server: started" in stderr.read_text()
     shown = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
     assert shown.json["steps"][1]["result"] == "posted via mcp"
+
+
+def test_control_bytes_from_a_model_or_a_tool_never_reach_the_terminal(tmp_path: Path) -> None:
+    home, env = tmp_path / "home", _env(tmp_path)
+    hostile = "\x1b[2J\x07evil\nsecond line"
+    steps = [{"tool_calls": [{"name": "lookup", "args": {"key": hostile}}]},
+             {"response": f"done {hostile}"}]  # fmt: skip
+    plan, script = _setup(tmp_path, steps, entry={"tools": ["python:tool_fns:lookup"]})
+    assert _flow(home, plan, script, env).returncode == 0
+    text = run_cli(home, "show", _run_id(home), "a", env=env)
+    assert text.returncode == 0, text.explain()
+    assert "\x1b" not in text.stdout and "\x07" not in text.stdout
+    assert "\\x1b[2J\\x07evil" in text.stdout  # shown, escaped
+    exact = run_cli(home, "show", _run_id(home), "a", "--json", env=env)
+    assert exact.json["steps"][1]["args"] == {"key": hostile}  # --json keeps it exact

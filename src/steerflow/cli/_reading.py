@@ -225,7 +225,8 @@ def step_line(step: dict[str, Any]) -> str:
         said = f"calls {asked}" if asked else f"replied: {_first_line(step.get('text'))}"
         steered = f" (+{len(step['steered'])} operator message)" if step.get("steered") else ""
         usage = fmt_usage(step.get("usage"))
-        return f"{step['index']:>3} model {said}{steered}  {took}  usage: {usage}"
+        # the model's text (and a tool's name) is untrusted: no terminal controls reach stdout
+        return printable(f"{step['index']:>3} model {said}{steered}  {took}  usage: {usage}")
     args = json.dumps(step.get("args"), sort_keys=True, ensure_ascii=False)
     status = step["status"] + (f" ({step['decision']})" if step.get("decision") else "")
     cut = " [truncated]" if step.get("truncated") else ""
