@@ -144,7 +144,7 @@ class PlanReply:
     usage: Usage | None = None
 
 
-# -- one step of a tool node's loop (issue 39, decision 253; see providers._steps) --
+# -- one step of a tool node's loop (issue 39, decision 253): exported by steerflow.providers --
 
 
 @dataclass(frozen=True)

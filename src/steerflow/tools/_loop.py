@@ -25,10 +25,13 @@ from typing import Any, Protocol
 from steerflow import _faults
 from steerflow._usage import Usage
 from steerflow.errors import FlowResumeError, ProviderError
-from steerflow.providers._base import Message, Provider, ProviderRequest, ProviderResponse
-from steerflow.providers._steps import (
+from steerflow.providers._base import (
     ConversationItem,
+    Message,
     ModelTurn,
+    Provider,
+    ProviderRequest,
+    ProviderResponse,
     StepRequest,
     ToolCall,
     ToolResult,

@@ -13,7 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Literal
 
-from steerflow.providers._steps import ToolSpec
+from steerflow.providers._base import ToolSpec
 
 __all__ = ["DEFAULT_TOOL_TIMEOUT_S", "Tool", "ToolOptions", "ToolOutput", "Toolset"]
 
