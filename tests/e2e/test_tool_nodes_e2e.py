@@ -51,7 +51,11 @@ def _flow(home: Path, plan: Path, script: Path, env: dict[str, str], *more: str)
 
 
 def _run_id(home: Path) -> str:
-    return sorted(p.name for p in (home / "runs").iterdir())[-1]
+    """The newest run, as ``steerflow runs`` orders them (not by name: two runs started in
+    one second sort by their random suffix)."""
+    from steerflow.views import list_runs
+
+    return str(list_runs(home, limit=1)[0].run_id)
 
 
 def test_a_tool_node_runs_its_loop_and_show_lists_every_step(tmp_path: Path) -> None:
