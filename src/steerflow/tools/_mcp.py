@@ -133,13 +133,11 @@ class _Server:
         try:
             async with asyncio.timeout(START_TIMEOUT_S):
                 self.session = await asyncio.shield(started)
-        except TimeoutError:
+        except Exception as exc:  # a timeout too: like any failed start, retried once
             await self._end_owner()
-            self.failure = await self.said(f"did not start within {START_TIMEOUT_S:g} s")
-            raise ProviderError(self.failure) from None
-        except Exception as exc:
-            await self._end_owner()
-            why = await self.said(f"could not start ({_cause(exc)})")
+            late = isinstance(exc, TimeoutError)
+            what = f"did not start within {START_TIMEOUT_S:g} s" if late else _cause(exc)
+            why = await self.said(f"could not start ({what})")
             if self.starts > MAX_RESTARTS:
                 self.failure = why
             raise ProviderError(why) from None
