@@ -77,6 +77,14 @@ class Op:
     tools: Sequence[str | Callable[..., Any]] = ()
     #: Model requests of the node's tool loop before it fails (default 25).
     max_steps: int | None = None
+    #: Per-node settings (a plan entry's keys): the model spec that runs this op (wins over
+    #: its role's), ``{"attempts": N, "backoff_s": S}`` for failed calls, one call's limit.
+    model: str | None = None
+    retry: Mapping[str, Any] | None = None
+    timeout_s: float | None = None
+    #: The reply's JSON Schema; a pydantic model class, dataclass or TypedDict is kept as
+    #: its JSON Schema (``FlowResult.output(node, cls)`` parses the output back into it).
+    output_schema: Mapping[str, Any] | type | None = None
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
@@ -99,6 +107,10 @@ class Op:
             out["tools"] = list(self.tools)
         if self.max_steps is not None:
             out["max_steps"] = self.max_steps
+        for name in ("model", "retry", "timeout_s", "output_schema"):
+            value = getattr(self, name)
+            if value is not None:
+                out[name] = dict(value) if isinstance(value, Mapping) else value
         return out
 
 
@@ -369,6 +381,10 @@ def _op_of(entry: PlanEntry) -> Op:
         artifacts=entry.artifacts,
         tools=entry.tools,
         max_steps=entry.max_steps,
+        model=entry.model,
+        retry=entry.retry.model_dump() if entry.retry is not None else None,
+        timeout_s=entry.timeout_s,
+        output_schema=entry.output_schema,
     )
 
 

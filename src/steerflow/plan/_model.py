@@ -30,6 +30,7 @@ __all__ = [
     "McpServerSpec",
     "PlanEntry",
     "PlanFile",
+    "RetrySpec",
     "RoleSpec",
     "SpawnSpec",
     "SynthesisSpec",
@@ -82,6 +83,15 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class RetrySpec(_Strict):
+    """``retry``: how often a failed call (or a reply its ``output_schema`` refuses) is
+    tried again, and the pause before each new try (decision 276)."""
+
+    #: Tries after the first: a node makes at most ``1 + attempts`` calls.
+    attempts: int = Field(ge=0, le=100, strict=True)
+    backoff_s: float = Field(default=0.0, ge=0, le=3_600, allow_inf_nan=False)
+
+
 class Dependency(_Strict):
     """A dependency edge, optionally conditional on the source's outcome.
 
@@ -119,6 +129,15 @@ class PlanEntry(_Strict):
     tools: list[ToolSpecText] = Field(default_factory=list)
     #: Model requests the loop may make before the node fails (default 25).
     max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
+    #: Per-node settings (issue 40 item 1): the model that runs this entry (wins over its
+    #: role's and the plan's), how a failed call is tried again, and the longest one call
+    #: may take before it fails.
+    model: str | None = Field(default=None, min_length=1, max_length=512)
+    retry: RetrySpec | None = None
+    timeout_s: float | None = Field(default=None, gt=0, le=86_400, allow_inf_nan=False)
+    #: A JSON Schema the reply must satisfy (issue 40 item 2): asked for as structured
+    #: output, validated, recorded as JSON beside the text.
+    output_schema: dict[str, object] | None = None
 
     @property
     def dependencies(self) -> list[Dependency]:
