@@ -77,7 +77,7 @@ def serve() -> Iterator[tuple[str, _Server]]:
     state = _Server()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 (http.server's name)
+        def do_POST(self) -> None:
             body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
             text = state.reply(body)
             out = json.dumps({
@@ -140,8 +140,9 @@ def main() -> int:
     print(f"{'flow':<16}{'steerflow':>10}{'LangGraph':>11}  runs (steerflow | LangGraph)")
     for name in NAMES:
         lines = f"{count('steerflow', name):>10}{count('langgraph', name):>11}"
-        runs = "" if args.no_run else f"  {run_one('steerflow', name)} | {run_one('langgraph', name)}"
-        print(f"{name:<16}{lines}{runs}", flush=True)
+        if not args.no_run:
+            lines += f"  {run_one('steerflow', name)} | {run_one('langgraph', name)}"
+        print(f"{name:<16}{lines}", flush=True)
     return 0
 
 

@@ -1,7 +1,8 @@
 import asyncio
 
-import steerflow
 from flow_steps import count_words
+
+import steerflow
 from steerflow import FlowOptions, Op, Plan
 
 plan = Plan(

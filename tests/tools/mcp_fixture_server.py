@@ -48,6 +48,12 @@ def fail(reason: str) -> str:
     raise ToolError(reason)
 
 
+@server.tool(annotations=ToolAnnotations(read_only_hint=True))
+def pid() -> int:
+    """This server's process id (a test kills it while it is idle)."""
+    return os.getpid()
+
+
 @server.tool()
 def die() -> str:
     """End the server process in the middle of the call."""

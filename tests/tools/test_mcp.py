@@ -5,6 +5,8 @@ then its tools fail with the last lines of its stderr."""
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -16,7 +18,7 @@ from steerflow.errors import PlanValidationError
 from steerflow.tools import ToolOptions
 from steerflow.tools._build import build_toolset
 from steerflow.tools._mcp import McpServers, parse_mcp_servers
-from waiting import wait_until
+from waiting import wait_until, wait_until_async
 
 SERVER = Path(__file__).resolve().with_name("mcp_fixture_server.py")
 
@@ -39,7 +41,7 @@ async def test_a_stdio_servers_tools_are_listed_called_and_its_stderr_kept(
 ) -> None:
     options = {"post": ToolOptions(timeout_s=5)}
     toolset = await build_toolset(["mcp:fx"], servers=servers, options=options)
-    assert sorted(toolset.tools) == ["add", "die", "fail", "peek", "post"]
+    assert sorted(toolset.tools) == ["add", "die", "fail", "peek", "pid", "post"]
     assert toolset.tools["peek"].idempotent is True  # readOnlyHint alone
     add = toolset.tools["add"]
     assert add.idempotent is True and add.source == "mcp:fx/add"  # its idempotentHint
@@ -86,6 +88,21 @@ async def test_a_server_that_dies_is_restarted_once_then_fails_with_its_stderr(
     assert "dying on purpose" in gone.content
     # A failed server stays failed: its tools keep answering with why.
     assert "after its restart" in (await toolset.call("add", {"a": 0, "b": 0})).content
+
+
+async def test_a_server_that_died_while_idle_is_started_again_before_the_next_call(
+    servers: McpServers, tmp_path: Path
+) -> None:
+    toolset = await build_toolset(["mcp:fx"], servers=servers)
+    pid = int((await toolset.call("pid", {})).content)
+    os.kill(pid, signal.SIGKILL)
+    # Its output ends with it: the session is known dead before any call meets it.
+    await wait_until_async(lambda: not servers.running("fx"), timeout=10, what="server gone")
+    posted = await toolset.call("post", {"message": "after"})
+    assert (posted.content, posted.is_error) == ("posted after", False)
+    assert (tmp_path / "ledger.txt").read_text() == "after\n"  # sent once, to the new server
+    assert int((await toolset.call("pid", {})).content) != pid
+    assert servers.running("fx")
 
 
 @pytest.fixture

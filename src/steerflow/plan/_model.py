@@ -84,8 +84,10 @@ class _Strict(BaseModel):
 
 
 class RetrySpec(_Strict):
-    """``retry``: how often a failed call (or a reply its ``output_schema`` refuses) is
-    tried again, and the pause before each new try (decision 276)."""
+    """``retry``: how often a failed call is tried again, and the pause before each try.
+
+    A reply its node's ``output_schema`` refuses is asked again the same way (decision 276).
+    """
 
     #: Tries after the first: a node makes at most ``1 + attempts`` calls.
     attempts: int = Field(ge=0, le=100, strict=True)

@@ -104,12 +104,17 @@ class _Server:
         self.failure: str | None = None  # set once it may not be started again
         self._owner: asyncio.Task[None] | None = None
         self._stop = asyncio.Event()
+        #: Set when the server's output ended (it exited or closed stdout) while its
+        #: session was open: the session can carry no call, so the next one starts it again.
+        self.gone = asyncio.Event()
         self._lock = asyncio.Lock()
 
     async def ready(self) -> ClientSession:
         """The live session, (re)started if it is not running and may be."""
         async with self._lock:
-            if self.session is not None and self._owner is not None and not self._owner.done():
+            owner = self._owner
+            live = owner is not None and not owner.done() and not self.gone.is_set()
+            if self.session is not None and live:
                 return self.session
             if self.failure is not None:
                 raise ProviderError(self.failure)
@@ -124,6 +129,7 @@ class _Server:
         await self._end_owner()
         self.starts += 1
         self._stop = asyncio.Event()
+        self.gone = asyncio.Event()
         started: asyncio.Future[ClientSession] = asyncio.get_running_loop().create_future()
         # Not the run's TaskGroup: the session outlives any one node, and this object
         # cancels and awaits its owner task itself (aclose, or a restart).
@@ -148,6 +154,7 @@ class _Server:
         try:
             async with contextlib.AsyncExitStack() as stack:
                 read, write = await self._transport(stack)
+                read = _EndWatch(read, self.gone)
                 session = await stack.enter_async_context(ClientSession(read, write))
                 await session.initialize()
                 started.set_result(session)
@@ -212,6 +219,54 @@ class _Server:
         await self._end_owner()
 
 
+class _EndWatch:
+    """The transport's read stream, setting ``gone`` when it ends.
+
+    A server that died while idle is noticed when its output ends, not by the next call:
+    a call sent to it would fail without a way to tell whether it left (the SDK answers
+    "Connection closed" both before and after sending), so it could not be sent again.
+    Knowing first, :meth:`_Server.ready` starts the server again and the call is sent
+    once, to a live server (decision 299 replaces the idle case of decision 262).
+    """
+
+    def __init__(self, stream: Any, gone: asyncio.Event) -> None:
+        self._stream = stream
+        self._gone = gone
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)  # e.g. the SDK's duck-typed ``last_context``
+
+    async def receive(self) -> Any:
+        import anyio
+
+        try:
+            return await self._stream.receive()
+        except (anyio.EndOfStream, anyio.ClosedResourceError, anyio.BrokenResourceError):
+            self._gone.set()
+            raise
+
+    def __aiter__(self) -> _EndWatch:
+        return self
+
+    async def __anext__(self) -> Any:
+        import anyio
+
+        try:
+            return await self.receive()
+        except anyio.EndOfStream:
+            raise StopAsyncIteration from None
+
+    async def __aenter__(self) -> _EndWatch:
+        await self._stream.__aenter__()
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self._stream.__aexit__(*exc)
+
+    async def aclose(self) -> None:
+        await self._stream.aclose()
+
+
 def _cause(exc: BaseException) -> str:
     """The first real error inside the SDK's task groups' ``ExceptionGroup`` wrapping."""
     while isinstance(exc, BaseExceptionGroup) and exc.exceptions:
@@ -249,6 +304,13 @@ class McpServers:
                 f"mcp:{name}: no MCP server {name!r} is declared in mcp_servers (declared: {known})"
             )
         return server
+
+    def running(self, name: str) -> bool:
+        """Whether server ``name`` has a live session now (started, not ended or gone)."""
+        server = self._server(name)
+        owner = server._owner
+        alive = owner is not None and not owner.done() and not server.gone.is_set()
+        return alive and server.session is not None
 
     async def list_tools(
         self, name: str, options: Mapping[str, ToolOptions] | None = None
