@@ -481,3 +481,41 @@ def test_requests_without_token_or_csrf_are_refused(tmp_path: Path, watched: Wat
             other.get_by_role("button", name="go").click()
         assert cross.value.status == 401
         assert not (home / "studio").exists()  # no resume was ever started
+
+
+def test_a_tool_nodes_steps_are_a_timeline_and_their_text_stays_inert(
+    tmp_path: Path, watched: Watched
+) -> None:
+    """Issue 39 item 6: the node page lists each step of the loop, in order, with a bar on
+    the node's time axis; a tool's arguments and result are text, never markup."""
+    home = tmp_path / "home"
+    steps = [
+        {"tool_calls": [{"name": "post", "args": {"message": XSS}}]},
+        {"tool_calls": [{"name": "post", "args": {"message": "two"}}]},
+        {"response": "posted both"},
+    ]
+    script = write_yaml(tmp_path / "s.yaml", {"a": {"steps": steps}})
+    entry = {"agent_id": "a", "instruction": "tell the team", "tools": ["python:tool_fns:post"]}
+    plan = write_yaml(tmp_path / "p.yaml", {"plan": [entry]})
+    tests_dir = str(Path(__file__).resolve().parent.parent)
+    env = {"TOOL_LEDGER": str(tmp_path / "ledger.jsonl"), "PYTHONPATH": tests_dir}
+    done = run_cli(home, "flow", "--plan", str(plan), "--model", f"script:{script}",
+                   "--allow-python", "--json", env=env)  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    run = json.loads(done.stdout)["run_id"]
+    with studio_process(home) as s:
+        page = watched.page()
+        page.goto(s.url)  # the token becomes the session cookie
+        page.goto(s.base + f"/runs/{run}/nodes/a")
+        rows = page.locator("ol.steps > li.step")
+        expect(rows).to_have_count(5)
+        kinds = [rows.nth(i).get_attribute("class") for i in range(5)]
+        assert kinds == [f"step step-{k}" for k in ("model", "tool", "model", "tool", "model")]
+        assert [rows.nth(i).get_attribute("data-index") for i in range(5)] == list("12345")
+        expect(rows.nth(1)).to_contain_text("post")
+        expect(rows.nth(1)).to_contain_text("<script>alert(1)</script>")
+        expect(rows.nth(3)).to_contain_text("posted #2")
+        expect(rows.nth(4)).to_contain_text("posted both")
+        expect(page.locator("ol.steps svg.step-bar rect")).to_have_count(5)
+        _inert(page)
+        _shot(page, tmp_path / "steps.png")
