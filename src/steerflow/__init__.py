@@ -69,6 +69,7 @@ if TYPE_CHECKING:
     from steerflow.home import resolve_home
     from steerflow.orchestrate import (
         AdmissionClosed,
+        ApprovalRequested,
         CheckpointFailed,
         CheckpointReconciled,
         CheckpointSaved,
@@ -99,11 +100,12 @@ if TYPE_CHECKING:
     )
     from steerflow.plan import Edge, Op, Plan, Role, Synthesis
     from steerflow.providers import DependencyResult, NodeCall, Price
-    from steerflow.views import budget, message, pause, resume, stop
+    from steerflow.views import approve, budget, deny, message, pause, resume, stop
 
 __all__ = [
     "AdmissionClosed",
     "AmbiguousIdError",
+    "ApprovalRequested",
     "ArtifactContractError",
     "ArtifactsUnsettledError",
     "CheckpointFailed",
@@ -165,7 +167,9 @@ __all__ = [
     "UnsafePathError",
     "UsageError",
     "__version__",
+    "approve",
     "budget",
+    "deny",
     "load_checkpoint",
     "message",
     "pause",
@@ -226,6 +230,9 @@ _LAZY = {
     "resume": "steerflow.views",
     "stop": "steerflow.views",
     "budget": "steerflow.views",
+    "approve": "steerflow.views",
+    "deny": "steerflow.views",
+    "ApprovalRequested": "steerflow.orchestrate",
 }
 
 

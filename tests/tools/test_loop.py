@@ -91,6 +91,8 @@ class Hooks:
         self.messages = list(messages or [])
         self.delivered_ids: list[str] = []
         self.hold_at = hold_at
+        self.asked, self.verdicts = [], []
+        self.prior: list[dict[str, Any]] = []  # what a resume was handed as recorded
 
     async def admit_request(self, step: int) -> Admitted:
         if self.hold_at is not None and step >= self.hold_at:
@@ -110,6 +112,16 @@ class Hooks:
 
     async def record(self, entry: dict[str, Any]) -> None:
         self.journal.append(entry)
+
+    asked: list[dict[str, Any]]
+    verdicts: list[dict[str, Any]]
+
+    async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        # The request is on record before anyone is asked (issue 41).
+        last = [*self.prior, *self.journal][-1]
+        assert (last["type"], last["status"]) == ("approval", "awaiting")
+        self.asked.append(dict(request))
+        return self.verdicts.pop(0)
 
 
 def _request(tmp_path: Path) -> ProviderRequest:
@@ -288,3 +300,90 @@ async def test_recorded_steps_out_of_order_are_refused(tmp_path: Path) -> None:
         await _loop(Played([]), Tools(Counted("post")), Hooks(), prior=reordered).run(
             _request(tmp_path)
         )
+
+
+def _verdict(verdict: str, **more: Any) -> dict[str, Any]:
+    return {"verdict": verdict, "control_id": "ctl1", "sender": "cli:op@h:1",
+            "edited_args": None, "reason": None, **more}  # fmt: skip
+
+
+def _needs_post(name: str) -> bool:
+    return name == "post"
+
+
+async def test_a_call_needing_approval_is_recorded_then_runs_with_the_edited_arguments(
+    tmp_path: Path,
+) -> None:
+    read, post = Counted("read"), Counted("post")
+    model = Played([_calls(1, "read", "post"), StepReply("done")])
+    hooks = Hooks()
+    hooks.verdicts.append(_verdict("approved", edited_args={"n": 99}))
+    loop = _loop(model, Tools(read, post), hooks, needs_approval=_needs_post)
+    assert (await loop.run(_request(tmp_path))).text == "done"
+    kinds = [(e["index"], e["type"], e["status"]) for e in hooks.journal]
+    assert kinds == [
+        (1, "model", "completed"),
+        (2, "tool", "in_flight"), (2, "tool", "completed"),
+        (3, "approval", "awaiting"), (3, "approval", "approved"),
+        (4, "tool", "in_flight"), (4, "tool", "completed"),
+        (5, "model", "completed"),
+    ]  # fmt: skip
+    [asked] = hooks.asked
+    assert (asked["tool"], asked["args"]) == ("post", {"n": 11})
+    assert asked["request_id"].startswith("apr_")
+    assert post.calls == [{"n": 99}] and read.calls == [{"n": 10}]
+    ran = hooks.journal[6]["data"]
+    assert (ran["args"], ran["edited"], ran["requested_args"]) == ({"n": 99}, True, {"n": 11})
+    assert ran["approval"] == asked["request_id"]
+
+
+async def test_a_denied_call_never_runs_and_the_model_gets_the_reason(tmp_path: Path) -> None:
+    post = Counted("post")
+    model = Played([_calls(1, "post"), StepReply("understood")])
+    hooks = Hooks()
+    hooks.verdicts.append(_verdict("denied", reason="not on a Friday"))
+    loop = _loop(model, Tools(post), hooks, needs_approval=_needs_post)
+    assert (await loop.run(_request(tmp_path))).text == "understood"
+    assert post.calls == []
+    [result] = [i for i in model.requests[1].conversation if isinstance(i, ToolResult)]
+    assert (result.call_id, result.is_error) == ("c1_0", True)
+    assert result.content == "the operator denied this call: not on a Friday"
+
+
+async def test_a_resume_waits_again_on_an_undecided_request_without_asking_the_model(
+    tmp_path: Path,
+) -> None:
+    post = Counted("post")
+    first = Hooks()
+    first.verdicts.append(_verdict("approved"))
+    model = Played([_calls(1, "post"), StepReply("done")])
+    await _loop(model, Tools(post), first, needs_approval=_needs_post).run(_request(tmp_path))
+    # Cut after the request was recorded: the process died while it waited.
+    prior = first.journal[:2]
+    assert prior[1]["status"] == "awaiting"
+    again, post2 = Hooks(), Counted("post")
+    again.prior = prior
+    again.verdicts.append(_verdict("denied", reason="late"))
+    model2 = Played([StepReply("fine")])
+    await _loop(model2, Tools(post2), again, prior=prior, needs_approval=_needs_post).run(
+        _request(tmp_path)
+    )
+    assert again.asked == [first.asked[0]]  # the same request, asked again, not re-recorded
+    assert [(e["index"], e["status"]) for e in again.journal] == [(2, "denied"), (3, "completed")]
+    assert len(model2.requests) == 1 and model2.requests[0].step == 2
+    assert post2.calls == []
+
+
+async def test_a_decision_on_record_is_never_asked_again(tmp_path: Path) -> None:
+    post = Counted("post")
+    first = Hooks()
+    first.verdicts.append(_verdict("approved"))
+    model = Played([_calls(1, "post"), StepReply("done")])
+    await _loop(model, Tools(post), first, needs_approval=_needs_post).run(_request(tmp_path))
+    prior = first.journal[:3]  # model, awaiting, approved: the call itself not yet started
+    again, post2 = Hooks(), Counted("post")
+    model2 = Played([StepReply("done")])
+    await _loop(model2, Tools(post2), again, prior=prior, needs_approval=_needs_post).run(
+        _request(tmp_path)
+    )
+    assert again.asked == [] and post2.calls == [{"n": 10}]

@@ -14,7 +14,9 @@ or result is refused like an edited response:
 - ``status``: ``completed`` for a model step; for a tool step ``in_flight`` (its intent,
   recorded before the tool starts), then one more record at the same index ending it:
   ``completed``, ``failed`` (the tool answered with an error) or ``skipped`` (the operator
-  chose not to run it again after a crash);
+  chose not to run it again after a crash); an ``approval`` step (issue 41, ``call_id``
+  the call it asks about, or ``instruction`` for an op's own approval) is ``awaiting``
+  (the request, before the node waits), then ``approved`` or ``denied`` at that index;
 - ``data``: the step's content (text, tool calls and usage; arguments, result and times).
 
 The order rule is checked by :class:`StepLog` wherever steps are folded (the writer's
@@ -31,6 +33,7 @@ from typing import Any
 from ._digest import result_digest
 
 __all__ = [
+    "APPROVAL_STATUSES",
     "STEP_MEMBERS",
     "STEP_STATUSES",
     "StepError",
@@ -42,6 +45,10 @@ __all__ = [
 STEP_MEMBERS = ("node", "record", "key", "index", "type", "call_id", "status", "data")
 #: What a step's ``status`` may be; ``in_flight`` only for a tool step not yet ended.
 STEP_STATUSES = frozenset({"completed", "failed", "in_flight", "skipped"})
+#: An ``approval`` step's statuses (issue 41): ``awaiting`` (the request, recorded before
+#: the node waits), then ``approved`` or ``denied`` at the same index.
+APPROVAL_STATUSES = frozenset({"awaiting", "approved", "denied"})
+_TYPES = ("model", "tool", "approval")
 _ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.:-]{0,127}")
 #: A vendor's tool call id: printable, bounded (OpenAI ``call_…``, Anthropic ``toolu_…``).
 _CALL_ID = re.compile(r"[\x21-\x7e]{1,256}")
@@ -81,18 +88,23 @@ def check_step(entry: object, *, sealed: bool = True) -> None:
     index = entry["index"]
     if isinstance(index, bool) or not isinstance(index, int) or index < 1:
         raise StepError("step index is not a positive integer")
-    if entry["type"] not in ("model", "tool"):
-        raise StepError("step type is not 'model' or 'tool'")
+    if entry["type"] not in _TYPES:
+        raise StepError("step type is not 'model', 'tool' or 'approval'")
     if not isinstance(entry["call_id"], str) or not _CALL_ID.fullmatch(entry["call_id"]):
         raise StepError("step call_id is not a printable id")
-    if entry["status"] not in STEP_STATUSES:
-        raise StepError(f"step status is not one of {sorted(STEP_STATUSES)}")
+    statuses = APPROVAL_STATUSES if entry["type"] == "approval" else STEP_STATUSES
+    if entry["status"] not in statuses:
+        raise StepError(f"{entry['type']} step status is not one of {sorted(statuses)}")
     if entry["type"] == "model" and entry["status"] != "completed":
         raise StepError("a model step is recorded only once it completed")
     if not isinstance(entry["data"], dict):
         raise StepError("step data is not an object")
     if sealed and entry["result_digest"] != step_digest(entry):
         raise StepError("step result_digest does not match its members")
+
+
+#: The status a step is recorded with first and ended from at the same index, by type.
+_OPEN = {"tool": ("in_flight",), "approval": ("awaiting",)}
 
 
 @dataclass
@@ -125,9 +137,9 @@ class StepLog:
         if (
             last is not None
             and index == last["index"]
-            and last["type"] == entry["type"] == "tool"
-            and last["status"] == "in_flight"
-            and entry["status"] != "in_flight"
+            and last["type"] == entry["type"]
+            and last["status"] in _OPEN.get(last["type"], ())
+            and entry["status"] not in _OPEN.get(last["type"], ())
             and last["call_id"] == entry["call_id"]
         ):
             steps[-1] = entry

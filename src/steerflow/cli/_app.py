@@ -27,6 +27,7 @@ __all__ = ["app", "cli_exit", "main"]
 # Every command: where it lives ("module:attribute"). `steerflow --help` lists them sorted.
 COMMANDS = {
     "agent": "steerflow.cli._cmd_flow:agent",
+    "approvals": "steerflow.cli._cmd_approvals:approvals",
     "ctl": "steerflow.cli._cmd_ctl:ctl",
     "db": "steerflow.cli._cmd_db:db",
     "flow": "steerflow.cli._cmd_flow:flow",

@@ -114,6 +114,49 @@ def ctl_budget(ctx: click.Context, target: str, max_cost: float | None,
     return 0
 
 
+def _decided(home: Path, target: str, verb: str, request_id: str, **kw: object) -> int:
+    from steerflow.control._decide import send_decision
+
+    queued = send_decision(home, target, verb, request_id, via="cli", **kw)  # type: ignore[arg-type]
+    emit_text(
+        f"{queued.control_id}\nqueued {verb} of {printable(request_id)} for session "
+        f"{queued.session_id} (applied once the run records it: see `steerflow ctl status`)"
+    )
+    return 0
+
+
+@ctl.command("approve", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.argument("request_id")
+@click.option(
+    "--args",
+    "args_json",
+    metavar="JSON",
+    help="Run the call with these arguments instead (a JSON object; recorded as edited).",
+)
+@click.pass_context
+def ctl_approve(ctx: click.Context, target: str, request_id: str, args_json: str | None) -> int:
+    """Approve a tool call (or a node) that waits: it runs.
+
+    REQUEST_ID is one `steerflow approvals` lists. Queued even while nothing runs the
+    run (a process killed while it waited): `steerflow resume RUN` applies it.
+    """
+    from steerflow.control._decide import parse_args_json
+
+    args = parse_args_json(args_json) if args_json is not None else None
+    return _decided(home_of(ctx), target, "approve", request_id, args=args)
+
+
+@ctl.command("deny", epilog=CTL_EPILOG)
+@click.argument("target")
+@click.argument("request_id")
+@click.option("--reason", metavar="TEXT", help="Why; the model gets it as the tool's result.")
+@click.pass_context
+def ctl_deny(ctx: click.Context, target: str, request_id: str, reason: str | None) -> int:
+    """Deny a tool call that waits (the model is told why), or fail a node that waits."""
+    return _decided(home_of(ctx), target, "deny", request_id, reason=reason)
+
+
 @ctl.command("resolve", epilog=RESOLVE_EPILOG)
 @click.argument("control_id")
 @click.option(

@@ -74,6 +74,14 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         ),
     ),
     click.option(
+        "--approval-timeout",
+        "approval_timeout",
+        type=SECONDS,
+        metavar="S",
+        help="Deny an approval request nobody answered within S seconds, with that reason "
+        "(default: the plan's approval_timeout_s, else wait for ever).",
+    ),
+    click.option(
         "--checkpoint-version",
         type=click.Choice([str(v) for v in CHECKPOINT_VERSIONS]),
         default="3",
@@ -156,6 +164,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
             concurrency=kw.get("concurrency"),
             save=kw.get("save"),
             timeout_s=kw.get("timeout"),
+            approval_timeout_s=kw.get("approval_timeout"),
             checkpoint_version=int(kw.get("checkpoint_version") or 3),
             dry_run=bool(kw.get("dry_run")),
             show_graph=bool(kw.get("show_graph")),
@@ -438,6 +447,13 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     "effect may happen twice), skip tells the model its outcome is unknown. Repeatable; "
     "the decision is recorded in the step.",
 )
+@click.option(
+    "--approval-timeout",
+    "approval_timeout",
+    type=SECONDS,
+    metavar="S",
+    help="Deny an approval request nobody answered within S seconds (default: the run's).",
+)
 @compact_options
 @budget_options
 @executor_options
@@ -491,6 +507,7 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
             dry_run=kw["dry_run"],
             show_graph=kw["show_graph"],
             timeout_s=kw["timeout"],
+            approval_timeout_s=kw["approval_timeout"],
             checkpoint_version=3,
             compact_records=kw["compact_records"],
             compact_bytes=kw["compact_bytes"],

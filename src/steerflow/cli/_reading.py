@@ -228,6 +228,14 @@ def step_line(step: dict[str, Any]) -> str:
         # the model's text (and a tool's name) is untrusted: no terminal controls reach stdout
         return printable(f"{step['index']:>3} model {said}{steered}  {took}  usage: {usage}")
     args = json.dumps(step.get("args"), sort_keys=True, ensure_ascii=False)
+    if step["kind"] == "approval":  # issue 41: who decided, and why when denied
+        what = f"tool {step.get('tool')}" if step.get("tool") else "node call"
+        by = f" by {step['sender']}" if step.get("sender") else ""
+        why = f": {_first_line(step.get('reason'))}" if step.get("reason") else ""
+        return printable(
+            f"{step['index']:>3} approval {step.get('request_id')} {what} {_clip(args)} -> "
+            f"{step['status']}{by}{why}"
+        )
     status = step["status"] + (f" ({step['decision']})" if step.get("decision") else "")
     cut = " [truncated]" if step.get("truncated") else ""
     return printable(

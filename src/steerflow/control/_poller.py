@@ -139,6 +139,17 @@ class SteeringTarget(abc.ABC):
         """
         raise NotImplementedError
 
+    def decide_approval(
+        self, verb: str, payload: dict[str, Any], *, control_id: str, sender: str | None
+    ) -> str | None:
+        """``ctl approve``/``ctl deny`` (issue 41): the result to stamp, or None.
+
+        None: the decision was taken, and is stamped ``applied`` once journaled
+        (:meth:`ControlPoller.decision_journaled`). A target without approvals keeps this
+        default (``rejected:unsupported-verb:<verb>``).
+        """
+        raise NotImplementedError
+
     def set_budget(self, *, max_cost: float | None, max_tokens: int | None) -> str:
         """``ctl budget``: change the caps given (None keeps one); the result to stamp.
 
@@ -247,6 +258,8 @@ class ControlPoller:
         self._draining = False
         self._unstamped: list[_Unstamped] = []
         self._awaiting: dict[str, ControlRow] = {}  # appended, stamp deferred to delivery
+        self._deciding: dict[str, ControlRow] = {}  # decisions taken, not yet journaled
+        self._meta: dict[str, Any] = {}  # node_metadata members to publish next tick
         self._catch_up: list[asyncio.Future[None]] = []  # callers of catch_up() not yet served
         self._log: list[dict[str, Any]] = []
         self._log_dirty = False
@@ -308,6 +321,18 @@ class ControlPoller:
             if row is not None:
                 self._unstamped.append(_Unstamped(row, "applied"))
                 self._wake.set()
+
+    def decision_journaled(self, control_id: str) -> None:
+        """An approval decision's journal record is durable: stamp its row ``applied``."""
+        row = self._deciding.pop(control_id, None)
+        if row is not None:
+            self._unstamped.append(_Unstamped(row, "applied"))
+            self._wake.set()
+
+    def publish(self, name: str, value: Any) -> None:
+        """Write ``node_metadata[name] = value`` at the next tick (the poller is its writer)."""
+        self._meta[name] = value
+        self._wake.set()
 
     def messages_rejected(self, control_ids: list[str | None], result: str) -> None:
         """No operation will take these delivered messages: stamp their rows ``result``.
@@ -557,7 +582,37 @@ class ControlPoller:
             return self._apply_stop(row)
         if row.verb == "budget":
             return self._apply_budget(row)
+        if row.verb in ("approve", "deny"):
+            return await self._apply_decision(db, row)
         return f"rejected:unsupported-verb:{row.verb}"
+
+    async def _apply_decision(self, db: StateDB, row: ControlRow) -> str | None:
+        """At most once: claim, hand to the target; stamped once the decision is journaled.
+
+        A decision taken and not yet journaled when the run ends stays ``applying``: the
+        resume reads it from the chain and applies it (issue 41).
+        """
+        try:
+            claimed = await asyncio.to_thread(db.claim_control, row.id, self.claimant)
+        except SteerflowError:
+            current = await asyncio.to_thread(db.get_control, row.id)
+            if current is None or current.result != f"applying:{self.claimant}":
+                raise _ClaimUncertainError(row.id) from None
+            claimed = True
+        if not claimed:
+            return None
+        payload = row.payload if isinstance(row.payload, dict) else {}
+        try:
+            result = self.target.decide_approval(
+                row.verb, payload, control_id=row.id, sender=row.sender
+            )
+        except NotImplementedError:
+            return f"rejected:unsupported-verb:{row.verb}"
+        except Exception as exc:  # the row records the failure; the run goes on
+            return _error_result(exc)
+        if result is None:
+            self._deciding[row.id] = row
+        return result
 
     def _apply_budget(self, row: ControlRow) -> str:
         if self._draining:
@@ -670,7 +725,7 @@ class ControlPoller:
         db = self._db
         if db is None:
             return
-        patch: dict[str, Any] = {}
+        patch: dict[str, Any] = dict(self._meta)
         if self._state_written != self.state:
             patch["poller"] = self.state
         if self._log_dirty:
@@ -679,6 +734,9 @@ class ControlPoller:
             await asyncio.to_thread(db.update_node_metadata, self.session_id, patch)
             self._state_written = patch.get("poller", self._state_written)
             self._log_dirty = False
+            for name in list(self._meta):
+                if self._meta[name] is patch.get(name):
+                    del self._meta[name]
         await self._sync_phase(db)
 
     async def _sync_phase(self, db: StateDB) -> None:

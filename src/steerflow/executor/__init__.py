@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from steerflow.executor._approvals import ApprovalDesk, Decision
 from steerflow.executor._budget import (
     BUDGET_REASON,
     Caps,
@@ -46,9 +47,11 @@ __all__ = [
     "STEER_OPEN",
     "TERMINAL",
     "AdmissionFence",
+    "ApprovalDesk",
     "CallIntent",
     "CallScope",
     "Caps",
+    "Decision",
     "Edge",
     "EventBus",
     "EventType",

@@ -35,6 +35,9 @@ EventType = Literal[
     "model_step",
     "tool_call_started",
     "tool_call_ended",
+    # a node waits for an operator's approval, and got it (issue 41)
+    "approval_requested",
+    "approval_decided",
 ]
 
 

@@ -92,6 +92,11 @@ class Operation:
     # call is a model-and-tool loop of at most ``max_steps`` model requests (issue 39).
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
+    # Approvals (issue 41): ``approval: required`` makes the node wait before its call;
+    # a tool whose name matches one of ``approve`` (role and entry patterns) waits
+    # before each call, unless its ``tool_options`` say otherwise.
+    approval: bool = False
+    approve: tuple[str, ...] = ()
 
     @property
     def terminal(self) -> bool:
@@ -284,6 +289,8 @@ def build_graph(plan: PlanFile) -> Graph:
             declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
             tools=tuple(plan.tools_of(entry)),
             max_steps=entry.max_steps,
+            approval=entry.approval == "required",
+            approve=tuple(plan.approve_of(entry)),
         )
         ids[entry.agent_id] = op.node_id
         graph.add(op)

@@ -9,9 +9,10 @@ be closed (signals, deadlines): nodes not yet invoked then stay ``pending``.
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import os
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from pydantic import ValidationError
 from steerflow._live import LiveWriter
 from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
+from steerflow.executor._approvals import ApprovalDesk
 from steerflow.executor._budget import BUDGET_REASON, Meter
 from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
@@ -163,6 +165,8 @@ class FlowExecutor:
         #: operator's ``--tool-call`` decisions, for loops a resume continues.
         self.prior_steps: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self.tool_decisions: dict[str, str] = {}
+        #: Requests that wait for an operator's approval, and their decisions (issue 41).
+        self.approvals = ApprovalDesk()
 
     # -- control surface -------------------------------------------------------------------
 
@@ -200,6 +204,9 @@ class FlowExecutor:
             self.admission_open = False
             self.admission_reason = reason
             self._emit("admission_closed", data={"reason": reason})
+        # A node waiting for an approval stops waiting: it stays pending, its request
+        # recorded, and a resume waits again (issue 41).
+        self.approvals.close(self.admission_reason or reason)
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
         for call in list(self._inflight.values()):
@@ -517,8 +524,14 @@ class FlowExecutor:
         # lease's local deadline has passed (a stall included) it asks the state DB.
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
+        approved: tuple[dict[str, Any], ...] = ()
+        if op.approval:
+            decided = await self._approve_op(op)
+            if decided is None:
+                return None
+            approved = decided
         if op.tools:
-            return await self._run_tools(op, provider, request)
+            return await self._run_tools(op, provider, request, approved)
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -531,8 +544,38 @@ class FlowExecutor:
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
         return checked_response(provider, await provider.invoke(request))
 
+    async def _approve_op(self, op: Operation) -> tuple[dict[str, Any], ...] | None:
+        """Wait for an op's approval (``approval: required``); None if admission closed."""
+        from steerflow.executor._steps import NodeSteps
+        from steerflow.tools._loop import LoopHeld
+
+        record, key = ("op", op.key) if op.kind == "planned" else ("spawn", op.node_id)
+        prior = self.prior_steps.get((record, key), ())
+        try:
+            return await NodeSteps(self, op).approve_instruction(prior, record, key)
+        except LoopHeld as held:
+            op.cancelled = op.cancelled or held.reason
+            return None
+
+    def _needs_approval(self, op: Operation) -> Callable[[str], bool]:
+        """Whether a call of tool NAME waits for the operator: ``tool_options`` first."""
+        runtime = self.tool_runtime
+        options = runtime.options if runtime is not None else {}
+
+        def needs(name: str) -> bool:
+            said = options.get(name)
+            if said is not None and said.approval is not None:
+                return said.approval == "required"
+            return any(fnmatch.fnmatchcase(name, pattern) for pattern in op.approve)
+
+        return needs
+
     async def _run_tools(
-        self, op: Operation, provider: Provider, request: ProviderRequest
+        self,
+        op: Operation,
+        provider: Provider,
+        request: ProviderRequest,
+        approved: tuple[dict[str, Any], ...] = (),
     ) -> ProviderResponse | None:
         """A tool node's loop, step by step (issue 39); None if it stopped between steps."""
         from steerflow.executor._steps import NodeSteps
@@ -554,8 +597,10 @@ class FlowExecutor:
             record=record,
             key=key,
             max_steps=op.max_steps or DEFAULT_MAX_STEPS,
-            prior=self.prior_steps.get((record, key), ()),
+            # The op's own approval, when just decided, holds index 1 before the loop.
+            prior=self.prior_steps.get((record, key), ()) or approved,
             decisions=self.tool_decisions,
+            needs_approval=self._needs_approval(op),
         )
         try:
             response = await loop.run(request)
@@ -572,8 +617,19 @@ class FlowExecutor:
         """Say that ``op`` waits at the pause gate (its loop's next step, too)."""
         self._emit("node_paused", op)
 
+    def emit_approval(self, op: Operation, kind: str, data: Mapping[str, Any]) -> None:
+        """Say that ``op`` waits for an approval, or got its decision (issue 41)."""
+        out = {k: data.get(k) for k in ("request_id", "tool", "args", "text", "requested_at")}
+        if kind == "approval_decided":
+            out.update({k: data.get(k) for k in ("verdict", "control_id", "sender", "reason")})
+            self._emit("approval_decided", op, data=out)
+        else:
+            self._emit("approval_requested", op, data=out)
+
     def emit_step(self, op: Operation, entry: dict[str, Any]) -> None:
         """Say that one step of ``op``'s tool loop is on record (a model reply, a tool call)."""
+        if entry["type"] == "approval":
+            return  # said by emit_approval, on a resume's wait too
         data = entry["data"]
         out: dict[str, object] = {"index": entry["index"], "status": entry["status"]}
         if entry["type"] == "model":

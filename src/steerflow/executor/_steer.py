@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from steerflow.control import SteeringTarget
+from steerflow.executor._approvals import ApprovalDesk
 
 __all__ = [
     "STEER_CLOSE",
@@ -175,6 +176,8 @@ class Steering(SteeringTarget):
         self.on_applied: list[Callable[[str, str | None], None]] = []
         #: What ``ctl budget`` does (set by the runner): new caps in, the result out.
         self.on_budget: Callable[[float | None, int | None], str] | None = None
+        #: The run's approval requests and decisions (issue 41); the executor shares it.
+        self.approvals = ApprovalDesk()
 
     def attach(self, pending: Callable[[], bool]) -> None:
         """Hand over to the executor: from now on ``pending`` says whether an operation waits."""
@@ -213,6 +216,17 @@ class Steering(SteeringTarget):
         if self.on_budget is None:
             raise NotImplementedError
         return self.on_budget(max_cost, max_tokens)
+
+    def decide_approval(
+        self, verb: str, payload: dict[str, Any], *, control_id: str, sender: str | None
+    ) -> str | None:
+        """``ctl approve``/``ctl deny``: the desk takes it, or says why not."""
+        request_id = payload.get("request_id")
+        if not isinstance(request_id, str):
+            return "rejected:unknown-request"
+        return self.approvals.decide(
+            verb, request_id, payload, control_id=control_id, sender=sender
+        )
 
     def has_pending_operation(self) -> bool:
         """True if an operation has not started yet (or the plan is still being made)."""

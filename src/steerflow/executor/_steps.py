@@ -9,15 +9,19 @@ request, at most once; every request gets its write-ahead intent like a node's c
 
 from __future__ import annotations
 
+import time
+from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from steerflow._usage import Usage
+from steerflow.errors import ProviderError
+from steerflow.executor._approvals import ApprovalDesk, ApprovalHeld
 from steerflow.executor._budget import BUDGET_REASON, Meter
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
-from steerflow.tools._loop import Admitted, LoopHeld
+from steerflow.tools._loop import OP_APPROVAL, Admitted, LoopHeld, denied_text, new_request_id
 
 __all__ = ["NodeSteps"]
 
@@ -33,12 +37,15 @@ class _Run(Protocol):
     fence: AdmissionFence | None
     before_call: IntentHook | None
     on_step: StepRecorder | None
+    approvals: ApprovalDesk
 
     def close_admission(self, reason: str) -> None: ...
 
     def emit_paused(self, op: Operation) -> None: ...
 
     def emit_step(self, op: Operation, entry: dict[str, Any]) -> None: ...
+
+    def emit_approval(self, op: Operation, kind: str, data: Mapping[str, Any]) -> None: ...
 
 
 class NodeSteps:
@@ -108,3 +115,50 @@ class NodeSteps:
         if record is not None and not await record(self.op, entry):
             raise LoopHeld("checkpoint")
         self.executor.emit_step(self.op, entry)
+        if entry["type"] == "approval" and entry["status"] != "awaiting":
+            data = entry["data"]
+            self.executor.approvals.journaled(str(data["request_id"]), data.get("control_id"))
+            self.executor.emit_approval(self.op, "approval_decided", data)
+
+    async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Wait for the operator's decision on a journaled request (issue 41)."""
+        ex, op = self.executor, self.op
+        ex.emit_approval(op, "approval_requested", request)
+        try:
+            decision = await ex.approvals.wait(request, op.key)
+        except ApprovalHeld as held:
+            raise LoopHeld(held.reason) from None
+        return decision.to_json()
+
+    async def approve_instruction(
+        self, prior: Sequence[Mapping[str, Any]], record: str, key: str
+    ) -> tuple[dict[str, Any], ...]:
+        """An op's own approval (``approval: required``) before its call; its steps.
+
+        Raises:
+            LoopHeld: admission closed while it waited (the node stays pending).
+            ProviderError: the operator denied it (the node fails with the reason).
+        """
+        done = [dict(s) for s in prior if s["type"] == "approval" and s["call_id"] == OP_APPROVAL]
+        last = done[-1] if done else None
+        if last is None or last["status"] == "awaiting":
+            op = self.op
+            request = dict(last["data"]) if last is not None else _op_request(op)
+            entry = {"node": op.key, "record": record, "key": key, "index": 1,
+                     "type": "approval", "call_id": OP_APPROVAL}  # fmt: skip
+            if last is None:
+                await self.record({**entry, "status": "awaiting", "data": request})
+            decision = await self.await_approval(request)
+            data = {**request, **decision, "decided_at": time.time()}
+            last = {**entry, "status": str(decision["verdict"]), "data": data}
+            await self.record(last)
+        if last["status"] == "denied":
+            raise ProviderError(denied_text(last["data"]).replace("call", "node's call", 1))
+        return (last,)
+
+
+def _op_request(op: Operation) -> dict[str, Any]:
+    """A node's own approval request: its rendered instruction is what is approved."""
+    instruction = op.rendered_instruction or op.instruction
+    return {"request_id": new_request_id(), "tool": None, "args": {"instruction": instruction},
+            "text": "", "requested_at": time.time()}  # fmt: skip

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from steerflow.orchestrate._run import FlowRun, run_flow
     from steerflow.orchestrate._stream import (
         AdmissionClosed,
+        ApprovalRequested,
         CheckpointFailed,
         CheckpointReconciled,
         CheckpointSaved,
@@ -43,6 +44,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "AdmissionClosed",
+    "ApprovalRequested",
     "CheckpointFailed",
     "CheckpointReconciled",
     "CheckpointSaved",
@@ -113,6 +115,7 @@ _LAZY = {
     "SpawnRejected": "_stream",
     "ModelStep": "_stream",
     "ToolCallEnded": "_stream",
+    "ApprovalRequested": "_stream",
     "ToolCallStarted": "_stream",
 }
 

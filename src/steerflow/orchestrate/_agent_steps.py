@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any, Protocol
 
 from steerflow.tools._loop import Admitted, LoopHeld
@@ -82,3 +83,7 @@ class AgentSteps:
         """Journal the step (acknowledged) before the loop goes on."""
         if not await self.writer.record_step(entry):
             raise LoopHeld("checkpoint")
+
+    async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Never asked: an agent's tools need no approval (approvals are flow nodes')."""
+        raise LoopHeld("approvals are not supported in an agent's loop")

@@ -149,6 +149,9 @@ class FlowOptions:
     concurrency: int | None = None
     save: Path | None = None
     timeout_s: float | None = None
+    #: ``--approval-timeout``: seconds an approval request waits before it is denied
+    #: (issue 41); a resume keeps its chain's unless given.
+    approval_timeout_s: float | None = None
     checkpoint_version: int = 3
     dry_run: bool = False
     show_graph: bool = False
@@ -202,6 +205,10 @@ class FlowOptions:
             InvalidValueError, UsageError: As the class says.
         """
         check_run_values(self)
+        if self.approval_timeout_s is not None:
+            self.approval_timeout_s = positive_seconds(
+                self.approval_timeout_s, "approval_timeout_s"
+            )
         if self.max_ops is not None:
             whole_number(self.max_ops, "max_ops", least=0)
         if self.concurrency is not None:

@@ -23,6 +23,8 @@ _EVENT_STATUS: dict[str, NodeStatus] = {
     "node_paused": "paused",
     "node_spawned": "pending",
     "node_withheld": "pending",
+    "approval_requested": "awaiting_approval",
+    "approval_decided": "running",
 }
 
 

@@ -464,6 +464,7 @@ class FlowRun:
             settings = RunSettings.from_checkpoint_config(opts.resume.config)
             settings = replace(settings, resumed_from=lineage(opts.resume))
             settings = settings.with_budget(opts.max_cost, opts.max_tokens, opts.price_overrides)
+            settings = settings.with_approval_timeout(opts.approval_timeout_s)
             return settings.with_compaction(opts.compact_records, opts.compact_bytes)
         return RunSettings.from_options(opts, plan)
 
@@ -599,6 +600,7 @@ class FlowRun:
             lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
         )
         self.context.on_delivered.append(self._announce_steers)
+        await self._open_desk(db, poller)
         stop_heartbeat = asyncio.Event()
         result: FlowResult | None = None
         error: Exception | None = None
@@ -629,6 +631,19 @@ class FlowRun:
                 checkpoint=str(run_dir.checkpoint_path),
             )
         return result
+
+    async def _open_desk(self, db: StateDB, poller: ControlPoller) -> None:
+        """Wire the approval desk to the session; a resume's requests and chain decisions."""
+        from steerflow.orchestrate._approvals import adopt_chain_decisions, know_requests
+
+        desk = self.steering.approvals
+        desk.on_journaled.append(poller.decision_journaled)
+        desk.on_change.append(lambda pending: poller.publish("approvals", pending))
+        seed = self.options.resume
+        if seed is not None:
+            know_requests(desk, seed.steps)
+            if desk.pending:
+                await adopt_chain_decisions(db, desk, seed.resumed_from)
 
     def _announce_steers(self, messages: list[dict[str, Any]]) -> None:
         """One event per call that carried operator messages, so progress shows each delivery."""
@@ -998,6 +1013,8 @@ class FlowRun:
         executor.before_call = recorder.record_call
         executor.on_step = recorder.record_step
         executor.tool_runtime = self.tool_runtime
+        executor.approvals = self.steering.approvals
+        executor.approvals.timeout_s = settings.approval_timeout_s
         seed = self.options.resume
         for call in seed.in_flight if seed is not None else ():
             executor.prior_calls[call.node] = executor.prior_calls.get(call.node, 0) + 1

@@ -69,6 +69,8 @@ class RunSettings:
     #: runs a tool node's tools as its first run did.
     tool_options: Mapping[str, Any] = field(default_factory=dict)
     mcp_servers: Mapping[str, Any] = field(default_factory=dict)
+    #: Seconds an approval request waits before it is denied (issue 41); None: no bound.
+    approval_timeout_s: float | None = None
 
     @classmethod
     def from_options(cls, options: FlowOptions, plan: PlanFile | None) -> RunSettings:
@@ -112,6 +114,8 @@ class RunSettings:
                 **options.price_overrides,
             },
             plan_name=plan.name if plan is not None else None,
+            approval_timeout_s=options.approval_timeout_s
+            or (plan.approval_timeout_s if plan is not None else None),
         )
 
     def with_budget(
@@ -126,6 +130,10 @@ class RunSettings:
             ),
             prices={**self.prices, **prices},
         )
+
+    def with_approval_timeout(self, seconds: float | None) -> RunSettings:
+        """A resume's settings with ``--approval-timeout`` if given (None keeps the chain's)."""
+        return self if seconds is None else replace(self, approval_timeout_s=seconds)
 
     def with_compaction(self, records: int | None, size: int | None) -> RunSettings:
         """These settings with the compaction limits a resume was given (None keeps them)."""
@@ -159,6 +167,7 @@ class RunSettings:
             plan_name=config["name"] if isinstance(config.get("name"), str) else None,
             tool_options=dict(config.get("tool_options") or {}),
             mcp_servers=dict(config.get("mcp_servers") or {}),
+            approval_timeout_s=_stored_seconds(config.get("approval_timeout_s")),
         )
 
     def to_checkpoint_config(self) -> dict[str, Any]:
@@ -202,6 +211,8 @@ class RunSettings:
             config["tool_options"] = dict(self.tool_options)
         if self.mcp_servers:
             config["mcp_servers"] = dict(self.mcp_servers)
+        if self.approval_timeout_s is not None:
+            config["approval_timeout_s"] = self.approval_timeout_s
         return config
 
     @property
@@ -346,3 +357,10 @@ def _stored(value: object, bound: CompactBound) -> int:
 def _dumped(models: Mapping[str, Any]) -> dict[str, Any]:
     """Plan models by name as stored: JSON objects without their unset (None) members."""
     return {name: model.model_dump(exclude_none=True) for name, model in models.items()}
+
+
+def _stored_seconds(value: object) -> float | None:
+    """A stored positive number of seconds, or None (absent or not one)."""
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        return None
+    return float(value)

@@ -18,6 +18,7 @@ from steerflow.executor import FlowEvent
 
 __all__ = [
     "AdmissionClosed",
+    "ApprovalRequested",
     "CheckpointFailed",
     "CheckpointReconciled",
     "CheckpointSaved",
@@ -164,6 +165,22 @@ class ToolCallEnded(_ToolCall):
 
 
 @dataclass(frozen=True, kw_only=True)
+class ApprovalRequested(_NodeEvent):
+    """The node waits for an operator's approval of ``request_id`` (issue 41).
+
+    ``tool`` and ``args``: the call asked about (``tool`` None for the node's own call,
+    its instruction in ``args``); ``text``: the model's text before it. Decide with
+    ``steerflow.approve``/``steerflow.deny``.
+    """
+
+    type: ClassVar[str] = "approval_requested"
+    request_id: str
+    tool: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+    text: str = ""
+
+
+@dataclass(frozen=True, kw_only=True)
 class SpawnAccepted(_NodeEvent):
     """``emitter`` spawned node ``key``; ``escalation`` N for the Nth escalation retry."""
 
@@ -266,6 +283,13 @@ def _node(event: FlowEvent, error: str | None) -> RunEvent:
     d, ts, key, node_id = event.data, event.ts, event.node_key or "", event.node_id
     if event.type in _STEPS:
         return _step(event, key)
+    if event.type == "approval_requested":
+        args = d.get("args")
+        return ApprovalRequested(
+            ts=ts, key=key, node_id=node_id, request_id=str(d.get("request_id")),
+            tool=_text(d.get("tool")), args=dict(args) if isinstance(args, dict) else {},
+            text=str(d.get("text") or ""),
+        )  # fmt: skip
     plain = _PLAIN.get(event.type)
     if plain is not None:
         return plain(ts=ts, key=key, node_id=node_id)
@@ -345,6 +369,9 @@ def typed_event(event: FlowEvent, *, error: str | None = None) -> RunEvent:
             )
         case "admission_closed":
             return AdmissionClosed(ts=ts, reason=str(d.get("reason", "")))
+        case "approval_decided":  # an approve/deny control took effect on the node
+            verb = "approve" if d.get("verdict") == "approved" else "deny"
+            return ControlApplied(ts=ts, verb=verb, key=event.node_key, messages=0)
     return _node(event, error)
 
 

@@ -39,6 +39,11 @@ def plan_to_checkpoint(
             item["tools"] = tools
         if entry.max_steps is not None:
             item["max_steps"] = entry.max_steps
+        if entry.approval is not None:
+            item["approval"] = entry.approval
+        approve = plan.approve_of(entry)
+        if approve:  # resolved (role, own), as tools are
+            item["approve"] = approve
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

@@ -77,6 +77,9 @@ ToolSpecText = Annotated[str, Field(pattern=TOOL_SPEC_PATTERN)]
 ToolName = Annotated[str, Field(pattern=TOOL_NAME_PATTERN)]
 #: ``max_steps`` bounds: model requests of one tool node (default 25, CONTRACT §12).
 MAX_STEPS_LIMIT = 10_000
+#: A tool name pattern of ``approve`` (``fnmatch``, case-sensitive): 1 to 128 printable
+#: characters, so a typo'd empty pattern cannot silently match nothing (issue 41).
+ApprovePattern = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[\x21-\x7e]+$")]
 
 
 class _Strict(BaseModel):
@@ -131,6 +134,11 @@ class PlanEntry(_Strict):
     tools: list[ToolSpecText] = Field(default_factory=list)
     #: Model requests the loop may make before the node fails (default 25).
     max_steps: int | None = Field(default=None, ge=1, le=MAX_STEPS_LIMIT, strict=True)
+    #: ``required``: the node waits for an operator's approval before its call, with its
+    #: instruction as the request; ``approve``: tool name patterns whose calls wait
+    #: (added to its role's). Issue 41.
+    approval: Literal["required"] | None = None
+    approve: list[ApprovePattern] = Field(default_factory=list)
     #: Per-node settings (issue 40 item 1): the model that runs this entry (wins over its
     #: role's and the plan's), how a failed call is tried again, and the longest one call
     #: may take before it fails.
@@ -156,6 +164,8 @@ class RoleSpec(_Strict):
     escalation: list[str] = Field(default_factory=list)
     #: Tools every node of the role may call (issue 39).
     tools: list[ToolSpecText] = Field(default_factory=list)
+    #: Tool name patterns whose calls wait for an operator's approval (issue 41).
+    approve: list[ApprovePattern] = Field(default_factory=list)
     #: What one of the role's calls asks a Ray cluster for (``--executor ray``): ``num_cpus``,
     #: ``num_gpus``, ``memory`` (bytes) and custom resources by name. Ignored when local.
     resources: dict[str, float] | None = Field(
@@ -273,6 +283,8 @@ class PlanFile(_Strict):
     tools: list[ToolSpecText] = Field(default_factory=list)
     tool_options: dict[ToolName, ToolOptionSpec] = Field(default_factory=dict)
     mcp_servers: dict[ToolName, McpServerSpec] = Field(default_factory=dict)
+    #: Seconds an approval request waits before it is denied (``--approval-timeout``).
+    approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
     plan: list[PlanEntry] = Field(min_length=1)
 
     @field_validator("reactive", mode="before")
@@ -333,6 +345,11 @@ class PlanFile(_Strict):
         role = self.roles.get(entry.assignee or "")
         specs = [*self.tools, *(role.tools if role else ()), *entry.tools]
         return list(dict.fromkeys(specs))
+
+    def approve_of(self, entry: PlanEntry) -> list[str]:
+        """The tool name patterns whose calls wait for approval: its role's and its own."""
+        role = self.roles.get(entry.assignee or "")
+        return list(dict.fromkeys([*(role.approve if role else ()), *entry.approve]))
 
     def check_mcp_servers(self, declared: Mapping[str, object] | None = None) -> None:
         """Every ``mcp:SERVER`` spec names a declared server (``declared``: the plan's).

@@ -54,6 +54,12 @@ _VERB_V5 = (
 )
 
 
+_VERB_V8 = (
+    "ALTER TABLE session_controls ADD CONSTRAINT session_controls_verb_check CHECK (verb IN"
+    " ('pause', 'resume', 'message', 'stop', 'budget', 'approve', 'deny'))"
+)
+
+
 def to_postgres_ddl(statement: str) -> str:
     """Translate one statement of the shared DDL to PostgreSQL's types (see the module doc)."""
     text = re.sub(r"\bREAL\b", "DOUBLE PRECISION", statement)
@@ -62,7 +68,7 @@ def to_postgres_ddl(statement: str) -> str:
 
 
 def _translated(step: Migration) -> Migration:
-    if step.apply is not None and step.version not in (3, 6):
+    if step.apply is not None and step.version not in (3, 6, 8):
         raise NotImplementedError(f"migration {step.version} has no PostgreSQL translation")
     statements = tuple(to_postgres_ddl(s) for s in step.statements)
     if step.version == 1:
@@ -76,6 +82,11 @@ def _translated(step: Migration) -> Migration:
             _STATUS_V5,
             "ALTER TABLE session_controls DROP CONSTRAINT session_controls_verb_check",
             _VERB_V5,
+        )
+    elif step.version == 8:
+        statements = (
+            "ALTER TABLE session_controls DROP CONSTRAINT session_controls_verb_check",
+            _VERB_V8,
         )
     return Migration(step.version, step.description, statements)
 

@@ -243,6 +243,32 @@ def _allow_budget(tx: StateTransaction) -> None:
         tx.execute("PRAGMA writable_schema = OFF")
 
 
+_VERB_CHECK_V8 = "('pause', 'resume', 'message', 'stop', 'budget', 'approve', 'deny')"
+
+
+def _allow_approvals(tx: StateTransaction) -> None:
+    """Widen the control verbs by ``approve`` and ``deny`` (issue 41), as migration 6 did."""
+    version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
+    tx.execute("PRAGMA writable_schema = ON")
+    try:
+        tx.execute(
+            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
+            " AND name = 'session_controls'",
+            (_VERB_CHECK_V5, _VERB_CHECK_V8),
+        )
+        stored = tx.query(
+            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'session_controls'"
+        )
+        if not stored or _VERB_CHECK_V8 not in str(stored[0]["sql"]):
+            raise RefusedError(
+                "state database: the session_controls table's CHECK has an unexpected"
+                " definition; cannot widen it for approvals (schema migration 8)"
+            )
+        tx.execute(f"PRAGMA schema_version = {version + 1}")
+    finally:
+        tx.execute("PRAGMA writable_schema = OFF")
+
+
 # The session's lease (docs/decisions.md, decision 120): the fencing token its owner holds,
 # when the lease runs out by the database's own clock, and who took it over. A resume bumps
 # the epoch of the session it takes over in the transaction that creates its own session,
@@ -304,6 +330,12 @@ MIGRATIONS: tuple[Migration, ...] = (
         version=7,
         description="session_controls.sender: who queued each control",
         statements=("ALTER TABLE session_controls ADD COLUMN sender TEXT",),
+    ),
+    Migration(
+        version=8,
+        description="session_controls accepts the verbs 'approve' and 'deny' (approvals)",
+        statements=(),
+        apply=_allow_approvals,
     ),
 )
 """Every migration, oldest first."""

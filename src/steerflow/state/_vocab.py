@@ -29,7 +29,7 @@ Phase = Literal["planning", "executing", "paused"]
 InvocationKind = Literal["flow", "play", "agent"]
 """Kind of a session or an invocation."""
 
-ControlVerb = Literal["pause", "resume", "message", "stop", "budget"]
+ControlVerb = Literal["pause", "resume", "message", "stop", "budget", "approve", "deny"]
 """Verbs the ``session_controls`` CHECK accepts."""
 
 NodeKind = Literal["planned", "spawned"]
@@ -38,5 +38,7 @@ NodeKind = Literal["planned", "spawned"]
 TargetVia = Literal["session", "invocation", "play"]
 """Which table a ``ctl`` target matched."""
 
-NodeStatus = Literal["pending", "running", "paused", "completed", "failed", "skipped"]
+NodeStatus = Literal[
+    "pending", "running", "paused", "awaiting_approval", "completed", "failed", "skipped"
+]
 """Live status of one node as published by the flow process."""

@@ -44,6 +44,14 @@ def _what(step: dict[str, Any]) -> str:
         steered = f" (operator message {', '.join(step['steered'])})" if step.get("steered") else ""
         return f"model {esc(said)}{esc(steered)}"
     args = json.dumps(step.get("args"), sort_keys=True, ensure_ascii=False)
+    if step["kind"] == "approval":
+        by = f" by {step['sender']}" if step.get("sender") else ""
+        why = f": {step['reason']}" if step.get("reason") else ""
+        return (
+            f"approval <code>{esc(step.get('request_id'))}</code> of "
+            f"<code>{esc(step.get('tool') or 'the node call')}</code> "
+            f"<code>{esc(_clip(args))}</code>: {esc(step['status'])}{esc(by)}{esc(_clip(why))}"
+        )
     decided = f" ({step['decision']})" if step.get("decision") else ""
     cut = " [truncated]" if step.get("truncated") else ""
     return (

@@ -9,6 +9,13 @@ goes on at the first unrecorded step. A call recorded as started and never ended
 again only if it was idempotent when it started, or the operator said ``retry``;
 ``skip`` gives the model "the call's outcome is unknown" (decision 255).
 
+A call of a tool that needs approval (issue 41) is asked about first: an ``approval``
+step is journaled ``awaiting`` (request id, tool, arguments, the model's text before it)
+before the loop waits for the operator, and ended ``approved`` (the call runs, with the
+operator's edited arguments if given) or ``denied`` (the model gets the reason as the
+tool's result) before anything else happens. A resume replays a decided request and
+waits again, without asking the model anything, on one still undecided.
+
 The loop owns no policy of the run: the pause gate, operator messages, the budget, the
 write-ahead intent and the journal are reached through :class:`StepHooks`, which the
 executor implements, so the loop is the same under every front end.
@@ -18,7 +25,8 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Mapping, Sequence
+import uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -41,12 +49,15 @@ from steerflow.tools._toolset import ToolOutput, Toolset
 __all__ = [
     "DEFAULT_MAX_RESULT_CHARS",
     "DEFAULT_MAX_STEPS",
+    "OP_APPROVAL",
     "UNKNOWN_OUTCOME",
     "Admitted",
     "LoopHeld",
     "StepHooks",
     "ToolCallUndecidedError",
     "ToolLoop",
+    "denied_text",
+    "new_request_id",
     "undecided_calls",
     "undecided_message",
 ]
@@ -60,6 +71,9 @@ UNKNOWN_OUTCOME = (
     "the call's outcome is unknown: the run stopped while it was running, and the "
     "operator chose not to run it again"
 )
+#: The ``call_id`` of an op's own approval step (``approval: required`` on a plan entry):
+#: the node waits before its call, with its instruction as the request (issue 41).
+OP_APPROVAL = "instruction"
 _TRUNCATED = "\n[... truncated by steerflow: {cut} of {total} characters not shown]"
 
 
@@ -114,6 +128,27 @@ class StepHooks(Protocol):
         """Journal one step entry (``checkpoint.STEP_MEMBERS``) and wait for its ack."""
         ...
 
+    async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
+        """Wait for the operator's decision on a journaled request (issue 41).
+
+        ``request``: ``request_id``, ``tool``, ``args``, ``text``, ``requested_at``. The
+        decision: ``verdict`` (``approved``/``denied``), ``edited_args`` (or None),
+        ``reason``, ``control_id``, ``sender``. Raises :class:`LoopHeld` on a stop.
+        """
+        ...
+
+
+def new_request_id() -> str:
+    """A fresh approval request id (``apr_`` and 16 hex digits), unique across runs."""
+    return f"apr_{uuid.uuid4().hex[:16]}"
+
+
+def denied_text(data: Mapping[str, Any]) -> str:
+    """What the model is told for a call the operator denied: the reason, as its result."""
+    reason = data.get("reason")
+    said = f": {reason}" if reason else " (no reason given)"
+    return f"the operator denied this call{said}"
+
 
 @dataclass
 class _Replay:
@@ -126,6 +161,8 @@ class _Replay:
     last: ModelTurn | None = None  # the last reply; its calls still to run follow
     pending: list[ToolCall] = field(default_factory=list)
     in_flight: dict[str, Any] | None = None  # a call started and never ended
+    awaiting: dict[str, Any] | None = None  # the next call's request, still undecided
+    approved: dict[str, dict[str, Any]] = field(default_factory=dict)  # by call id
 
 
 def _turn(data: Mapping[str, Any]) -> ModelTurn:
@@ -142,6 +179,8 @@ def _replay(instruction: str, prior: Sequence[Mapping[str, Any]], node: str) -> 
     for step in prior:
         data = step["data"]
         state.index = int(step["index"])
+        if step["type"] == "approval" and step["call_id"] == OP_APPROVAL:
+            continue  # the op's own approval, before its first request
         if step["type"] == "model":
             if state.pending or state.in_flight is not None:
                 raise FlowResumeError(
@@ -162,6 +201,9 @@ def _replay(instruction: str, prior: Sequence[Mapping[str, Any]], node: str) -> 
                 f"node {node!r}: tool step {state.index} ({step['call_id']!r}) answers no "
                 "call of the reply before it, or not in the order it asked"
             )
+        if step["type"] == "approval":
+            _replay_approval(state, expected, step)
+            continue
         if step["status"] == "in_flight":
             state.in_flight = dict(step)
             continue
@@ -169,6 +211,20 @@ def _replay(instruction: str, prior: Sequence[Mapping[str, Any]], node: str) -> 
         state.pending.pop(0)
         state.conversation.append(_result(expected, step))
     return state
+
+
+def _replay_approval(state: _Replay, call: ToolCall, step: Mapping[str, Any]) -> None:
+    """Fold one recorded approval step of ``call`` (the next call to run)."""
+    state.awaiting = None
+    if step["status"] == "awaiting":
+        state.awaiting = dict(step)
+    elif step["status"] == "approved":
+        state.approved[call.call_id] = dict(step)
+    else:  # denied: the reason is the call's result, and the call never ran
+        state.pending.pop(0)
+        state.conversation.append(
+            ToolResult(call.call_id, call.name, denied_text(step["data"]), is_error=True)
+        )
 
 
 def _result(call: ToolCall, step: Mapping[str, Any]) -> ToolResult:
@@ -221,11 +277,13 @@ class ToolLoop:
         max_result_chars: int = DEFAULT_MAX_RESULT_CHARS,
         prior: Sequence[Mapping[str, Any]] = (),
         decisions: Mapping[str, str] | None = None,
+        needs_approval: Callable[[str], bool] = lambda name: False,
     ) -> None:
         self.model, self.toolset, self.hooks = model, toolset, hooks
         self.node_id, self.record_kind, self.key = node, record, key
         self.max_steps, self.max_result_chars = max_steps, max_result_chars
         self.prior, self.decisions = tuple(prior), dict(decisions or {})
+        self.needs_approval = needs_approval
         self._live: ProviderRequest | None = None  # where each step is shown as it happens
         self.usage: Usage | None = None  # what this run's requests cost (charged)
         self.total: Usage | None = None  # every step's, the replayed ones included
@@ -292,15 +350,62 @@ class ToolLoop:
         while state.pending:
             call = state.pending[0]
             self.hooks.check_between()
+            approved = await self._approval(state, call)
+            if approved is None:
+                continue  # denied: its result is the reason, and it never runs
             state.index += 1
-            await self._call(state, call, state.index, retried=None)
+            await self._call(state, call, state.index, retried=None, approved=approved)
+
+    async def _approval(self, state: _Replay, call: ToolCall) -> dict[str, Any] | None:
+        """Ask (or replay) the operator's approval of ``call``; what its record carries.
+
+        ``{}`` for a call that needs none; ``None`` once it was denied.
+        """
+        step = state.approved.pop(call.call_id, None)
+        if step is None:
+            waiting, state.awaiting = state.awaiting, None
+            if waiting is None:
+                if not self.needs_approval(call.name):
+                    return {}
+                state.index += 1
+                text = state.last.text if state.last is not None else ""
+                now = time.time()
+                request = {"request_id": new_request_id(), "tool": call.name,
+                           "args": call.args, "text": text, "requested_at": now}  # fmt: skip
+                waiting = {"index": state.index, "data": request}
+                await self._record(state.index, "approval", call.call_id, "awaiting", request)
+            decision = await self.hooks.await_approval(waiting["data"])
+            data = {**waiting["data"], **decision, "decided_at": time.time()}
+            status = str(decision["verdict"])
+            await self._record(int(waiting["index"]), "approval", call.call_id, status, data)
+            step = {"status": status, "data": data}
+        data = step["data"]
+        if step["status"] == "denied":
+            state.pending.pop(0)
+            state.conversation.append(
+                ToolResult(call.call_id, call.name, denied_text(data), is_error=True)
+            )
+            return None
+        edited = data.get("edited_args")
+        out: dict[str, Any] = {"approval": data.get("request_id")}
+        if isinstance(edited, dict):
+            out.update(args=edited, edited=True, requested_args=call.args)
+        return out
 
     async def _call(
-        self, state: _Replay, call: ToolCall, index: int, *, retried: str | None
+        self,
+        state: _Replay,
+        call: ToolCall,
+        index: int,
+        *,
+        retried: str | None,
+        approved: Mapping[str, Any],
     ) -> None:
         tool = self.toolset.tools.get(call.name)
         idempotent = bool(tool is not None and tool.idempotent)
-        base: dict[str, Any] = {"tool": call.name, "args": call.args, "idempotent": idempotent}
+        args = approved.get("args", call.args)
+        base: dict[str, Any] = {"tool": call.name, "args": args, "idempotent": idempotent}
+        base.update({k: v for k, v in approved.items() if k != "args"})
         started = time.time()
         if retried is None:
             _faults.seam("tool-intent", "before")
@@ -309,7 +414,7 @@ class ToolLoop:
             _faults.seam("tool-intent", "after")
         else:
             base["decision"] = retried
-        output = await self.toolset.call(call.name, call.args)
+        output = await self.toolset.call(call.name, args)
         _faults.seam("tool-result", "before")  # the tool returned; its result not yet saved
         content, truncated = self._cut(output)
         data = {**base, "result": content, "truncated": truncated, "started_at": started,
@@ -330,7 +435,10 @@ class ToolLoop:
         if decision is None and step["data"].get("idempotent"):
             decision = "retry"
         if decision == "retry":
-            await self._call(state, call, int(step["index"]), retried="retry")
+            # As it was approved: the arguments it started with, edited or not.
+            recorded = step["data"]
+            approved = {k: recorded[k] for k in _APPROVED_MEMBERS if k in recorded}
+            await self._call(state, call, int(step["index"]), retried="retry", approved=approved)
             return
         if decision == "skip":
             data = {**step["data"], "result": None, "decision": "skip", "ended_at": time.time()}
@@ -365,8 +473,17 @@ class ToolLoop:
             self._live.emit(live_line(index, type_, status, data))
 
 
+#: What a tool step's record keeps of its approval (a retry after a crash keeps it too).
+_APPROVED_MEMBERS = ("args", "approval", "edited", "requested_args")
+
+
 def live_line(index: int, type_: str, status: str, data: Mapping[str, Any]) -> str:
     """One step as the node's live output shows it (a line; the model's text in full)."""
+    if type_ == "approval":
+        what = f"tool {data.get('tool')}" if data.get("tool") else "the node's call"
+        if status == "awaiting":
+            return f"[step {index}] {what} awaits approval ({data.get('request_id')})\n"
+        return f"[step {index}] {what} {status} by {data.get('sender') or 'timeout'}\n"
     if type_ == "model":
         names = ", ".join(str(c["name"]) for c in data.get("tool_calls", ()))
         text = str(data.get("text") or "")

@@ -22,9 +22,15 @@ class ToolRuntime:
     """The run's toolsets by spec tuple, and what closes them when the run ends."""
 
     def __init__(
-        self, build: ToolsetBuilder, *, close: Callable[[], Awaitable[None]] | None = None
+        self,
+        build: ToolsetBuilder,
+        *,
+        close: Callable[[], Awaitable[None]] | None = None,
+        options: Mapping[str, ToolOptions] | None = None,
     ):
         self._build = build
+        #: ``tool_options`` by tool name (``approval`` is read by the executor, issue 41).
+        self.options: Mapping[str, ToolOptions] = dict(options or {})
         self._close = close
         self._toolsets: dict[tuple[str, ...], Toolset] = {}
 
@@ -63,4 +69,6 @@ def open_runtime(
     async def build(specs: tuple[str, ...]) -> Toolset:
         return await build_toolset(specs, servers=servers, options=options)
 
-    return ToolRuntime(build, close=servers.aclose if servers is not None else None)
+    return ToolRuntime(
+        build, close=servers.aclose if servers is not None else None, options=options
+    )

@@ -48,6 +48,19 @@ def _merge(before: dict[str, Any] | None, step: Mapping[str, Any]) -> dict[str, 
             ],
         )
         return out
+    if step["type"] == "approval":  # issue 41: the request, and its decision once made
+        out.update(
+            call_id=step["call_id"],
+            request_id=data.get("request_id"),
+            tool=data.get("tool"),
+            args=data.get("args"),
+            text=data.get("text", ""),
+            edited_args=data.get("edited_args"),
+            reason=data.get("reason"),
+            sender=data.get("sender"),
+            control_id=data.get("control_id"),
+        )
+        return out
     out.update(
         call_id=step["call_id"],
         tool=data.get("tool"),

@@ -14,6 +14,7 @@ from steerflow._lazy import lazy_exports
 
 if TYPE_CHECKING:
     from steerflow.control import Queued
+    from steerflow.views._approvals import ApprovalRequest, approve, deny, list_approvals
     from steerflow.views._artifacts import OpenedArtifact, open_artifact
     from steerflow.views._control import (
         ControlEntry,
@@ -38,6 +39,7 @@ if TYPE_CHECKING:
     from steerflow.views._runs import NodeState, RunListing, RunView, list_runs, show_run
 
 __all__ = [
+    "ApprovalRequest",
     "CheckpointReport",
     "ControlEntry",
     "ControlStatus",
@@ -53,9 +55,12 @@ __all__ = [
     "RunProgress",
     "RunResult",
     "RunView",
+    "approve",
     "budget",
     "checkpoint_report",
     "control_status",
+    "deny",
+    "list_approvals",
     "list_runs",
     "message",
     "node_detail",
@@ -76,6 +81,10 @@ __getattr__, __dir__ = lazy_exports(
     __name__,
     {
         "CheckpointReport": "_recovery",
+        "ApprovalRequest": "_approvals",
+        "approve": "_approvals",
+        "deny": "_approvals",
+        "list_approvals": "_approvals",
         "Queued": "steerflow.control._queue",
         "ControlEntry": "_control",
         "ControlStatus": "_control",
