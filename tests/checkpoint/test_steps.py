@@ -150,3 +150,57 @@ def test_a_step_is_checked_before_it_is_written_and_version_2_records_none(
 
     assert asyncio.run(go()) is False
     assert "steps" not in load_checkpoint(tmp_path)[0]
+
+
+def _approved(tmp_path: Path) -> list[dict[str, Any]]:
+    """A model reply, the approval request and its decision (issue 41), then the call."""
+
+    async def go() -> None:
+        w = _writer(tmp_path)
+        await w.flush()
+        intent = uuid.uuid4().hex
+        await w.record_call(intent, node="a", record="op", key="a", attempt=1, model="script:x",
+                            started_at=1.0, reserved_cost_usd=0.01, reserved_tokens=10)  # fmt: skip
+        calls = [{"call_id": "call_1_1", "name": "post", "args": {"m": "hi"}}]
+        await w.record_step(_step(1, "model", intent, text="", tool_calls=calls))
+        request = {"request_id": "apr_1", "tool": "post", "args": {"m": "hi"}}
+        await w.record_step(_step(2, "approval", "call_1_1", "awaiting", **request))
+        await w.record_step(_step(2, "approval", "call_1_1", "approved", **request,
+                                  verdict="approved", sender="cli:op@h:1", control_id="c1"))  # fmt: skip
+        await w.record_step(
+            _step(3, "tool", "call_1_1", "in_flight", tool="post", args={"m": "hi"})
+        )
+        await w.record("z", status="completed", response="Z")
+        await w.close()
+
+    asyncio.run(go())
+    return _journal_lines(tmp_path)
+
+
+def test_an_approval_and_its_decision_are_steps_covered_by_the_digest(tmp_path: Path) -> None:
+    _approved(tmp_path)
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean"
+    assert [(s["index"], s["type"], s["status"]) for s in state["steps"]] == [
+        (1, "model", "completed"), (2, "approval", "approved"), (3, "tool", "in_flight"),
+    ]  # fmt: skip
+
+
+@pytest.mark.parametrize("mutation", ["alter-sender", "approve-a-denial", "second-decision"])
+def test_a_tampered_approval_is_refused(tmp_path: Path, mutation: str) -> None:
+    records = _approved(tmp_path)
+    at = _steps_at(records)
+    decided = records[at[2]]["entry"]
+    if mutation == "alter-sender":
+        decided["data"]["sender"] = "cli:someone-else@h:1"
+    elif mutation == "approve-a-denial":
+        decided["status"] = "denied"
+    else:  # a decision recorded again, differently, after the call began
+        again = json.loads(json.dumps(records[at[2]]))
+        again["entry"]["status"] = "denied"
+        records.insert(at[3] + 1, again)
+        for seq, record in enumerate(records, start=1):
+            record["seq"] = seq
+    _rewrite(tmp_path, records)
+    with pytest.raises(CheckpointRecoveryError, match="step"):
+        load_checkpoint(tmp_path)

@@ -77,11 +77,15 @@ def _approvals(home: Path, env: dict[str, str]) -> list[dict[str, Any]]:
     return list(listed.json["approvals"])
 
 
-def _waiting(home: Path, env: dict[str, str], proc: subprocess.Popen[str] | None = None) -> Any:
+def _waiting(
+    home: Path, env: dict[str, str], proc: subprocess.Popen[str] | None = None, *, not_of: str = ""
+) -> Any:
+    """The first request that waits (``not_of``: of another run than that one)."""
+
     def probe() -> dict[str, Any] | None:
         if proc is not None and proc.poll() is not None:
             raise AssertionError(f"the flow exited early: {finish(proc).explain()}")
-        found = _approvals(home, env)
+        found = [r for r in _approvals(home, env) if r["run_id"] != not_of]
         return found[0] if found else None
 
     return wait_for(probe, timeout=60, interval=0.1, what="an approval request")
@@ -119,6 +123,10 @@ def test_a_call_waits_is_approved_from_another_process_and_runs(tmp_path: Path) 
         assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup"]
         shown = run_cli(home, "show", request["run_id"], "--json", env=env)
         assert {n["id"]: n["status"] for n in shown.json["nodes"]} == {"a": "awaiting_approval"}
+        runs = run_cli(home, "runs", "--json", env=env)
+        assert [r["approvals_waiting"] for r in runs.json["runs"]] == [1]
+        status = run_cli(home, "ctl", "status", request["run_id"], env=env)
+        assert "approvals waiting: 1" in status.stdout, status.explain()
         sent = run_cli(home, "ctl", "approve", request["run_id"], request["request_id"], env=env)
         assert sent.returncode == 0, sent.explain()
         done = finish(proc, timeout=60)
@@ -246,10 +254,17 @@ def test_bad_input_is_refused_and_arguments_are_shown_escaped(tmp_path: Path) ->
         {"tool_calls": [{"name": "post", "args": {"message": "red \x1b[31malert"}}]},
         {"response": "done"},
     ]
+    other_plan = write_yaml(tmp_path / "other.yaml", {"plan": [{"agent_id": "x",
+                                                                 "instruction": "hi"}]})  # fmt: skip
+    other = run_cli(home, "flow", "--plan", other_plan, "--model", "echo", "--json", env=env)
+    assert other.returncode == 0, other.explain()
     proc = _start(home, tmp_path, _setup(tmp_path, steps))
     try:
         request = _waiting(home, env, proc)
         run, rid = request["run_id"], request["request_id"]
+        elsewhere = run_cli(home, "ctl", "approve", other.json["run_id"], rid, env=env)
+        assert elsewhere.returncode == 3, elsewhere.explain()
+        assert f"belongs to run {run}" in elsewhere.stderr
         listed = run_cli(home, "approvals", env=env)
         assert listed.returncode == 0, listed.explain()
         assert "\x1b" not in listed.stdout and "\\u001b[31malert" in listed.stdout
@@ -267,3 +282,83 @@ def test_bad_input_is_refused_and_arguments_are_shown_escaped(tmp_path: Path) ->
         stop(proc)
     assert done.returncode == 0, done.explain()
     assert _ledger(tmp_path) == []
+
+
+def test_a_node_with_approval_required_waits_before_its_call_while_others_run(
+    tmp_path: Path,
+) -> None:
+    home, env = tmp_path / "home", _env(tmp_path)
+    script = write_yaml(tmp_path / "s.yaml", {"publish": {"response": "published"},
+                                              "other": {"response": "other done"}})  # fmt: skip
+    plan = [
+        {"agent_id": "publish", "instruction": "publish the post", "approval": "required"},
+        {"agent_id": "other", "instruction": "do the other thing"},
+    ]
+    write_yaml(tmp_path / "p.yaml", {"plan": plan})
+    proc = _start(home, tmp_path, script)
+    try:
+        request = _waiting(home, env, proc)
+        assert (request["node"], request["tool"]) == ("publish", None)
+        assert request["args"] == {"instruction": "publish the post"}
+
+        def other_done() -> bool:
+            shown = run_cli(home, "show", request["run_id"], "--json", env=env)
+            nodes = {n["id"]: n["status"] for n in shown.json["nodes"]}
+            return nodes == {"publish": "awaiting_approval", "other": "completed"}
+
+        wait_for(other_done, timeout=60, interval=0.1, what="other completed, publish waiting")
+        assert [r["node"] for r in read_invocations(home)] == ["other"]  # publish not called
+        sent = run_cli(home, "ctl", "deny", request["run_id"], request["request_id"],
+                       "--reason", "legal did not sign off", env=env)  # fmt: skip
+        assert sent.returncode == 0, sent.explain()
+        done = finish(proc, timeout=60)
+    finally:
+        stop(proc)
+    nodes = {n["id"]: n for n in done.json["nodes"]}
+    assert nodes["publish"]["status"] == "failed"
+    assert "legal did not sign off" in str(nodes["publish"].get("error")), done.explain()
+    assert [r["node"] for r in read_invocations(home)] == ["other"]
+
+
+def test_an_unanswered_request_is_denied_at_the_approval_timeout(tmp_path: Path) -> None:
+    home, env = tmp_path / "home", _env(tmp_path)
+    proc = _start(home, tmp_path, _setup(tmp_path), "--approval-timeout", "1")
+    try:
+        done = finish(proc, timeout=60)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.explain()
+    assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup", "lookup"]
+    run_id = done.json["run_id"]
+    [denied] = [s for s in _steps(home, run_id, env) if s["kind"] == "approval"]
+    assert (denied["status"], denied["sender"]) == ("denied", "timeout")
+    assert denied["reason"] == "no decision within 1 s (approval timeout)"
+
+
+def test_ctl_stop_while_waiting_stops_resumable_and_the_resume_waits_again(
+    tmp_path: Path,
+) -> None:
+    home, env = tmp_path / "home", _env(tmp_path)
+    proc = _start(home, tmp_path, _setup(tmp_path))
+    try:
+        request = _waiting(home, env, proc)
+        sent = run_cli(home, "ctl", "stop", request["run_id"], env=env)
+        assert sent.returncode == 0, sent.explain()
+        stopped = finish(proc, timeout=60)
+    finally:
+        stop(proc)
+    assert stopped.returncode == 75, stopped.explain()
+    assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup"]
+    resumed = start_cli(home, "resume", request["run_id"], "--json", env=env)
+    try:
+        again = _waiting(home, env, resumed, not_of=request["run_id"])
+        assert again["request_id"] == request["request_id"]  # the same request, not a new one
+        assert [r["run_id"] for r in _approvals(home, env)] == [again["run_id"]]
+        assert _requests(home) == [1, 2]  # the model was not asked again
+        sent = run_cli(home, "ctl", "approve", again["run_id"], again["request_id"], env=env)
+        assert sent.returncode == 0, sent.explain()
+        done = finish(resumed, timeout=60)
+    finally:
+        stop(resumed)
+    assert done.returncode == 0, done.explain()
+    assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup", "post", "lookup"]

@@ -18,7 +18,8 @@ D1_TABLE = """
 CREATE TABLE session_controls (
   id          TEXT PRIMARY KEY,
   session_id  TEXT NOT NULL REFERENCES sessions(id) ON DELETE CASCADE,
-  verb        TEXT NOT NULL CHECK(verb IN ('pause', 'resume', 'message', 'stop', 'budget')),
+  verb        TEXT NOT NULL CHECK(verb IN ('pause', 'resume', 'message', 'stop', 'budget',
+                                 'approve', 'deny')),
   payload     JSON,
   created_at  REAL NOT NULL,
   applied_at  REAL,

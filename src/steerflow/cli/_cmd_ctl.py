@@ -193,6 +193,11 @@ def ctl_status(ctx: click.Context, target: str, as_json: bool) -> int:
         f"session: {view['session_id']}  status: {view['status']}  phase: {view['phase']}  "
         f"poller: {view['poller']}"
         + (f"  turns: {view['turns']}" if view.get("turns") is not None else "")
+        + (
+            f"  approvals waiting: {view['approvals_waiting']}"
+            if view.get("approvals_waiting")
+            else ""
+        )
     ]
     caps, spent = view.get("budget") or {}, view.get("spent") or {}
     if caps.get("max_cost") is not None or caps.get("max_tokens") is not None:

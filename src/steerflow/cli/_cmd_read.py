@@ -87,11 +87,18 @@ def runs(ctx: click.Context, show_all: bool, as_json: bool) -> int:
                     f"{fmt_duration(r.get('duration_s')):>9}  {r['session_id']:<32}  "
                     f"{_one_line(r.get('name'))}"
                     + (f"  ({links})" if (links := resume_links(r)) else "")
+                    + _waiting_note(r)
                     for r in view["runs"]
                 ]
             )
         )
     return 0
+
+
+def _waiting_note(run: dict[str, Any]) -> str:
+    """``  [2 approvals waiting]`` for a run whose nodes wait for an operator (issue 41)."""
+    count = run.get("approvals_waiting") or 0
+    return f"  [{count} approval{'s' if count != 1 else ''} waiting]" if count else ""
 
 
 @click.command(epilog=READ_EPILOG)

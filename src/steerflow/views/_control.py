@@ -148,6 +148,8 @@ class ControlStatus:
     #: over the run's own) and what the resume chain has spent so far (CONTRACT §11 usage).
     budget: dict[str, Any] | None = None
     spent: dict[str, Any] | None = None
+    #: Approval requests of the run that wait for an operator (issue 41).
+    approvals_waiting: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The ``ctl status --json`` object (CONTRACT §3)."""
@@ -162,6 +164,7 @@ class ControlStatus:
             out["turns"] = self.turns
         out["budget"] = self.budget
         out["spent"] = self.spent
+        out["approvals_waiting"] = self.approvals_waiting
         return out
 
 
@@ -197,6 +200,9 @@ def control_status(home: Path, target: str, *, state_db: str | None = None) -> C
                 for c in controls
             ),
             turns=_agent_turns(session.kind, session.node_metadata),
+            approvals_waiting=len(waiting)
+            if isinstance(waiting := session.node_metadata.get("approvals"), dict)
+            else 0,
             budget=_caps(session.node_metadata, controls),
             spent=_spent(session.node_metadata, db.list_nodes(session.id)),
         )

@@ -45,6 +45,8 @@ class RunListing:
     #: What the run spent (stored when it ended; null while it runs) and its caps.
     usage: dict[str, Any] | None = None
     budget: dict[str, Any] | None = None
+    #: Approval requests of this run that wait for an operator (issue 41).
+    approvals_waiting: int = 0
 
     def to_json(self) -> dict[str, Any]:
         """The ``runs --json`` row."""
@@ -62,6 +64,7 @@ class RunListing:
             "resumed_by": list(self.resumed_by),
             "usage": self.usage,
             "budget": self.budget,
+            "approvals_waiting": self.approvals_waiting,
         }
 
 
@@ -147,7 +150,14 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         name=r.name,
         usage=r.node_metadata.get("usage"),
         budget=_budget(r.node_metadata),
+        approvals_waiting=_waiting(r.node_metadata),
     )
+
+
+def _waiting(meta: dict[str, Any]) -> int:
+    """How many approval requests the run published as waiting (issue 41)."""
+    found = meta.get("approvals")
+    return len(found) if isinstance(found, dict) else 0
 
 
 def _live_phase(stored: str | None, status: str) -> str | None:
