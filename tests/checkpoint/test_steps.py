@@ -165,8 +165,8 @@ def _approved(tmp_path: Path) -> list[dict[str, Any]]:
         await w.record_step(_step(1, "model", intent, text="", tool_calls=calls))
         request = {"request_id": "apr_1", "tool": "post", "args": {"m": "hi"}}
         await w.record_step(_step(2, "approval", "call_1_1", "awaiting", **request))
-        await w.record_step(_step(2, "approval", "call_1_1", "approved", **request,
-                                  verdict="approved", sender="cli:op@h:1", control_id="c1"))  # fmt: skip
+        decision = {"verdict": "approved", "sender": "cli:op@h:1", "control_id": "c1"}
+        await w.record_step(_step(2, "approval", "call_1_1", "approved", **request, **decision))
         await w.record_step(
             _step(3, "tool", "call_1_1", "in_flight", tool="post", args={"m": "hi"})
         )

@@ -254,8 +254,8 @@ def test_bad_input_is_refused_and_arguments_are_shown_escaped(tmp_path: Path) ->
         {"tool_calls": [{"name": "post", "args": {"message": "red \x1b[31malert"}}]},
         {"response": "done"},
     ]
-    other_plan = write_yaml(tmp_path / "other.yaml", {"plan": [{"agent_id": "x",
-                                                                 "instruction": "hi"}]})  # fmt: skip
+    plain = {"plan": [{"agent_id": "x", "instruction": "hi"}]}
+    other_plan = write_yaml(tmp_path / "other.yaml", plain)
     other = run_cli(home, "flow", "--plan", other_plan, "--model", "echo", "--json", env=env)
     assert other.returncode == 0, other.explain()
     proc = _start(home, tmp_path, _setup(tmp_path, steps))
