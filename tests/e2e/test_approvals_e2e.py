@@ -362,3 +362,47 @@ def test_ctl_stop_while_waiting_stops_resumable_and_the_resume_waits_again(
         stop(resumed)
     assert done.returncode == 0, done.explain()
     assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup", "post", "lookup"]
+
+
+async def test_mcp_lists_approves_and_denies_with_the_sdk_client(tmp_path: Path) -> None:
+    """The MCP server's list_approvals, approve and deny (``--allow-control``), in process."""
+    import asyncio
+
+    from mcp import Client
+
+    from steerflow.mcp import build_server
+
+    home, env = tmp_path / "home", _env(tmp_path)
+    steps = [
+        {"tool_calls": [{"name": "post", "args": {"message": "one"}}]},
+        {"tool_calls": [{"name": "post", "args": {"message": "two"}}]},
+        {"response": "done"},
+    ]
+    proc = _start(home, tmp_path, _setup(tmp_path, steps))
+    try:
+        first = await asyncio.to_thread(_waiting, home, env, proc)
+        async with Client(build_server(home, allow_control=True)) as client:
+            listed = (await client.call_tool("list_approvals", {})).structured_content
+            assert [r["request_id"] for r in listed["approvals"]] == [first["request_id"]]
+            sent = await client.call_tool("approve", {"target": first["run_id"],
+                "request_id": first["request_id"], "args": {"message": "one, edited"}})  # fmt: skip
+            assert not sent.is_error, sent.content
+
+            def second() -> Any:
+                found = [r for r in _approvals(home, env) if r["request_id"] != first["request_id"]]
+                return found[0] if found else None
+
+            other = await asyncio.to_thread(wait_for, second, timeout=60, what="second request")
+            denied = await client.call_tool("deny", {"target": other["run_id"],
+                "request_id": other["request_id"], "reason": "one is enough"})  # fmt: skip
+            assert not denied.is_error, denied.content
+            unknown = await client.call_tool("deny", {"target": other["run_id"],
+                                                      "request_id": "apr_nope"})  # fmt: skip
+            assert unknown.is_error
+        done = await asyncio.to_thread(finish, proc, timeout=60)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.explain()
+    assert _ledger(tmp_path) == [{"tool": "post", "message": "one, edited"}]
+    senders = {c.verb: c.sender for c in _controls(home)}
+    assert senders["approve"].startswith("mcp:") and senders["deny"].startswith("mcp:")

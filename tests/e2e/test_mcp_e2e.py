@@ -33,8 +33,15 @@ from ctl_support import (
 
 from waiting import holds_for
 
-READ_TOOLS = {"list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight"}
-CONTROL_TOOLS = {"pause", "resume", "message", "stop", "budget"}
+READ_TOOLS = {
+    "list_runs",
+    "show_run",
+    "node_detail",
+    "checkpoint_report",
+    "resume_preflight",
+    "list_approvals",
+}
+CONTROL_TOOLS = {"pause", "resume", "message", "stop", "budget", "approve", "deny"}
 # Holds a node's `script:` call until the test releases it (see its docstring).
 GATED_CLI = Path(__file__).resolve().with_name("gated_cli.py")
 

@@ -10,6 +10,7 @@ from pydantic import Strict
 
 from steerflow import views
 from steerflow.control import Queued, enqueue_control
+from steerflow.control._decide import send_decision
 from steerflow.errors import SteerflowError, UsageError
 
 if TYPE_CHECKING:
@@ -18,9 +19,16 @@ if TYPE_CHECKING:
 __all__ = ["CONTROL_TOOLS", "INSTALL_HINT", "READ_TOOLS", "build_server", "serve"]
 
 #: Tools every server offers: they only read.
-READ_TOOLS = ("list_runs", "show_run", "node_detail", "checkpoint_report", "resume_preflight")
+READ_TOOLS = (
+    "list_runs",
+    "show_run",
+    "node_detail",
+    "checkpoint_report",
+    "resume_preflight",
+    "list_approvals",
+)
 #: Tools offered only with ``--allow-control``: they steer running flows.
-CONTROL_TOOLS = ("pause", "resume", "message", "stop", "budget")
+CONTROL_TOOLS = ("pause", "resume", "message", "stop", "budget", "approve", "deny")
 INSTALL_HINT = "pip install 'steerflow[mcp]'"
 
 T = TypeVar("T")
@@ -127,7 +135,17 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
             )
         ).to_json()
 
-    for tool in (list_runs, show_run, node_detail, checkpoint_report, resume_preflight):
+    def list_approvals() -> dict[str, Any]:
+        """Tool calls and nodes that wait for an operator's approval, across runs.
+
+        Each: request_id, run_id, node, tool (null for a node's own call), args, the
+        model's text before the call, requested_at, and the run's status.
+        """
+        found = _answer(lambda: views.list_approvals(home))
+        return {"approvals": [r.to_json() for r in found]}
+
+    reads = (list_runs, show_run, node_detail, checkpoint_report, resume_preflight)
+    for tool in (*reads, list_approvals):
         server.add_tool(tool, name=tool.__name__, annotations=_read_only())
     if allow_control:
         _add_control_tools(server, home)
@@ -174,7 +192,23 @@ def _add_control_tools(server: MCPServer[Any], home: Path) -> None:
         caps = {"max_cost": max_cost, "max_tokens": max_tokens}
         return _queued(_answer(lambda: _enqueue(home, target, "budget", budget=caps)))
 
-    for tool in (pause, resume, message, stop, budget):
+    def approve(target: str, request_id: str, args: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Queue `ctl approve`: the waiting call runs (with `args` instead, if given)."""
+        return _queued(
+            _answer(
+                lambda: send_decision(home, target, "approve", request_id, args=args, via="mcp")
+            )
+        )
+
+    def deny(target: str, request_id: str, reason: str | None = None) -> dict[str, Any]:
+        """Queue `ctl deny`: the model gets `reason` as the tool's result (a node fails)."""
+        return _queued(
+            _answer(
+                lambda: send_decision(home, target, "deny", request_id, reason=reason, via="mcp")
+            )
+        )
+
+    for tool in (pause, resume, message, stop, budget, approve, deny):
         server.add_tool(tool, name=tool.__name__)
 
 
