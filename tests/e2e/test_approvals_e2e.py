@@ -406,3 +406,50 @@ async def test_mcp_lists_approves_and_denies_with_the_sdk_client(tmp_path: Path)
     assert _ledger(tmp_path) == [{"tool": "post", "message": "one, edited"}]
     senders = {c.verb: c.sender for c in _controls(home)}
     assert senders["approve"].startswith("mcp:") and senders["deny"].startswith("mcp:")
+
+
+def test_the_studio_approvals_page_lists_escapes_and_decides_with_csrf(tmp_path: Path) -> None:
+    """``/approvals`` over real HTTP on loopback: the forms need the page's CSRF token."""
+    import re
+    import threading
+
+    import httpx
+
+    from steerflow.studio import listen
+
+    home, env = tmp_path / "home", _env(tmp_path)
+    evil = "<img src=x onerror=alert(1)>"
+    steps = [{"tool_calls": [{"name": "post", "args": {"message": evil}}]}, {"response": "ok"}]
+    proc = _start(home, tmp_path, _setup(tmp_path, steps))
+    listening = listen(home, port=0)
+    thread = threading.Thread(target=listening.run, name="studio", daemon=True)
+    thread.start()
+    try:
+        request = _waiting(home, env, proc)
+        wait_for(lambda: listening.server.started, timeout=30, what="the studio to start")
+        base = listening.url.split("/?", 1)[0]
+        with httpx.Client(base_url=base, timeout=30) as client:
+            assert client.get(listening.url.removeprefix(base)).status_code == 303  # cookie
+            page = client.get("/approvals").text
+            assert request["request_id"] in page
+            assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+            match = re.search(r'name="csrf" value="([0-9a-f]{64})"', page)
+            assert match, page
+            form = {"run": request["run_id"], "request_id": request["request_id"],
+                    "verb": "approve", "args": '{"message": "safe text"}'}  # fmt: skip
+            refused = client.post("/approvals/decide", data={**form, "csrf": "0" * 64})
+            assert refused.status_code == 403
+            bad = client.post("/approvals/decide", data={**form, "args": "{no", "csrf": match[1]})
+            assert bad.status_code == 400
+            assert _controls(home) == []
+            sent = client.post("/approvals/decide", data={**form, "csrf": match[1]})
+            assert sent.status_code == 303, sent.text
+        done = finish(proc, timeout=60)
+    finally:
+        stop(proc)
+        listening.server.should_exit = True
+        thread.join(timeout=30)
+    assert done.returncode == 0, done.explain()
+    assert _ledger(tmp_path) == [{"tool": "post", "message": "safe text"}]
+    [control] = _controls(home)
+    assert control.result == "applied" and control.sender.startswith("studio:")

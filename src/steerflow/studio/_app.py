@@ -24,7 +24,13 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from steerflow.errors import SteerflowError
-from steerflow.studio import _route_actions, _route_node, _route_run, _route_runs
+from steerflow.studio import (
+    _route_actions,
+    _route_approvals,
+    _route_node,
+    _route_run,
+    _route_runs,
+)
 from steerflow.studio._pages import CSS, error_page
 from steerflow.studio._routing import StudioState
 from steerflow.studio._script import SCRIPT
@@ -141,6 +147,7 @@ def build_app(
         *_route_run.routes(state),
         *_route_node.routes(state),
         *_route_actions.routes(state),
+        *_route_approvals.routes(state),
     ]
     app = Starlette(exception_handlers={SteerflowError: _refused}, routes=routes)
     return Gate(app, token=token, hosts=hosts, cookie=cookie)

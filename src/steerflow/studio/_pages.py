@@ -182,7 +182,8 @@ def page(
             if live
             else "<body>"
         )
-        + '\n<header><h1><a href="/runs">steerflow studio</a></h1></header>\n'
+        + '\n<header><h1><a href="/runs">steerflow studio</a></h1>'
+        + '<nav><a href="/runs">runs</a><a href="/approvals">approvals</a></nav></header>\n'
         + f"{body}\n</body></html>\n"
     )
 
