@@ -259,7 +259,6 @@ class ControlPoller:
         self._unstamped: list[_Unstamped] = []
         self._awaiting: dict[str, ControlRow] = {}  # appended, stamp deferred to delivery
         self._deciding: dict[str, ControlRow] = {}  # decisions taken, not yet journaled
-        self._meta: dict[str, Any] = {}  # node_metadata members to publish next tick
         self._catch_up: list[asyncio.Future[None]] = []  # callers of catch_up() not yet served
         self._log: list[dict[str, Any]] = []
         self._log_dirty = False
@@ -328,11 +327,6 @@ class ControlPoller:
         if row is not None:
             self._unstamped.append(_Unstamped(row, "applied"))
             self._wake.set()
-
-    def publish(self, name: str, value: Any) -> None:
-        """Write ``node_metadata[name] = value`` at the next tick (the poller is its writer)."""
-        self._meta[name] = value
-        self._wake.set()
 
     def messages_rejected(self, control_ids: list[str | None], result: str) -> None:
         """No operation will take these delivered messages: stamp their rows ``result``.
@@ -725,7 +719,7 @@ class ControlPoller:
         db = self._db
         if db is None:
             return
-        patch: dict[str, Any] = dict(self._meta)
+        patch: dict[str, Any] = {}
         if self._state_written != self.state:
             patch["poller"] = self.state
         if self._log_dirty:
@@ -734,9 +728,6 @@ class ControlPoller:
             await asyncio.to_thread(db.update_node_metadata, self.session_id, patch)
             self._state_written = patch.get("poller", self._state_written)
             self._log_dirty = False
-            for name in list(self._meta):
-                if self._meta[name] is patch.get(name):
-                    del self._meta[name]
         await self._sync_phase(db)
 
     async def _sync_phase(self, db: StateDB) -> None:

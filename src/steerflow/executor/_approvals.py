@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -58,8 +58,10 @@ class ApprovalDesk:
 
     #: Requests recorded and not decided, by id: what ``approvals`` lists (published).
     pending: dict[str, dict[str, Any]] = field(default_factory=dict)
-    #: Called with :attr:`pending` whenever it changes (the run publishes it).
-    on_change: list[Callable[[dict[str, dict[str, Any]]], None]] = field(default_factory=list)
+    #: Writes :attr:`pending` where other processes read it (the session's metadata);
+    #: awaited before a request is shown waiting, so a reader told of the request can
+    #: decide it at once. None: not published (a bare executor).
+    publish: Callable[[dict[str, dict[str, Any]]], Awaitable[None]] | None = None
     #: Called with a decision's control id once its journal record is durable.
     on_journaled: list[Callable[[str], None]] = field(default_factory=list)
     #: Seconds an undecided request waits before it is denied (``--approval-timeout``).
@@ -68,11 +70,23 @@ class ApprovalDesk:
     _early: dict[str, Decision] = field(default_factory=dict)
     _waits: dict[str, asyncio.Future[Decision]] = field(default_factory=dict)
     _closed: str | None = None
+    _lock: asyncio.Lock = field(default_factory=asyncio.Lock)
 
     def know(self, request: Mapping[str, Any], node: str) -> None:
         """A request the checkpoint holds undecided: decisions for it are kept for the loop."""
         self.pending[str(request["request_id"])] = {**request, "node": node}
-        self._changed()
+
+    async def register(self, request: Mapping[str, Any], node: str) -> None:
+        """``request`` (already journaled) waits from now on: published before it returns."""
+        self.know(request, node)
+        await self.sync()
+
+    async def sync(self) -> None:
+        """Publish what waits now (the latest state, in order, one write at a time)."""
+        if self.publish is None:
+            return
+        async with self._lock:
+            await self.publish(dict(self.pending))
 
     def decide(self, verb: str, request_id: str, payload: Mapping[str, Any], *,
                control_id: str, sender: str | None) -> str | None:  # fmt: skip
@@ -105,14 +119,12 @@ class ApprovalDesk:
         return None
 
     async def wait(self, request: Mapping[str, Any], node: str) -> Decision:
-        """Wait for ``request``'s decision (already recorded); ``ApprovalHeld`` on a stop.
+        """Wait for ``request``'s decision (:meth:`register` first); ``ApprovalHeld`` on a stop.
 
         The approval timeout counts from the request's recorded time, so a resume does
         not start it again.
         """
         request_id = str(request["request_id"])
-        self.pending[request_id] = {**request, "node": node}
-        self._changed()
         early = self._early.pop(request_id, None)
         if early is not None:
             return early
@@ -127,10 +139,10 @@ class ApprovalDesk:
         finally:
             self._waits.pop(request_id, None)
 
-    def journaled(self, request_id: str, control_id: str | None) -> None:
+    async def journaled(self, request_id: str, control_id: str | None) -> None:
         """The decision's record is durable: the request no longer waits; stamp its row."""
         self.pending.pop(request_id, None)
-        self._changed()
+        await self.sync()
         if control_id is not None:
             for callback in list(self.on_journaled):
                 callback(control_id)
@@ -155,7 +167,3 @@ class ApprovalDesk:
         decision = Decision("denied", None, TIMEOUT_SENDER, reason=reason)
         self._decided[request_id] = decision
         return decision
-
-    def _changed(self) -> None:
-        for callback in list(self.on_change):
-            callback(dict(self.pending))

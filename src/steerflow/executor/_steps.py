@@ -117,12 +117,13 @@ class NodeSteps:
         self.executor.emit_step(self.op, entry)
         if entry["type"] == "approval" and entry["status"] != "awaiting":
             data = entry["data"]
-            self.executor.approvals.journaled(str(data["request_id"]), data.get("control_id"))
+            await self.executor.approvals.journaled(str(data["request_id"]), data.get("control_id"))
             self.executor.emit_approval(self.op, "approval_decided", data)
 
     async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Wait for the operator's decision on a journaled request (issue 41)."""
         ex, op = self.executor, self.op
+        await ex.approvals.register(request, op.key)
         ex.emit_approval(op, "approval_requested", request)
         try:
             decision = await ex.approvals.wait(request, op.key)

@@ -13,19 +13,45 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from typing import Any
 
 from steerflow.errors import SteerflowError
 from steerflow.executor import ApprovalDesk
 from steerflow.state import ControlRow, StateDB
 
-__all__ = ["MAX_CHAIN", "adopt_chain_decisions", "chain_decision_rows", "know_requests"]
+__all__ = [
+    "MAX_CHAIN",
+    "adopt_chain_decisions",
+    "chain_decision_rows",
+    "know_requests",
+    "publisher",
+]
 
 _log = logging.getLogger(__name__)
 
 #: How many ``resumed_from`` links are followed, as for stranded messages.
 MAX_CHAIN = 32
+
+
+def publisher(
+    db: StateDB, session_id: str
+) -> Callable[[dict[str, dict[str, Any]]], Awaitable[None]]:
+    """What publishes the desk's waiting requests: the session's ``node_metadata``.
+
+    Written (a merge of that one key, in one transaction) before the node is shown
+    waiting, so whoever learns of a request (an event, ``approvals``) can decide it at once.
+    """
+
+    async def publish(pending: dict[str, dict[str, Any]]) -> None:
+        try:
+            await asyncio.to_thread(
+                db.update_node_metadata, session_id, {"approvals": pending or None}
+            )
+        except SteerflowError as exc:  # readers see it late; the wait itself is journaled
+            _log.warning("could not publish the waiting approvals: %s", exc)
+
+    return publish
 
 
 def know_requests(desk: ApprovalDesk, steps: Iterable[Mapping[str, Any]]) -> None:

@@ -634,15 +634,20 @@ class FlowRun:
 
     async def _open_desk(self, db: StateDB, poller: ControlPoller) -> None:
         """Wire the approval desk to the session; a resume's requests and chain decisions."""
-        from steerflow.orchestrate._approvals import adopt_chain_decisions, know_requests
+        from steerflow.orchestrate._approvals import (
+            adopt_chain_decisions,
+            know_requests,
+            publisher,
+        )
 
         desk = self.steering.approvals
         desk.on_journaled.append(poller.decision_journaled)
-        desk.on_change.append(lambda pending: poller.publish("approvals", pending))
+        desk.publish = publisher(db, poller.session_id)
         seed = self.options.resume
         if seed is not None:
             know_requests(desk, seed.steps)
             if desk.pending:
+                await desk.sync()
                 await adopt_chain_decisions(db, desk, seed.resumed_from)
 
     def _announce_steers(self, messages: list[dict[str, Any]]) -> None:
