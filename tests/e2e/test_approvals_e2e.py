@@ -91,8 +91,14 @@ def _waiting(
     return wait_for(probe, timeout=60, interval=0.1, what="an approval request")
 
 
+def _db(home: Path) -> StateDB:
+    """The state DB the children use: ``STEERFLOW_STATE_DB_URL`` (PostgreSQL) or the home's."""
+    url = os.environ.get("STEERFLOW_STATE_DB_URL")
+    return StateDB.open_url(url, create=False) if url else StateDB.open(home, create=False)
+
+
 def _controls(home: Path) -> list[Any]:
-    with StateDB.open(home, create=False) as db:
+    with _db(home) as db:
         return [
             c
             for s in db.list_sessions(limit=None)
@@ -111,7 +117,9 @@ def _steps(home: Path, run_id: str, env: dict[str, str]) -> list[dict[str, Any]]
     return list(shown.json["steps"])
 
 
-def test_a_call_waits_is_approved_from_another_process_and_runs(tmp_path: Path) -> None:
+def test_a_call_waits_is_approved_from_another_process_and_runs(
+    tmp_path: Path, state_backend: str
+) -> None:
     home, env = tmp_path / "home", _env(tmp_path)
     proc = _start(home, tmp_path, _setup(tmp_path))
     try:
@@ -186,7 +194,7 @@ def test_approved_with_edited_arguments_runs_those_and_records_the_edit(tmp_path
 
 
 def test_killed_while_waiting_a_decision_sent_meanwhile_is_applied_by_the_resume(
-    tmp_path: Path,
+    tmp_path: Path, state_backend: str
 ) -> None:
     home, env = tmp_path / "home", _env(tmp_path)
     script = _setup(tmp_path)
@@ -215,7 +223,7 @@ def test_killed_while_waiting_a_decision_sent_meanwhile_is_applied_by_the_resume
 
 
 def test_two_decisions_at_once_one_is_applied_the_other_rejected_naming_it(
-    tmp_path: Path,
+    tmp_path: Path, state_backend: str
 ) -> None:
     home, env = tmp_path / "home", _env(tmp_path)
     proc = _start(home, tmp_path, _setup(tmp_path))
@@ -453,3 +461,41 @@ def test_the_studio_approvals_page_lists_escapes_and_decides_with_csrf(tmp_path:
     assert _ledger(tmp_path) == [{"tool": "post", "message": "safe text"}]
     [control] = _controls(home)
     assert control.result == "applied" and control.sender.startswith("studio:")
+
+
+def test_a_decision_from_another_host_over_postgresql(tmp_path: Path, pg: Any) -> None:
+    """The flow on ``host-a``, ``approvals`` and ``ctl approve`` on ``host-b``: the two share
+    only the PostgreSQL state DB (``--state-db``); the row's NOTIFY wakes the run."""
+    from steerflow.state import HOST_ID_ENV, STATE_DB_URL_ENV, StateDB
+
+    url = pg.new_database()
+    home_a, home_b = tmp_path / "host-a", tmp_path / "host-b"
+    env_a = {**_env(tmp_path), HOST_ID_ENV: "host-a", STATE_DB_URL_ENV: ""}
+    env_b = {**_env(tmp_path), HOST_ID_ENV: "host-b", STATE_DB_URL_ENV: ""}
+    script = _setup(tmp_path)
+    proc = start_cli(home_a, "--state-db", url, "flow", "--plan", tmp_path / "p.yaml",
+                     "--model", f"script:{script}", "--allow-python", "--json",
+                     env=env_a)  # fmt: skip
+    try:
+
+        def waiting() -> dict[str, Any] | None:
+            if proc.poll() is not None:
+                raise AssertionError(f"the flow exited early: {finish(proc).explain()}")
+            listed = run_cli(home_b, "--state-db", url, "approvals", "--json", env=env_b)
+            assert listed.returncode == 0, listed.explain()
+            found = listed.json["approvals"]
+            return found[0] if found else None
+
+        request = wait_for(waiting, timeout=60, interval=0.1, what="a request seen from host-b")
+        sent = run_cli(home_b, "--state-db", url, "ctl", "approve", request["run_id"],
+                       request["request_id"], env=env_b)  # fmt: skip
+        assert sent.returncode == 0, sent.explain()
+        done = finish(proc, timeout=60)
+    finally:
+        stop(proc)
+    assert done.returncode == 0, done.explain()
+    assert [e["tool"] for e in _ledger(tmp_path)] == ["lookup", "post", "lookup"]
+    with StateDB.open_url(url, create=False) as db:
+        [control] = [c for s in db.list_sessions(limit=None) for c in db.list_controls(s.id)]
+    assert (control.verb, control.result) == ("approve", "applied")
+    assert "@host-b:" in str(control.sender)
