@@ -14,6 +14,7 @@ from steerflow.cli._lazy import LazyGroup
 
 EXPECTED = [
     "agent",
+    "approvals",
     "ctl",
     "db",
     "flow",
