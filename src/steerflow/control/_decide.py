@@ -54,6 +54,13 @@ def _check_payload(verb: str, request_id: str, args: object, reason: str | None)
     if verb == "approve":
         if args is not None and not isinstance(args, dict):
             raise UsageError("approve args must be a JSON object of the tool's arguments")
+        try:
+            text = json.dumps(args, ensure_ascii=False)
+        except (TypeError, ValueError) as exc:
+            raise UsageError(f"approve args are not JSON: {exc}") from None
+        size = len(text.encode("utf-8", "surrogatepass"))
+        if args is not None and size > MAX_MESSAGE_BYTES:
+            raise UsageError(f"approve args are {size} bytes; the limit is 64 KiB")
         return {"request_id": request_id, "args": args}
     if reason is not None and len(reason.encode("utf-8", "surrogatepass")) > MAX_MESSAGE_BYTES:
         raise UsageError(f"deny --reason is over {MAX_MESSAGE_BYTES} bytes (64 KiB)")

@@ -150,7 +150,10 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         name=r.name,
         usage=r.node_metadata.get("usage"),
         budget=_budget(r.node_metadata),
-        approvals_waiting=_waiting(r.node_metadata),
+        # a run a resume continued waits on nothing: its resume holds the requests now
+        approvals_waiting=0
+        if any(not b.fork and b.run_id for b in by.get(r.run_id or "", []))
+        else _waiting(r.node_metadata),
     )
 
 
