@@ -47,6 +47,7 @@ def test_a_call_in_flight_at_a_kill_is_refused_then_skipped_never_run_again(
     assert _ledger(tmp_path) == ["k0", "k1", "k2", "k3"]
 
 
+@pytest.mark.slow  # the same path as tests/e2e/test_tool_nodes_e2e.py's idempotent re-run
 def test_a_call_declared_idempotent_runs_again_without_asking(tmp_path: Path) -> None:
     kill = _kill(tmp_path, idempotent=True)
     assert kill.ran_again and kill.recovered and not kill.refused
