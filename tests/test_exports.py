@@ -415,8 +415,11 @@ EXPECTED: dict[str, set[str]] = {
     "steerflow.resume": {
         "ReplayPlan",
         "ReplaySpawn",
+        "RerunFrom",
         "RunTarget",
+        "paid_nodes",
         "plan_replay",
+        "rerun_cut",
         "resolve_run_target",
     },
     "steerflow.state": {
