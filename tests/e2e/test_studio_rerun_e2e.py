@@ -57,7 +57,8 @@ def test_rerun_from_here_confirms_with_the_dry_run_then_starts_the_fork(tmp_path
 
         # Unchanged text is no edit: the dry run of a plain --from b.
         plain = client.get(
-            f"/runs/{source}/rerun", params={"node": "b", "instruction": "Do b.", "original": "Do b."}
+            f"/runs/{source}/rerun",
+            params={"node": "b", "instruction": "Do b.", "original": "Do b."},
         ).text
         assert 'id="rerun-instruction"' not in plain
         assert "runs again, paid (3)</strong>: b, d, synthesis" in plain
