@@ -306,3 +306,29 @@ def test_a_rerun_of_an_unknown_node_names_the_source(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="not a node of this run") as refused:
         steerflow.prepare_resume(home, source, from_node="e")
     assert refused.value.source_ids["run_id"] == source
+
+
+def test_resume_run_reruns_from_python(tmp_path: Path) -> None:
+    """``steerflow.resume_run(home, run, from_node=...)``: the CLI's fork, in one call."""
+    home, source = _first_run(tmp_path)
+    result = asyncio.run(
+        steerflow.resume_run(home, source, from_node="c", instruction="Do c, twice.")
+    )
+    assert result.status == "completed"
+    assert result.rerun_from == {
+        "node": "c",
+        "rerun": ["c", "d", "synthesis"],
+        "instruction_edited": {
+            "original": "Do c.",
+            "instruction": "Do c, twice.",
+            "run_id": source,
+        },
+    }
+    state, _ = steerflow.load_checkpoint(Path(str(result.run_dir)))
+    assert "Do c, twice." in state["ops"]["c"]["response"]
+    assert state["ops"]["b"]["response"] == _source_response(home, source, "b")  # replayed
+
+
+def _source_response(home: Path, run_id: str, key: str) -> object:
+    state, _ = steerflow.load_checkpoint(home / "runs" / run_id)
+    return state["ops"][key]["response"]
