@@ -278,20 +278,32 @@ def test_the_edit_is_carried_down_the_chain(tmp_path: Path) -> None:
     assert set(state["config"]["edited_instructions"]) == {"b"}
 
 
-@pytest.mark.parametrize("where", ["config", "entry", "plan"])
-def test_a_changed_edit_record_refuses_the_next_resume(tmp_path: Path, where: str) -> None:
+@pytest.mark.parametrize(
+    ("where", "refusal"),
+    [
+        ("config", r"node 'b': its entry's instruction_edited .* does not match the config"),
+        ("dropped", r"node 'b': its entry records an edited instruction .* no longer lists"),
+        ("entry", r"node 'b': the stored response does not match its result_digest"),
+        ("plan", r"node 'b': the plan's instruction is not the edited one"),
+    ],
+)
+def test_a_changed_edit_record_refuses_the_next_resume(
+    tmp_path: Path, where: str, refusal: str
+) -> None:
     home, source = _first_run(tmp_path)
     fork = _fork(home, source, "b", "Do b, in French.")
     path = Path(str(fork.run_dir)) / "checkpoint.json"
     doc = json.loads(path.read_text())
     if where == "config":
         doc["config"]["edited_instructions"]["b"]["original"] = "Do something else."
-    elif where == "entry":
+    elif where == "dropped":
+        del doc["config"]["edited_instructions"]
+    elif where == "entry":  # the digest covers the entry's copy
         doc["ops"]["b"]["instruction_edited"]["original"] = "Do something else."
     else:
         next(i for i in doc["plan"] if i["agent_id"] == "b")["instruction"] = "Do b, quietly."
     path.write_text(json.dumps(doc))
-    with pytest.raises(FlowResumeError, match="node 'b'"):
+    with pytest.raises(FlowResumeError, match=refusal):
         steerflow.prepare_resume(home, str(fork.run_id), fork=True)
 
 

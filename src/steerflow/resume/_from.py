@@ -280,9 +280,7 @@ def check_edits(state: CheckpointState) -> dict[str, dict[str, str]]:
         FlowResumeError: a record is malformed, or the instruction the plan (or the
             synthesis config) holds, or the entry's covered copy, says otherwise.
     """
-    recorded = state.config.get(EDITED_KEY)
-    if recorded is None:
-        return {}
+    recorded = state.config.get(EDITED_KEY, {})
     if not isinstance(recorded, dict):
         raise FlowResumeError(f"the checkpoint's config {EDITED_KEY!r} is not an object")
     instructions = {
