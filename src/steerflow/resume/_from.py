@@ -99,7 +99,7 @@ def rerun_cut(
     plan = [item for item in state.plan if isinstance(item, dict)]
     synthesis = synthesis_of(state)
     _check_node(state, plan, node, synthesis=synthesis is not None)
-    again = _downstream(plan, node)
+    again = _downstream(state.plan, node)
     if synthesis is not None:
         again.add(SYNTHESIS_KEY)
     dropped, pended = _spawned_cut(state, plan, frozenset(again))
@@ -180,11 +180,13 @@ def _emitter_key(
     return None
 
 
-def _downstream(plan: list[dict[str, Any]], node: str) -> set[str]:
+def _downstream(plan: list[Any], node: str) -> set[str]:
     """NODE and every planned node that depends on it, transitively (by ``dep_indices``)."""
-    keys = [str(item.get("agent_id")) for item in plan]
+    # Indices count every plan item; one that is not an object is refused by plan_replay.
+    items = [item if isinstance(item, dict) else {} for item in plan]
+    keys = [str(item.get("agent_id")) for item in items]
     dependents: dict[str, list[str]] = {}
-    for key, item in zip(keys, plan, strict=True):
+    for key, item in zip(keys, items, strict=True):
         for index in item.get("dep_indices") or ():
             if isinstance(index, int) and 0 <= index < len(keys):
                 dependents.setdefault(keys[index], []).append(key)
