@@ -171,6 +171,7 @@ EXPECTED: dict[str, set[str]] = {
         "prepare_resume",
         "resolve_home",
         "resume",
+        "resume_run",
         "run_flow",
         "stop",
     },
@@ -342,6 +343,7 @@ EXPECTED: dict[str, set[str]] = {
         "node_detail",
         "prepare_resume",
         "read_run",
+        "resume_run",
         "result_of",
         "run_flow",
         "run_result",
@@ -415,8 +417,11 @@ EXPECTED: dict[str, set[str]] = {
     "steerflow.resume": {
         "ReplayPlan",
         "ReplaySpawn",
+        "RerunFrom",
         "RunTarget",
+        "paid_nodes",
         "plan_replay",
+        "rerun_cut",
         "resolve_run_target",
     },
     "steerflow.state": {

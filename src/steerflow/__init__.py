@@ -14,6 +14,8 @@ What a library user needs, in one place::
 
     seed = steerflow.prepare_resume(home, result.run_id)  # or FlowResumeError
     again = steerflow.FlowOptions(resume=seed)
+    fork = asyncio.run(steerflow.resume_run(home, result.run_id, from_node="b",
+                                            instruction="Then b, briefly."))  # rerun from b
 
     plan = steerflow.Plan(ops=[steerflow.Op("a", "Do a."), steerflow.Op("b", "Then b.",
                                                                        depends_on=["a"])])
@@ -95,6 +97,7 @@ if TYPE_CHECKING:
         ToolCallEnded,
         ToolCallStarted,
         prepare_resume,
+        resume_run,
         run_flow,
     )
     from steerflow.plan import Edge, Op, Plan, Role, Synthesis
@@ -172,6 +175,7 @@ __all__ = [
     "prepare_resume",
     "resolve_home",
     "resume",
+    "resume_run",
     "run_flow",
     "stop",
 ]
@@ -195,6 +199,7 @@ _LAZY = {
     "FlowRun": "steerflow.orchestrate",
     "ResumeSeed": "steerflow.orchestrate",
     "prepare_resume": "steerflow.orchestrate",
+    "resume_run": "steerflow.orchestrate",
     "run_flow": "steerflow.orchestrate",
     "DependencyResult": "steerflow.providers",
     "NodeCall": "steerflow.providers",

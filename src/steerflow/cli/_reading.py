@@ -123,6 +123,12 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     ]
     if d.get("placement"):
         lines.append(f"ran on: {placement_text(d['placement'])}")
+    edited = d.get("instruction_edited")
+    if isinstance(edited, dict):
+        source = printable(str(edited.get("run_id") or "?"))
+        lines.append(f"instruction: edited (run {source} was rerun from this node with new text)")
+        lines.append(f"  original: {printable(str(edited.get('original')))}")
+        lines.append(f"  edited:   {printable(str(edited.get('instruction')))}")
     if d.get("parent"):
         lines.append(f"spawned by: {printable(d['parent'])}")
     if d.get("spawned"):

@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from steerflow.orchestrate._graphview import graph_text
     from steerflow.orchestrate._options import FlowOptions, FlowResult, ResumeSeed
     from steerflow.orchestrate._resume import load_branch, prepare_resume
+    from steerflow.orchestrate._resume_run import resume_run
     from steerflow.orchestrate._run import FlowRun, run_flow
     from steerflow.orchestrate._stream import (
         AdmissionClosed,
@@ -74,6 +75,7 @@ __all__ = [
     "prepare_resume",
     "read_run",
     "result_of",
+    "resume_run",
     "run_flow",
     "run_result",
 ]
@@ -89,6 +91,7 @@ _LAZY = {
     "node_detail": "_detail",
     "prepare_resume": "_resume",
     "read_run": "_detail",
+    "resume_run": "_resume_run",
     "result_of": "_detail",
     "run_flow": "_run",
     "run_result": "_detail",

@@ -425,6 +425,7 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "usage": _usage(call),
         "instruction": call.get("instruction"),
         "planned_instruction": info.instruction,
+        "instruction_edited": edited_instruction(record, info.key),
         "response": info.response,
         "error": _error(info) if status == "failed" else None,
         "artifacts": _artifacts(info),
@@ -441,6 +442,15 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "checkpoint_error": str(record.load_error) if record.load_error else None,
         **_steps(record, info),
     }
+
+
+def edited_instruction(record: RunRecord, key: str) -> dict[str, Any] | None:
+    """``{original, instruction, run_id}`` when a ``resume --from`` fork edited ``key``."""
+    from steerflow.resume._from import EDITED_KEY
+
+    recorded = record.state.config.get(EDITED_KEY) if record.state is not None else None
+    edit = recorded.get(key) if isinstance(recorded, dict) else None
+    return dict(edit) if isinstance(edit, dict) else None
 
 
 def _steps(record: RunRecord, info: NodeInfo) -> dict[str, Any]:

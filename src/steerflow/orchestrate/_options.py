@@ -297,6 +297,8 @@ class FlowResult:
     usage: dict[str, Any] = field(default_factory=dict)
     #: ``resume --rerun-unsettled``: ``{id, unsettled}`` per node that ran again.
     rerun_unsettled: list[dict[str, Any]] = field(default_factory=list)
+    #: ``resume --from NODE``: ``{node, rerun, instruction_edited}`` (``RerunFrom``).
+    rerun_from: dict[str, Any] | None = None
     #: ``ctl stop``: ``{control_id, reason, now}`` of the stop that ended the run.
     stopped_by: dict[str, Any] | None = None
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
@@ -336,6 +338,9 @@ class FlowResult:
             out["stopped_by"] = self.stopped_by
         if self.rerun_unsettled:
             out["rerun_unsettled"] = self.rerun_unsettled
+        if self.rerun_from is not None:
+            out["rerun_from"] = self.rerun_from
+            out["rerun"] = list(self.rerun_from["rerun"])
         return out
 
 

@@ -15,6 +15,7 @@ from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
 from steerflow.executor import CallIntent, EventBus, FlowEvent, Graph, Operation, SharedContext
 from steerflow.home import RunDir
+from steerflow.resume._from import EDITED_MEMBER
 
 __all__ = ["CheckpointOutcome", "CheckpointRecorder", "replay_entries", "write_private"]
 
@@ -170,6 +171,7 @@ class CheckpointRecorder:
                     spawned_ids=op.spawned_ids or None,
                     artifacts=_artifacts(op) or None,
                     **_usage_member(op),
+                    **_edited_member(op),
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -390,6 +392,12 @@ def _usage_member(op: Operation) -> dict[str, Any]:
     return {"usage": op.usage.to_json()} if op.usage is not None else {}
 
 
+def _edited_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``instruction_edited`` (covered by its digest): a ``--from`` fork's edit."""
+    edited = op.extra.get(EDITED_MEMBER)
+    return {EDITED_MEMBER: edited} if edited else {}
+
+
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
 
@@ -417,6 +425,7 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
                 "status": op.status,
                 "response": op.response,
                 **witness,
+                **_edited_member(op),
             }
         elif op.kind == "spawned" and (done or replaced or op.status == "pending"):
             entry = {"node_id": op.node_id, "status": op.status}

@@ -70,10 +70,12 @@ from steerflow.orchestrate._recorder import (
     write_private,
 )
 from steerflow.orchestrate._resume import (
+    EDITED_KEY,
     IN_FLIGHT_KEY,
     PLANNER_CALL_KEY,
     SPENT_KEY,
     apply_replay,
+    rerun_from_json,
     rerun_report,
     spent_before,
 )
@@ -495,6 +497,7 @@ class FlowRun:
             graph_text=graph_text(graph),
             degraded_context=self.options.resume.degraded if self.options.resume else [],
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
+            rerun_from=rerun_from_json(self.options.resume),
             stranded_messages=_stranded_json(self.options.resume),
             in_flight_calls=_in_flight_json(self.options.resume),
         )
@@ -951,6 +954,8 @@ class FlowRun:
         seed = self.options.resume
         if seed is not None and seed.doubt.calls:  # likewise only when some
             config[IN_FLIGHT_KEY] = seed.doubt.to_json()
+        if seed is not None and seed.replay.edited:  # ``resume --from``: edits of the chain
+            config[EDITED_KEY] = {k: dict(v) for k, v in seed.replay.edited.items()}
         config[RUN_ID_KEY] = run_id
         return config
 
@@ -1131,6 +1136,7 @@ class FlowRun:
             degraded_context=seed.degraded if seed else [],
             usage=usage_total(graph, *self.planner_usage),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
+            rerun_from=rerun_from_json(seed),
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             stranded_messages=_stranded_json(seed),
             in_flight_calls=_in_flight_json(seed),
