@@ -41,6 +41,7 @@ from steerflow.providers import (
 from steerflow.providers._plugins import checked_response
 
 if TYPE_CHECKING:
+    from steerflow.executor._loops import LoopRunner
     from steerflow.tools import ToolRuntime
 
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
@@ -163,6 +164,8 @@ class FlowExecutor:
         #: operator's ``--tool-call`` decisions, for loops a resume continues.
         self.prior_steps: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self.tool_decisions: dict[str, str] = {}
+        #: The flow's loops (issue 40 item 4): adds each round as the last one ends.
+        self.loops: LoopRunner | None = None
 
     # -- control surface -------------------------------------------------------------------
 
@@ -219,6 +222,14 @@ class FlowExecutor:
                 self._launch(op)
         self._tg = None
 
+    def launch(self, op: Operation) -> None:
+        """Start a node added to the graph while the flow runs (a loop's next round)."""
+        self._launch(op)
+
+    def emit_spawned(self, op: Operation, emitter: Operation, **data: object) -> None:
+        """Say that ``op`` was added to the graph because ``emitter`` ended (a loop round)."""
+        self._emit("node_spawned", op, data={"emitter": emitter.key, **data})
+
     def _launch(self, op: Operation) -> None:
         assert self._tg is not None
         # An escalation retry's future exists from its splice on (see _escalate).
@@ -256,6 +267,8 @@ class FlowExecutor:
             return
         if verdict == "skipped":
             self._skip(op, "edge condition not met")
+            if self.loops is not None:
+                await self.loops.settle(op, self)
             return
         base = self._render_dependencies(op)
         if not await self._admit(op):
@@ -317,6 +330,9 @@ class FlowExecutor:
                 self._launch(child)
         retry = await self._escalate(op) if outcome == "failed" else None
         if outcome != "pending":
+            if self.loops is not None:  # decided before the outcome that records it
+                await self.loops.settle(op, self)
+                outcome = op.status  # an until that cannot decide fails its round
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
         return retry

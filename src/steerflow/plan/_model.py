@@ -12,7 +12,16 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from steerflow.errors import PlanValidationError
 from steerflow.plan._keys import SYNTHESIS_KEY
@@ -244,8 +253,33 @@ class PriceSpec(_Strict):
         return value
 
 
+# Loops (issue 40 item 4) are entries' siblings in a plan's list; their module reads the
+# entry model above, so it is imported once that exists.
+from steerflow.plan._loop import LoopItem, LoopSpec, check_loops, expand  # noqa: E402
+
+#: What pydantic names the two kinds of plan item in an error location; left out of the
+#: field a message names (``plan[2].loop.until``, not ``plan[2].<loop>.loop.until``).
+ITEM_TAGS = frozenset({"<entry>", "<loop>"})
+
+
+def _item_kind(value: object) -> str:
+    if isinstance(value, LoopItem) or (isinstance(value, dict) and "loop" in value):
+        return "<loop>"
+    return "<entry>"
+
+
+PlanItem = Annotated[
+    Annotated[PlanEntry, Tag("<entry>")] | Annotated[LoopItem, Tag("<loop>")],
+    Discriminator(_item_kind),
+]
+
+
 class PlanFile(_Strict):
-    """A plan file, playbook, or planner reply."""
+    """A plan file, playbook, or planner reply.
+
+    ``items`` is the ``plan`` list as written (entries and loops); :attr:`plan` is its
+    entries with each loop replaced by its round-1 entries, what a graph is built from.
+    """
 
     name: str | None = None
     description: str | None = None
@@ -271,7 +305,18 @@ class PlanFile(_Strict):
     tools: list[ToolSpecText] = Field(default_factory=list)
     tool_options: dict[ToolName, ToolOptionSpec] = Field(default_factory=dict)
     mcp_servers: dict[ToolName, McpServerSpec] = Field(default_factory=dict)
-    plan: list[PlanEntry] = Field(min_length=1)
+    items: list[PlanItem] = Field(alias="plan", min_length=1)
+    _entries: list[PlanEntry] = PrivateAttr(default_factory=list)
+
+    @property
+    def plan(self) -> list[PlanEntry]:
+        """The plan's entries, each loop as its round-1 entries (``X.r1``)."""
+        return self._entries
+
+    @property
+    def loops(self) -> list[LoopSpec]:
+        """The plan's loops, in plan order."""
+        return [item.loop for item in self.items if isinstance(item, LoopItem)]
 
     @field_validator("reactive", mode="before")
     @classmethod
@@ -300,16 +345,22 @@ class PlanFile(_Strict):
 
     @model_validator(mode="after")
     def _graph_is_sound(self) -> PlanFile:
+        if any(isinstance(item, LoopItem) for item in self.items):
+            check_loops(self.items)
+            self._entries = expand(self.items)
+        else:
+            self._entries = [item for item in self.items if isinstance(item, PlanEntry)]
         ids: dict[str, int] = {}
         for index, entry in enumerate(self.plan):
             if entry.agent_id == SYNTHESIS_KEY:
                 raise ValueError(
-                    f"plan[{index}].agent_id {SYNTHESIS_KEY!r} is reserved for the run's "
+                    f"{self.where(index)}.agent_id {SYNTHESIS_KEY!r} is reserved for the run's "
                     "synthesis: give the entry another id"
                 )
             if entry.agent_id in ids:
                 raise ValueError(
-                    f"plan[{index}].agent_id {entry.agent_id!r} repeats plan[{ids[entry.agent_id]}]"
+                    f"{self.where(index)}.agent_id {entry.agent_id!r} repeats "
+                    f"{self.where(ids[entry.agent_id])}"
                 )
             ids[entry.agent_id] = index
         self._check_artifact_paths()
@@ -317,14 +368,30 @@ class PlanFile(_Strict):
             for dep in entry.dependencies:
                 if dep.id not in ids:
                     raise ValueError(
-                        f"plan[{index}] ({entry.agent_id!r}) depends on unknown agent_id {dep.id!r}"
+                        f"{self.where(index)} ({entry.agent_id!r}) depends on unknown agent_id "
+                        f"{dep.id!r}"
                     )
                 if dep.id == entry.agent_id:
-                    raise ValueError(f"plan[{index}] ({entry.agent_id!r}) depends on itself")
+                    raise ValueError(f"{self.where(index)} ({entry.agent_id!r}) depends on itself")
         cycle = _find_cycle({e.agent_id: [d.id for d in e.dependencies] for e in self.plan})
         if cycle:
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
         return self
+
+    def where(self, index: int) -> str:
+        """Where entry ``index`` of :attr:`plan` was written (``plan[2].loop.body[0]``)."""
+        if len(self._entries) == len(self.items):
+            return f"plan[{index}]"  # no loop: the lists are the same
+        labels = [
+            label
+            for at, item in enumerate(self.items)
+            for label in (
+                [f"plan[{at}].loop.body[{k}]" for k in range(len(item.loop.body))]
+                if isinstance(item, LoopItem)
+                else [f"plan[{at}]"]
+            )
+        ]
+        return labels[index]
 
     def tools_of(self, entry: PlanEntry) -> list[str]:
         """The tool specs of one entry: the plan's, its role's, its own (first wins)."""
@@ -341,7 +408,7 @@ class PlanFile(_Strict):
         servers = self.mcp_servers if declared is None else declared
         named = [("tools", self.tools)]
         named += [(f"roles.{name}.tools", role.tools) for name, role in self.roles.items()]
-        named += [(f"plan[{i}].tools", e.tools) for i, e in enumerate(self.plan)]
+        named += [(f"{self.where(i)}.tools", e.tools) for i, e in enumerate(self.plan)]
         for where, specs in named:
             for spec in specs:
                 if spec.startswith("mcp:"):
@@ -365,7 +432,8 @@ class PlanFile(_Strict):
                 problem = artifact_path_problem(path)
                 if problem:
                     raise ValueError(
-                        f"plan[{at}] ({entry.agent_id!r}).artifacts[{index}] {path!r}: {problem}"
+                        f"{self.where(at)} ({entry.agent_id!r}).artifacts[{index}] {path!r}: "
+                        f"{problem}"
                     )
 
 
