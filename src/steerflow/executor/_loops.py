@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
 from steerflow.executor._graph import Edge, Graph, Operation
-from steerflow.plan._loop import LoopSpec, round_id, split_round_id
+from steerflow.plan._loop import round_id, split_round_id
+from steerflow.plan._model import LoopSpec
 
 if TYPE_CHECKING:
     from steerflow.executor._scheduler import FlowExecutor

@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -41,7 +41,6 @@ from steerflow.providers import (
 from steerflow.providers._plugins import checked_response
 
 if TYPE_CHECKING:
-    from steerflow.executor._loops import LoopRunner
     from steerflow.tools import ToolRuntime
 
 __all__ = ["CLI_DEFAULT_MAX_SPAWN", "LIBRARY_DEFAULT_MAX_SPAWN", "FlowExecutor", "SpawnRejection"]
@@ -55,6 +54,13 @@ NO_WORKER_COMPLETED = (
 CLI_DEFAULT_MAX_SPAWN = 20
 
 Observer = Callable[[Operation], Awaitable[None]]
+
+
+class LoopHook(Protocol):
+    """What the executor asks about loops (``executor._loops.LoopRunner``)."""
+
+    async def settle(self, op: Operation, executor: FlowExecutor) -> None:
+        """``op`` became terminal: decide its loop's round, maybe add the next."""
 
 
 @dataclass
@@ -165,7 +171,7 @@ class FlowExecutor:
         self.prior_steps: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self.tool_decisions: dict[str, str] = {}
         #: The flow's loops (issue 40 item 4): adds each round as the last one ends.
-        self.loops: LoopRunner | None = None
+        self.loops: LoopHook | None = None
 
     # -- control surface -------------------------------------------------------------------
 

@@ -22,10 +22,11 @@ import yaml
 from steerflow._values import shown
 from steerflow.errors import InvalidValueError, PlanValidationError
 from steerflow.plan._load import load_plan_file, parse_plan
-from steerflow.plan._loop import DEFAULT_MAX_ROUNDS, LoopSpec
+from steerflow.plan._loop import DEFAULT_MAX_ROUNDS
 from steerflow.plan._model import (
     Dependency,
     EdgeWhen,
+    LoopSpec,
     PlanEntry,
     PlanFile,
     RoleSpec,

@@ -15,28 +15,20 @@ every body node of the loop's last round.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Sequence
-from typing import Literal
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
-
-# _model imports this module after defining what is imported here (PlanFile's items are
-# entries or loops), so its later names are read when called, not at import.
-from steerflow.plan import _model
 from steerflow.plan._keys import SYNTHESIS_KEY
-from steerflow.plan._model import AGENT_ID_PATTERN, Dependency, PlanEntry
 
 __all__ = [
     "CHECKPOINT_MEMBER",
     "DEFAULT_MAX_ROUNDS",
     "MAX_ROUNDS_LIMIT",
-    "LoopItem",
-    "LoopSpec",
-    "UntilSpec",
     "check_loops",
     "checkpoint_marks",
     "expand",
     "fold_checkpoint",
+    "is_loop",
     "loop_dependencies",
     "round_id",
     "split_round_id",
@@ -51,53 +43,6 @@ PYTHON_UNTIL_PATTERN = r"^python:[A-Za-z_][A-Za-z0-9_.]*:[A-Za-z_][A-Za-z0-9_]*$
 _ROUND_RE = re.compile(r"\A(?P<base>.+)\.r(?P<n>[1-9][0-9]*)\Z")
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class UntilSpec(_Strict):
-    """When a loop ends early: a body node's reply contains a text, or a function says so.
-
-    ``{node, contains}``: after a round, the reply of body node ``node`` in that round
-    contains ``contains``. ``{python: "python:MODULE:FUNCTION"}``: the function, called
-    with ``{body id: reply}`` of the round's completed nodes, returns true.
-    """
-
-    node: str | None = Field(default=None, pattern=AGENT_ID_PATTERN)
-    contains: str | None = Field(default=None, min_length=1)
-    python: str | None = Field(default=None, pattern=PYTHON_UNTIL_PATTERN)
-
-    @model_validator(mode="after")
-    def _one_form(self) -> UntilSpec:
-        texts = self.node is not None or self.contains is not None
-        if texts and self.python is not None:
-            raise ValueError("give either {node, contains} or {python}, not both")
-        if self.python is None and (self.node is None or self.contains is None):
-            raise ValueError("give {node, contains} (both) or {python: python:MODULE:FUNCTION}")
-        return self
-
-
-class LoopSpec(_Strict):
-    """One loop: its id, its body (run once per round), when it ends."""
-
-    id: str = Field(pattern=AGENT_ID_PATTERN)
-    body: list[PlanEntry] = Field(min_length=1)
-    until: UntilSpec
-    max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=1, le=MAX_ROUNDS_LIMIT, strict=True)
-    on_max_rounds: Literal["stop", "fail"] = "stop"
-
-    @property
-    def body_ids(self) -> list[str]:
-        """The body entries' base ids, in body order."""
-        return [entry.agent_id for entry in self.body]
-
-
-class LoopItem(_Strict):
-    """A plan list item that is a loop: ``{loop: {...}}``."""
-
-    loop: LoopSpec
-
-
 def round_id(base: str, number: int) -> str:
     """The node id of round ``number`` of body entry ``base``: ``<base>.r<number>``."""
     return f"{base}.r{number}"
@@ -109,22 +54,35 @@ def split_round_id(key: str) -> tuple[str, int] | None:
     return (match.group("base"), int(match.group("n"))) if match else None
 
 
-def check_loops(items: Sequence[PlanEntry | LoopItem]) -> None:
+def is_loop(item: object) -> bool:
+    """True for a plan item that is a loop (``LoopItem``), not an entry."""
+    return hasattr(item, "loop")
+
+
+def check_loops(
+    items: Sequence[Any],
+    *,
+    valid_id: Callable[[str], bool],
+    find_cycle: Callable[[dict[str, list[str]]], list[str] | None],
+) -> None:
     """Refuse a plan whose loops cannot run, naming the key (``plan[2].loop.until.node``).
+
+    ``items``: a plan's entries and ``LoopItem`` objects (``plan._model``, which calls
+    this with its id check and cycle finder: this module sits below it).
 
     Raises:
         ValueError: the first problem found.
     """
     outside = {
-        (item.loop.id if isinstance(item, LoopItem) else item.agent_id): index
+        (item.loop.id if is_loop(item) else item.agent_id): index
         for index, item in enumerate(items)
     }
     for index, item in enumerate(items):
-        if isinstance(item, LoopItem):
-            _check_loop(index, item.loop, outside)
+        if is_loop(item):
+            _check_loop(index, item.loop, outside, valid_id, find_cycle)
     _check_round_ids(items, outside)
     for index, item in enumerate(items):
-        if isinstance(item, PlanEntry):
+        if not is_loop(item):
             for dep in item.dependencies:
                 owner = _body_owner(items, dep.id)
                 if owner is not None and dep.id not in outside:
@@ -134,7 +92,13 @@ def check_loops(items: Sequence[PlanEntry | LoopItem]) -> None:
                     )
 
 
-def _check_loop(index: int, loop: LoopSpec, outside: dict[str, int]) -> None:
+def _check_loop(
+    index: int,
+    loop: Any,
+    outside: dict[str, int],
+    valid_id: Callable[[str], bool],
+    find_cycle: Callable[[dict[str, list[str]]], list[str] | None],
+) -> None:
     where = f"plan[{index}].loop"
     if loop.id == SYNTHESIS_KEY:
         raise ValueError(f"{where}.id {SYNTHESIS_KEY!r} is reserved for the run's synthesis")
@@ -166,23 +130,23 @@ def _check_loop(index: int, loop: LoopSpec, outside: dict[str, int]) -> None:
         raise ValueError(
             f"{where}.until.node: {loop.until.node!r} is not a body entry (body: {', '.join(body)})"
         )
-    cycle = _find_cycle(
+    cycle = find_cycle(
         {e.agent_id: [d.id for d in e.dependencies if d.id in seen] for e in loop.body}
     )
     if cycle:
         raise ValueError(f"{where}.body has a dependency cycle: " + " -> ".join(cycle))
     longest = round_id(max(body, key=len), loop.max_rounds)
-    if not _model.is_agent_id(longest):
+    if not valid_id(longest):
         raise ValueError(
             f"{where}.max_rounds: round id {longest!r} would not be a valid id "
-            f"({AGENT_ID_PATTERN}): shorten the body ids"
+            "(at most 64 characters): shorten the body ids"
         )
 
 
-def _check_round_ids(items: Sequence[PlanEntry | LoopItem], outside: dict[str, int]) -> None:
+def _check_round_ids(items: Sequence[Any], outside: dict[str, int]) -> None:
     """No id of the plan is the id a round of some body entry will take."""
     for item in items:
-        if not isinstance(item, LoopItem):
+        if not is_loop(item):
             continue
         for base in item.loop.body_ids:
             for number in range(1, item.loop.max_rounds + 1):
@@ -194,29 +158,29 @@ def _check_round_ids(items: Sequence[PlanEntry | LoopItem], outside: dict[str, i
                     )
 
 
-def _body_owner(items: Iterable[PlanEntry | LoopItem], node: str) -> str | None:
+def _body_owner(items: Iterable[Any], node: str) -> str | None:
     for item in items:
-        if isinstance(item, LoopItem) and node in item.loop.body_ids:
-            return item.loop.id
+        if is_loop(item) and node in item.loop.body_ids:
+            return str(item.loop.id)
     return None
 
 
-def loop_dependencies(loop: LoopSpec) -> list[str]:
+def loop_dependencies(loop: Any) -> list[str]:
     """The ids outside the loop its body depends on (its edges in the plan's graph)."""
     body = set(loop.body_ids)
     return list(dict.fromkeys(d.id for e in loop.body for d in e.dependencies if d.id not in body))
 
 
-def expand(items: Sequence[PlanEntry | LoopItem]) -> list[PlanEntry]:
+def expand(items: Sequence[Any]) -> list[Any]:
     """The plan's entries with each loop replaced by its round-1 entries (in body order).
 
     A dependency on a loop becomes one on each of its round-1 body nodes, with the same
     condition; the executor moves it onto each later round as that round is added.
     """
-    loops = {item.loop.id: item.loop for item in items if isinstance(item, LoopItem)}
+    loops = {item.loop.id: item.loop for item in items if is_loop(item)}
 
-    def outward(deps: Iterable[Dependency]) -> list[Dependency]:
-        out: list[Dependency] = []
+    def outward(deps: Iterable[Any]) -> list[Any]:
+        out: list[Any] = []
         for dep in deps:
             if dep.id in loops:
                 out += [
@@ -226,9 +190,9 @@ def expand(items: Sequence[PlanEntry | LoopItem]) -> list[PlanEntry]:
                 out.append(dep)
         return out
 
-    entries: list[PlanEntry] = []
+    entries: list[Any] = []
     for item in items:
-        if isinstance(item, PlanEntry):
+        if not is_loop(item):
             if any(d.id in loops for d in item.dependencies):
                 item = item.model_copy(update={"depends_on": outward(item.dependencies)})
             entries.append(item)
@@ -246,15 +210,11 @@ def expand(items: Sequence[PlanEntry | LoopItem]) -> list[PlanEntry]:
     return entries
 
 
-def _find_cycle(edges: dict[str, list[str]]) -> list[str] | None:
-    return _model._find_cycle(edges)
-
-
 #: The checkpoint ``plan`` member that marks a round-1 entry as a loop's (decision 290).
 CHECKPOINT_MEMBER = "loop"
 
 
-def checkpoint_marks(loops: Sequence[LoopSpec]) -> dict[str, dict[str, object]]:
+def checkpoint_marks(loops: Sequence[Any]) -> dict[str, dict[str, object]]:
     """The ``loop`` member of each round-1 item of a checkpoint's ``plan``, by its id.
 
     It carries what the loop is beyond its entries (id, until, rounds, what reaching the

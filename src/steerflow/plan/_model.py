@@ -25,6 +25,13 @@ from pydantic import (
 
 from steerflow.errors import PlanValidationError
 from steerflow.plan._keys import SYNTHESIS_KEY
+from steerflow.plan._loop import (
+    DEFAULT_MAX_ROUNDS,
+    MAX_ROUNDS_LIMIT,
+    PYTHON_UNTIL_PATTERN,
+    check_loops,
+    expand,
+)
 
 __all__ = [
     "AGENT_ID_PATTERN",
@@ -36,6 +43,8 @@ __all__ = [
     "CompactBound",
     "Dependency",
     "EdgeWhen",
+    "LoopItem",
+    "LoopSpec",
     "McpServerSpec",
     "PlanEntry",
     "PlanFile",
@@ -44,6 +53,7 @@ __all__ = [
     "SpawnSpec",
     "SynthesisSpec",
     "ToolOptionSpec",
+    "UntilSpec",
     "artifact_path_problem",
     "resource_problem",
 ]
@@ -253,9 +263,51 @@ class PriceSpec(_Strict):
         return value
 
 
-# Loops (issue 40 item 4) are entries' siblings in a plan's list; their module reads the
-# entry model above, so it is imported once that exists.
-from steerflow.plan._loop import LoopItem, LoopSpec, check_loops, expand  # noqa: E402
+# Loops (issue 40 item 4): a plan item beside entries, checked and expanded by plan._loop.
+
+
+class UntilSpec(_Strict):
+    """When a loop ends early: a body node's reply contains a text, or a function says so.
+
+    ``{node, contains}``: after a round, the reply of body node ``node`` in that round
+    contains ``contains``. ``{python: "python:MODULE:FUNCTION"}``: the function, called
+    with ``{body id: reply}`` of the round's completed nodes, returns true.
+    """
+
+    node: str | None = Field(default=None, pattern=AGENT_ID_PATTERN)
+    contains: str | None = Field(default=None, min_length=1)
+    python: str | None = Field(default=None, pattern=PYTHON_UNTIL_PATTERN)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> UntilSpec:
+        texts = self.node is not None or self.contains is not None
+        if texts and self.python is not None:
+            raise ValueError("give either {node, contains} or {python}, not both")
+        if self.python is None and (self.node is None or self.contains is None):
+            raise ValueError("give {node, contains} (both) or {python: python:MODULE:FUNCTION}")
+        return self
+
+
+class LoopSpec(_Strict):
+    """One loop: its id, its body (run once per round), when it ends."""
+
+    id: str = Field(pattern=AGENT_ID_PATTERN)
+    body: list[PlanEntry] = Field(min_length=1)
+    until: UntilSpec
+    max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=1, le=MAX_ROUNDS_LIMIT, strict=True)
+    on_max_rounds: Literal["stop", "fail"] = "stop"
+
+    @property
+    def body_ids(self) -> list[str]:
+        """The body entries' base ids, in body order."""
+        return [entry.agent_id for entry in self.body]
+
+
+class LoopItem(_Strict):
+    """A plan list item that is a loop: ``{loop: {...}}``."""
+
+    loop: LoopSpec
+
 
 #: What pydantic names the two kinds of plan item in an error location; left out of the
 #: field a message names (``plan[2].loop.until``, not ``plan[2].<loop>.loop.until``).
@@ -346,7 +398,7 @@ class PlanFile(_Strict):
     @model_validator(mode="after")
     def _graph_is_sound(self) -> PlanFile:
         if any(isinstance(item, LoopItem) for item in self.items):
-            check_loops(self.items)
+            check_loops(self.items, valid_id=is_agent_id, find_cycle=_find_cycle)
             self._entries = expand(self.items)
         else:
             self._entries = [item for item in self.items if isinstance(item, PlanEntry)]
