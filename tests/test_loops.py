@@ -18,7 +18,9 @@ import yaml
 from steerflow import Loop, Op, Plan
 from steerflow.checkpoint import load_checkpoint
 from steerflow.errors import UsageError
-from steerflow.orchestrate import FlowOptions, FlowResult, run_flow
+from steerflow.errors import FlowResumeError
+from steerflow.executor import EventBus, FlowEvent
+from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, prepare_resume, run_flow
 from steerflow.views import node_detail, show_run
 
 
@@ -185,3 +187,64 @@ async def test_a_python_until_needs_consent(tmp_path: Path) -> None:
     with pytest.raises(UsageError, match="--allow-python"):
         await _run(tmp_path, plan, ROUNDS)
     assert not (tmp_path / "home" / "script-invocations.jsonl").exists()
+
+
+async def test_a_failed_round_retried_by_a_resume_continues_the_loop(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    nodes = {**ROUNDS, "critique.r2": {"fail_once": "critic timed out", "response": "LGTM"}}
+    first = await _run(tmp_path, _refine(), nodes)
+    assert first.status == "failed"
+    assert first.loops[0]["ended"] == "failed"
+    seed = await asyncio.to_thread(prepare_resume, home, str(first.run_id), retry_failed=True)
+    assert seed.loop_records["critique.r2"] == {"id": "refine", "round": 2, "ended": "failed"}
+    again = await run_flow(FlowOptions(resume=seed), home=home)
+    assert again.status == "completed", again.to_json()
+    assert again.loops[0]["ended"] == "until_met"
+    assert again.loops[0]["rounds"] == 2
+    # Round 1 and round 2's draft were replayed, not invoked again.
+    assert _invocations(home) == [
+        "brief", "draft.r1", "critique.r1", "draft.r2", "critique.r2", "critique.r2", "publish",
+    ]  # fmt: skip
+
+
+async def test_a_loop_record_changed_after_it_was_recorded_refuses_the_resume(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    nodes = {**ROUNDS, "critique.r2": {"fail": "critic crashed"}}
+    first = await _run(tmp_path, _refine(), nodes, checkpoint_version=2)
+    path = Path(str(first.checkpoint["path"]))
+    data = json.loads(path.read_text())
+    # Pretend round 1 ended the loop: a resume would then never run round 2.
+    data["ops"]["critique.r1"]["loop"] = {"id": "refine", "round": 1, "ended": "until_met"}
+    path.write_text(json.dumps(data))
+    with pytest.raises(FlowResumeError, match=r"'critique\.r1'.*result_digest"):
+        await asyncio.to_thread(prepare_resume, home, str(first.run_id), retry_failed=True)
+
+
+async def test_a_stop_between_rounds_leaves_the_next_round_to_the_resume(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    bus = EventBus()
+    options = FlowOptions(plan=_refine(), model=_script(tmp_path, ROUNDS))
+    run = FlowRun(options, home=home, events=bus)
+
+    def stop_after_round_one(event: FlowEvent) -> None:
+        # Round 2 is added (and recorded) before round 1's closing outcome is announced.
+        if event.type == "node_completed" and event.node_key == "critique.r1":
+            run.request_operator_stop(False, "between rounds", "test-stop")
+
+    bus.subscribe(stop_after_round_one)
+    first = await run.run()
+    assert first.status == "stopped", first.to_json()
+    assert first.loops[0]["ended"] == "stopped"
+    assert "draft.r2" not in _invocations(home)
+    seed = await asyncio.to_thread(prepare_resume, home, str(first.run_id))
+    again = await run_flow(FlowOptions(resume=seed), home=home)
+    assert again.status == "completed", again.to_json()
+    assert again.loops[0] == {
+        "id": "refine",
+        "rounds": 2,
+        "ended": "until_met",
+        "nodes": [["draft.r1", "critique.r1"], ["draft.r2", "critique.r2"]],
+    }
+    assert _invocations(home).count("critique.r1") == 1

@@ -137,7 +137,8 @@ class LoopRunner:
             if number > 1:
                 _copy_settings(self.graph.by_key[round_id(_base(op.key), 1)], op)
                 op.branch = []
-            record = records.get(op.key)
+            # Only a replayed outcome's decision stands: a node run again decides again.
+            record = records.get(op.key) if op.replayed else None
             if record is not None:
                 op.extra[LOOP_MEMBER] = dict(record)
                 ended = record.get("ended")

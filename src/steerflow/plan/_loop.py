@@ -73,10 +73,13 @@ def check_loops(
     Raises:
         ValueError: the first problem found.
     """
-    outside = {
-        (item.loop.id if is_loop(item) else item.agent_id): index
-        for index, item in enumerate(items)
-    }
+    outside: dict[str, int] = {}
+    for index, item in enumerate(items):
+        name = item.loop.id if is_loop(item) else item.agent_id
+        earlier = outside.setdefault(name, index)
+        if earlier != index and (is_loop(item) or is_loop(items[earlier])):
+            key = "loop.id" if is_loop(item) else "agent_id"
+            raise ValueError(f"plan[{index}].{key} {name!r} repeats plan[{earlier}]")
     for index, item in enumerate(items):
         if is_loop(item):
             _check_loop(index, item.loop, outside, valid_id, find_cycle)
