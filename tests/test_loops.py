@@ -17,8 +17,7 @@ import yaml
 
 from steerflow import Loop, Op, Plan
 from steerflow.checkpoint import load_checkpoint
-from steerflow.errors import UsageError
-from steerflow.errors import FlowResumeError
+from steerflow.errors import FlowResumeError, UsageError
 from steerflow.executor import EventBus, FlowEvent
 from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, prepare_resume, run_flow
 from steerflow.views import node_detail, show_run
@@ -207,17 +206,20 @@ async def test_a_failed_round_retried_by_a_resume_continues_the_loop(tmp_path: P
     ]  # fmt: skip
 
 
+def _pretend_round_one_ended(path: Path) -> None:
+    """Edit a v2 checkpoint: round 1 ended the loop (a resume would never run round 2)."""
+    data = json.loads(path.read_text())
+    data["ops"]["critique.r1"]["loop"] = {"id": "refine", "round": 1, "ended": "until_met"}
+    path.write_text(json.dumps(data))
+
+
 async def test_a_loop_record_changed_after_it_was_recorded_refuses_the_resume(
     tmp_path: Path,
 ) -> None:
     home = tmp_path / "home"
     nodes = {**ROUNDS, "critique.r2": {"fail": "critic crashed"}}
     first = await _run(tmp_path, _refine(), nodes, checkpoint_version=2)
-    path = Path(str(first.checkpoint["path"]))
-    data = json.loads(path.read_text())
-    # Pretend round 1 ended the loop: a resume would then never run round 2.
-    data["ops"]["critique.r1"]["loop"] = {"id": "refine", "round": 1, "ended": "until_met"}
-    path.write_text(json.dumps(data))
+    await asyncio.to_thread(_pretend_round_one_ended, Path(str(first.checkpoint["path"])))
     with pytest.raises(FlowResumeError, match=r"'critique\.r1'.*result_digest"):
         await asyncio.to_thread(prepare_resume, home, str(first.run_id), retry_failed=True)
 
