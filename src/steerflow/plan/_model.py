@@ -359,6 +359,7 @@ class PlanFile(_Strict):
     mcp_servers: dict[ToolName, McpServerSpec] = Field(default_factory=dict)
     items: list[PlanItem] = Field(alias="plan", min_length=1)
     _entries: list[PlanEntry] = PrivateAttr(default_factory=list)
+    _where: list[str] = PrivateAttr(default_factory=list)
 
     @property
     def plan(self) -> list[PlanEntry]:
@@ -434,16 +435,17 @@ class PlanFile(_Strict):
         """Where entry ``index`` of :attr:`plan` was written (``plan[2].loop.body[0]``)."""
         if len(self._entries) == len(self.items):
             return f"plan[{index}]"  # no loop: the lists are the same
-        labels = [
-            label
-            for at, item in enumerate(self.items)
-            for label in (
-                [f"plan[{at}].loop.body[{k}]" for k in range(len(item.loop.body))]
-                if isinstance(item, LoopItem)
-                else [f"plan[{at}]"]
-            )
-        ]
-        return labels[index]
+        if not self._where:
+            self._where = [
+                label
+                for at, item in enumerate(self.items)
+                for label in (
+                    [f"plan[{at}].loop.body[{k}]" for k in range(len(item.loop.body))]
+                    if isinstance(item, LoopItem)
+                    else [f"plan[{at}]"]
+                )
+            ]
+        return self._where[index]
 
     def tools_of(self, entry: PlanEntry) -> list[str]:
         """The tool specs of one entry: the plan's, its role's, its own (first wins)."""
