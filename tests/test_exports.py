@@ -293,6 +293,7 @@ EXPECTED: dict[str, set[str]] = {
         "LIBRARY_DEFAULT_MAX_SPAWN",
         "LOOP_MEMBER",
         "LoopRunner",
+        "import_until",
         "NodeKind",
         "NodeStatus",
         "Operation",

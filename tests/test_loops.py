@@ -250,3 +250,12 @@ async def test_a_stop_between_rounds_leaves_the_next_round_to_the_resume(tmp_pat
         "nodes": [["draft.r1", "critique.r1"], ["draft.r2", "critique.r2"]],
     }
     assert _invocations(home).count("critique.r1") == 1
+
+
+async def test_a_python_until_that_cannot_be_imported_is_refused_before_any_call(
+    tmp_path: Path,
+) -> None:
+    plan = _refine(until={"python": "python:loop_fns:no_such_judge"})
+    with pytest.raises(UsageError, match="has no function 'no_such_judge'"):
+        await _run(tmp_path, plan, ROUNDS, allow_python=True)
+    assert _invocations(tmp_path / "home") == []

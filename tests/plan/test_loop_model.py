@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from steerflow import Edge, Loop, Op, Plan
+from steerflow import Edge, Loop, Op, Plan, Role
 from steerflow.errors import PlanValidationError
 from steerflow.plan import load_plan_file, parse_plan, plan_from_checkpoint, plan_to_checkpoint
 
@@ -158,6 +158,14 @@ INVALID: list[tuple[str, dict[str, Any], str]] = [
         _plan(_loop(), _entry("refine")),
         "plan[1].agent_id 'refine' repeats plan[0]",
     ),
+    (
+        "body-role-with-escalation",
+        {
+            "roles": {"w": {"escalation": ["echo"]}},
+            "plan": [_loop(body=[_entry("draft", assignee="w"), _entry("critique")])],
+        },
+        "plan[0].loop.body[0].assignee: role 'w' has an escalation ladder",
+    ),
     ("reserved-loop-id", _plan(_loop(id="synthesis")), "plan[0].loop.id 'synthesis' is reserved"),
 ]
 
@@ -177,7 +185,8 @@ def _from_data(data: dict[str, Any]) -> Plan:
             ops.append(Loop(**spec))
         else:
             ops.append(_op(item))
-    return Plan(ops=ops)
+    roles = {name: Role(**spec) for name, spec in data.get("roles", {}).items()}
+    return Plan(ops=ops, roles=roles)
 
 
 def _problems(message: str) -> list[str]:

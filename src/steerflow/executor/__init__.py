@@ -22,7 +22,7 @@ from steerflow.executor._graph import (
     build_graph,
 )
 from steerflow.executor._intent import CallIntent, IntentHook
-from steerflow.executor._loops import LOOP_MEMBER, LoopRunner
+from steerflow.executor._loops import LOOP_MEMBER, LoopRunner, import_until
 from steerflow.executor._scheduler import (
     CLI_DEFAULT_MAX_SPAWN,
     LIBRARY_DEFAULT_MAX_SPAWN,
@@ -70,6 +70,7 @@ __all__ = [
     "Steering",
     "build_graph",
     "enforceable",
+    "import_until",
     "render_steer",
     "unenforceable",
 ]

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from steerflow.errors import UsageError
+from steerflow.executor import import_until
 from steerflow.plan import SYNTHESIS_KEY, PlanFile
 
 __all__ = [
@@ -171,3 +172,5 @@ def check_loop_consent(plan: PlanFile, source: str, *, allowed: bool) -> None:
             f"{source} ends loops with Python functions that run in this process: "
             f"{', '.join(str(spec) for spec in found)}. Pass --allow-python to run them"
         )
+    for spec in found:  # a typo is found now, not after the first round was paid for
+        import_until(str(spec))

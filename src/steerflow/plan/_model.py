@@ -400,6 +400,7 @@ class PlanFile(_Strict):
     def _graph_is_sound(self) -> PlanFile:
         if any(isinstance(item, LoopItem) for item in self.items):
             check_loops(self.items, valid_id=is_agent_id, find_cycle=_find_cycle)
+            self._check_loop_roles()
             self._entries = expand(self.items)
         else:
             self._entries = [item for item in self.items if isinstance(item, PlanEntry)]
@@ -430,6 +431,21 @@ class PlanFile(_Strict):
         if cycle:
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
         return self
+
+    def _check_loop_roles(self) -> None:
+        # An escalation retry (X.rN.esc1) is no round node: the round it replaces could
+        # never close, so a body entry may not take a role with a ladder.
+        for at, item in enumerate(self.items):
+            if not isinstance(item, LoopItem):
+                continue
+            for k, entry in enumerate(item.loop.body):
+                role = self.roles.get(entry.assignee or "")
+                if role is not None and role.escalation:
+                    raise ValueError(
+                        f"plan[{at}].loop.body[{k}].assignee: role {entry.assignee!r} has an "
+                        "escalation ladder, which a loop body does not support (a failed "
+                        "round ends the loop); give the body entry another role"
+                    )
 
     def where(self, index: int) -> str:
         """Where entry ``index`` of :attr:`plan` was written (``plan[2].loop.body[0]``)."""
