@@ -259,3 +259,22 @@ async def test_a_python_until_that_cannot_be_imported_is_refused_before_any_call
     with pytest.raises(UsageError, match="has no function 'no_such_judge'"):
         await _run(tmp_path, plan, ROUNDS, allow_python=True)
     assert _invocations(tmp_path / "home") == []
+
+
+async def test_body_entries_may_be_listed_before_what_they_depend_on(tmp_path: Path) -> None:
+    plan = Plan(
+        ops=[
+            Loop(
+                "refine",
+                body=[
+                    Op("critique", "Critique the draft.", depends_on=["draft"]),
+                    Op("draft", "Write or revise the draft."),
+                ],
+                until={"node": "critique", "contains": "LGTM"},
+            )
+        ]
+    )
+    result = await _run(tmp_path, plan, ROUNDS)
+    assert result.status == "completed", result.to_json()
+    assert _invocations(tmp_path / "home") == ["draft.r1", "critique.r1", "draft.r2", "critique.r2"]
+    assert result.loops[0]["nodes"] == [["critique.r1", "draft.r1"], ["critique.r2", "draft.r2"]]

@@ -1,5 +1,9 @@
 """End to end: a loop killed mid-round and resumed in a new process (issue 40 item 4).
 
+The second test kills the flow (``os._exit`` at a journal fsync seam) between the records
+of round 2's intents and round 1's closing outcome: the resume runs round 1's last node
+again, adds no round twice, and finishes at round 2.
+
 A draft → critique loop against a loopback OpenAI-compatible server that counts every
 request it received (what was paid). The flow is SIGKILLed while round 2's critique is
 at the server; ``steerflow resume`` in a new process continues at round 2: round 1's
@@ -16,7 +20,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from flow_support import finish, run_cli, start_cli, stop, write_yaml
+from flow_support import child_env, finish, read_invocations, run_cli, start_cli, stop, write_yaml
 from test_budget_e2e import _env  # the same loopback vendor environment
 
 from steerflow.checkpoint import load_checkpoint
@@ -123,3 +127,56 @@ def test_a_loop_killed_mid_round_resumes_at_that_round(
     assert shown.returncode == 0, shown.explain()
     assert shown.json["loops"][0]["ended"] == "until_met"
     assert {"draft.r2", "critique.r2"} <= {n["id"] for n in shown.json["nodes"]}
+
+
+ROUNDS = {
+    "draft.r1": {"response": "draft one"},
+    "critique.r1": {"response": "needs work"},
+    "draft.r2": {"response": "draft two"},
+    "critique.r2": {"response": "LGTM"},
+    "publish": {"response": "shipped"},
+}
+
+
+@pytest.mark.parametrize(
+    ("fsync", "intents"),
+    [
+        (3, [("draft.r2", "pending")]),
+        (4, [("draft.r2", "pending"), ("critique.r2", "pending")]),
+    ],
+    ids=["one-intent-of-round-2", "both-intents-of-round-2"],
+)
+def test_a_kill_between_round_two_intents_and_round_one_outcome(
+    tmp_path: Path, fsync: int, intents: list[tuple[str, str]]
+) -> None:
+    home = tmp_path / "home"
+    plan = _plan(tmp_path / "plan.yaml")
+    script = write_yaml(tmp_path / "script.yaml", ROUNDS)
+    flow = ["flow", "--plan", plan, "--model", f"script:{script}", "--json"]
+    env = child_env(STEERFLOW_FAULT=f"exit:after:journal-fsync:{fsync}")
+    died = run_cli(home, *flow, env=env, timeout=120)
+    assert died.returncode == 137, died.explain()
+    first = next((home / "runs").iterdir()).name
+    state, _ = load_checkpoint(home / "runs" / first)
+    # The window under test: round 2 (in part) recorded, round 1's closing outcome not.
+    assert sorted(state["ops"]) == ["draft.r1"]
+    assert [(e["spawn_id"], e["status"]) for e in state["spawned"]] == intents
+
+    resumed = run_cli(home, "resume", first, "--json", timeout=120)
+    assert resumed.returncode == 0, resumed.explain()
+    out = resumed.json
+    assert out["loops"] == [
+        {
+            "id": "refine",
+            "rounds": 2,
+            "ended": "until_met",
+            "nodes": [["draft.r1", "critique.r1"], ["draft.r2", "critique.r2"]],
+        }
+    ]
+    # critique.r1 was answered but never recorded: it runs again; nothing else does.
+    assert [i["node"] for i in read_invocations(home)] == [
+        "draft.r1", "critique.r1", "critique.r1", "draft.r2", "critique.r2", "publish",
+    ]  # fmt: skip
+    assert sorted(n["id"] for n in out["nodes"]) == sorted(
+        ["draft.r1", "critique.r1", "draft.r2", "critique.r2", "publish"]
+    )

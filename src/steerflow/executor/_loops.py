@@ -146,8 +146,13 @@ class LoopRunner:
                     state.ended = ended
         for state in self.states.values():
             self._note_rounds(state)
-            last = state.round
-            self._move_dependents(state, 1, last)
+            # Any intent of round N recorded means round N-1 decided to go on; one a crash
+            # cut short is completed now, so the first publication records the rest.
+            if state.ended is None and len(state.rounds.get(state.round, ())) < len(
+                state.spec.body
+            ):
+                self._build_round(state, state.round)
+            self._move_dependents(state, 1, state.round)
 
     async def settle(self, op: Operation, executor: FlowExecutor) -> None:
         """``op`` became terminal: if it closed its round, decide and maybe add the next.
@@ -210,14 +215,25 @@ class LoopRunner:
     async def _add_round(
         self, state: LoopState, number: int, closing: Operation, executor: FlowExecutor
     ) -> None:
+        fresh = self._build_round(state, number)
+        self._move_dependents(state, number - 1, number)
+        for op in fresh:
+            executor.emit_spawned(op, closing, loop=state.spec.id, round=number)
+        if fresh:
+            for observer in executor.spawn_observers:
+                await observer(fresh)
+            for op in fresh:
+                executor.launch(op)
+
+    def _build_round(self, state: LoopState, number: int) -> list[Operation]:
+        """Add round ``number``'s nodes not in the graph yet; the ones added."""
         body = state.spec.body_ids
         previous = [self.graph.by_key[round_id(b, number - 1)].node_id for b in body]
         fresh: list[Operation] = []
-        for entry in state.spec.body:
+        for entry in _in_dependency_order(state.spec):
             key = round_id(entry.agent_id, number)
             if key in self.graph.by_key:  # a resume rebuilt it: recorded intent already
                 continue
-            template = self.graph.by_key[round_id(entry.agent_id, 1)]
             inner = [
                 Edge(self.graph.by_key[round_id(d.id, number)].node_id, d.when, d.if_contains)
                 for d in entry.dependencies
@@ -229,19 +245,11 @@ class LoopRunner:
                 kind="spawned",
                 edges=[*inner, *(Edge(source) for source in previous)],
             )
-            _copy_settings(template, op)
+            _copy_settings(self.graph.by_key[round_id(entry.agent_id, 1)], op)
             self.graph.add(op)
             fresh.append(op)
-        state.round = number
         self._note_rounds(state)
-        self._move_dependents(state, number - 1, number)
-        for op in fresh:
-            executor.emit_spawned(op, closing, loop=state.spec.id, round=number)
-        if fresh:
-            for observer in executor.spawn_observers:
-                await observer(fresh)
-            for op in fresh:
-                executor.launch(op)
+        return fresh
 
     def _move_dependents(self, state: LoopState, old: int, new: int) -> None:
         """Edges of nodes outside the loop on round ``old``'s nodes move to round ``new``'s."""
@@ -285,6 +293,21 @@ class LoopRunner:
 def _base(key: str) -> str:
     split = split_round_id(key)
     return split[0] if split is not None else key
+
+
+def _in_dependency_order(spec: LoopSpec) -> list[Any]:
+    """The body entries, each after the body entries it depends on (the body is acyclic)."""
+    body = set(spec.body_ids)
+    placed: list[Any] = []
+    seen: set[str] = set()
+    todo = list(spec.body)
+    while todo:
+        ready = [e for e in todo if all(d.id in seen or d.id not in body for d in e.dependencies)]
+        for entry in ready:
+            placed.append(entry)
+            seen.add(entry.agent_id)
+        todo = [e for e in todo if e.agent_id not in seen]
+    return placed
 
 
 def _copy_settings(template: Operation, op: Operation) -> None:
