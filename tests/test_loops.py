@@ -278,3 +278,22 @@ async def test_body_entries_may_be_listed_before_what_they_depend_on(tmp_path: P
     assert result.status == "completed", result.to_json()
     assert _invocations(tmp_path / "home") == ["draft.r1", "critique.r1", "draft.r2", "critique.r2"]
     assert result.loops[0]["nodes"] == [["critique.r1", "draft.r1"], ["critique.r2", "draft.r2"]]
+
+
+async def test_a_node_a_round_spawned_stays_with_its_round(tmp_path: Path) -> None:
+    # fact-check waits for critique.r1 too: it is still waiting when round 2 is added,
+    # and must not be moved onto round 2 as the loop's dependents are.
+    check = {"agent_id": "fact-check", "instruction": "Check.", "depends_on": ["critique.r1"]}
+    nodes = {
+        **ROUNDS,
+        "draft.r1": {"response": "draft one", "spawn": [check]},
+        "fact-check": {"response": "facts fine"},
+    }
+    plan = Plan(ops=list(_refine().ops), reactive="all")
+    result = await _run(tmp_path, plan, nodes)
+    assert result.status == "completed", result.to_json()
+    prompt = await _instruction(tmp_path / "home", str(result.run_id), "fact-check")
+    assert "### draft.r1 (completed)\ndraft one" in prompt
+    assert "### critique.r1 (completed)\ntoo long" in prompt
+    assert "LGTM" not in prompt
+    assert result.loops[0]["ended"] == "until_met"

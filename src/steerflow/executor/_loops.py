@@ -261,7 +261,9 @@ class LoopRunner:
             if round_id(b, old) in self.graph.by_key and round_id(b, new) in self.graph.by_key
         }
         for op in self.graph:
-            if self.round_of(op) is not None:
+            # Only the plan's entries depend on the loop; a node a round node spawned
+            # (or retried) waits on that very node.
+            if op.kind != "planned" or self.round_of(op) is not None:
                 continue
             if any(e.source in moves for e in op.edges):
                 op.edges = [
