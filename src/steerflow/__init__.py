@@ -100,7 +100,7 @@ if TYPE_CHECKING:
         resume_run,
         run_flow,
     )
-    from steerflow.plan import Edge, Op, Plan, Role, Synthesis
+    from steerflow.plan import Edge, Loop, Op, Plan, Role, Synthesis
     from steerflow.providers import DependencyResult, NodeCall, Price
     from steerflow.views import budget, message, pause, resume, stop
 
@@ -133,6 +133,7 @@ __all__ = [
     "InvalidValueError",
     "KindNotAllowedError",
     "LeaseLostError",
+    "Loop",
     "ModelStep",
     "NoResponseError",
     "NodeCall",
@@ -190,6 +191,7 @@ _LAZY = {
     "FlowEvent": "steerflow.executor",
     "resolve_home": "steerflow.home",
     "Edge": "steerflow.plan",
+    "Loop": "steerflow.plan",
     "Op": "steerflow.plan",
     "Plan": "steerflow.plan",
     "Role": "steerflow.plan",

@@ -20,7 +20,8 @@ Entry digest
     ``artifacts``; an agent turn's ``turn``, ``controls``, ``next`` and
     ``conversation``; an escalation retry's attempt number ``escalation``; a call's
     ``usage``, what it cost, which a resume chain's budget adds up; the instruction a
-    ``resume --from`` fork edited, ``instruction_edited``).  An entry
+    ``resume --from`` fork edited, ``instruction_edited``; a loop round's ``loop``, its
+    round and what was decided after it).  An entry
     carrying ``turn`` or ``escalation`` (the :data:`IDENTITY_MARKERS`, written only since
     they were covered) is digested over its :data:`IDENTITY_MEMBERS` too: its label and
     instruction, the logical operation, the attempt it replaces and its model, which
@@ -65,6 +66,7 @@ COVERED_MEMBERS = (
     "escalation",
     "usage",
     "instruction_edited",
+    "loop",
 )
 #: Covered members that make :data:`IDENTITY_MEMBERS` covered as well.
 IDENTITY_MARKERS = ("turn", "escalation")

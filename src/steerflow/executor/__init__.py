@@ -22,6 +22,7 @@ from steerflow.executor._graph import (
     build_graph,
 )
 from steerflow.executor._intent import CallIntent, IntentHook
+from steerflow.executor._loops import LOOP_MEMBER, LoopRunner, import_until
 from steerflow.executor._scheduler import (
     CLI_DEFAULT_MAX_SPAWN,
     LIBRARY_DEFAULT_MAX_SPAWN,
@@ -42,6 +43,7 @@ __all__ = [
     "BUDGET_REASON",
     "CLI_DEFAULT_MAX_SPAWN",
     "LIBRARY_DEFAULT_MAX_SPAWN",
+    "LOOP_MEMBER",
     "STEER_CLOSE",
     "STEER_OPEN",
     "TERMINAL",
@@ -57,6 +59,7 @@ __all__ = [
     "Graph",
     "InFlightDoubt",
     "IntentHook",
+    "LoopRunner",
     "Meter",
     "NodeKind",
     "NodeStatus",
@@ -67,6 +70,7 @@ __all__ = [
     "Steering",
     "build_graph",
     "enforceable",
+    "import_until",
     "render_steer",
     "unenforceable",
 ]

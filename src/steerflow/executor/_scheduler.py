@@ -14,7 +14,7 @@ import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -54,6 +54,13 @@ NO_WORKER_COMPLETED = (
 CLI_DEFAULT_MAX_SPAWN = 20
 
 Observer = Callable[[Operation], Awaitable[None]]
+
+
+class LoopHook(Protocol):
+    """What the executor asks about loops (``executor._loops.LoopRunner``)."""
+
+    async def settle(self, op: Operation, executor: FlowExecutor) -> None:
+        """``op`` became terminal: decide its loop's round, maybe add the next."""
 
 
 @dataclass
@@ -163,6 +170,8 @@ class FlowExecutor:
         #: operator's ``--tool-call`` decisions, for loops a resume continues.
         self.prior_steps: dict[tuple[str, str], tuple[dict[str, Any], ...]] = {}
         self.tool_decisions: dict[str, str] = {}
+        #: The flow's loops (issue 40 item 4): adds each round as the last one ends.
+        self.loops: LoopHook | None = None
 
     # -- control surface -------------------------------------------------------------------
 
@@ -219,6 +228,14 @@ class FlowExecutor:
                 self._launch(op)
         self._tg = None
 
+    def launch(self, op: Operation) -> None:
+        """Start a node added to the graph while the flow runs (a loop's next round)."""
+        self._launch(op)
+
+    def emit_spawned(self, op: Operation, emitter: Operation, **data: object) -> None:
+        """Say that ``op`` was added to the graph because ``emitter`` ended (a loop round)."""
+        self._emit("node_spawned", op, data={"emitter": emitter.key, **data})
+
     def _launch(self, op: Operation) -> None:
         assert self._tg is not None
         # An escalation retry's future exists from its splice on (see _escalate).
@@ -256,6 +273,8 @@ class FlowExecutor:
             return
         if verdict == "skipped":
             self._skip(op, "edge condition not met")
+            if self.loops is not None:
+                await self.loops.settle(op, self)
             return
         base = self._render_dependencies(op)
         if not await self._admit(op):
@@ -317,6 +336,9 @@ class FlowExecutor:
                 self._launch(child)
         retry = await self._escalate(op) if outcome == "failed" else None
         if outcome != "pending":
+            if self.loops is not None:  # decided before the outcome that records it
+                await self.loops.settle(op, self)
+                outcome = op.status  # an until that cannot decide fails its round
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
         return retry

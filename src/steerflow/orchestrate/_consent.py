@@ -12,11 +12,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from steerflow.errors import UsageError
+from steerflow.executor import import_until
 from steerflow.plan import SYNTHESIS_KEY, PlanFile
 
 __all__ = [
     "AGENT_WORKER_PREFIXES",
     "check_agent_worker_consent",
+    "check_loop_consent",
     "check_python_consent",
     "worker_of",
 ]
@@ -157,3 +159,18 @@ def check_tool_consent(plan: PlanFile, source: str, *, allow_python: bool, allow
             f"{source} starts MCP servers for its tools ({servers}): "
             f"{', '.join(where['mcp']) or 'declared, unused'}. Pass --allow-mcp to start them"
         )
+
+
+def check_loop_consent(plan: PlanFile, source: str, *, allowed: bool) -> None:
+    """Refuse (exit 2) a loop whose ``until`` calls a Python function nobody consented to.
+
+    The function runs in this process after each round, as a function node would.
+    """
+    found = [loop.until.python for loop in plan.loops if loop.until.python is not None]
+    if found and not allowed:
+        raise UsageError(
+            f"{source} ends loops with Python functions that run in this process: "
+            f"{', '.join(str(spec) for spec in found)}. Pass --allow-python to run them"
+        )
+    for spec in found:  # a typo is found now, not after the first round was paid for
+        import_until(str(spec))

@@ -120,6 +120,9 @@ class ResumeSeed:
     steps: tuple[dict[str, Any], ...] = ()
     finished_steps: set[tuple[str, str]] = field(default_factory=set)
     tool_decisions: dict[str, str] = field(default_factory=dict)
+    #: The ``loop`` member of each recorded entry of a loop's round, by node key: the
+    #: rounds decided and why a loop ended (issue 40 item 4).
+    loop_records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -309,6 +312,8 @@ class FlowResult:
     budget: dict[str, Any] = field(default_factory=lambda: Caps().to_json())
     #: Once the budget ended the run: ``{spent, line}`` (the chain's spend, the line said).
     budget_exhausted: dict[str, Any] | None = None
+    #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); absent when none.
+    loops: list[dict[str, Any]] = field(default_factory=list)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -332,6 +337,8 @@ class FlowResult:
         }
         if self.budget_exhausted is not None:
             out["budget_exhausted"] = self.budget_exhausted
+        if self.loops:
+            out["loops"] = self.loops
         if self.error is not None:
             out["error"] = self.error
         if self.stopped_by is not None:

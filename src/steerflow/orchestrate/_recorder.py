@@ -13,7 +13,15 @@ from typing import Any, Protocol
 from steerflow.artifacts import DECLARED_MEMBER
 from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
-from steerflow.executor import CallIntent, EventBus, FlowEvent, Graph, Operation, SharedContext
+from steerflow.executor import (
+    LOOP_MEMBER,
+    CallIntent,
+    EventBus,
+    FlowEvent,
+    Graph,
+    Operation,
+    SharedContext,
+)
 from steerflow.home import RunDir
 from steerflow.resume._from import EDITED_MEMBER
 
@@ -172,6 +180,7 @@ class CheckpointRecorder:
                     artifacts=_artifacts(op) or None,
                     **_usage_member(op),
                     **_edited_member(op),
+                    **_loop_member(op),
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -316,6 +325,7 @@ class CheckpointRecorder:
             **_spawn_fields(self.graph, op),
             **_artifacts_member(op),
             **(_usage_member(op) if status != "pending" else {}),
+            **(_loop_member(op) if status != "pending" else {}),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -398,6 +408,12 @@ def _edited_member(op: Operation) -> dict[str, Any]:
     return {EDITED_MEMBER: edited} if edited else {}
 
 
+def _loop_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``loop`` (covered by its digest): a loop round's record (decision 290)."""
+    record = op.extra.get(LOOP_MEMBER)
+    return {LOOP_MEMBER: dict(record)} if isinstance(record, dict) else {}
+
+
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
 
@@ -419,6 +435,8 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
             witness |= _artifacts_member(op)
         if (done or replaced) and RECORDED_USAGE in op.extra:
             witness["usage"] = op.extra[RECORDED_USAGE]
+        if done or replaced:
+            witness |= _loop_member(op)
         if op.kind == "planned" and (done or replaced):
             ops[op.key] = {
                 "agent_id": op.key,

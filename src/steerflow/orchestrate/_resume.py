@@ -23,7 +23,7 @@ from steerflow.checkpoint import (
     load_state,
 )
 from steerflow.errors import FlowResumeError, SteerflowError, UsageError
-from steerflow.executor import Edge, Graph, InFlightDoubt, Operation
+from steerflow.executor import LOOP_MEMBER, Edge, Graph, InFlightDoubt, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
 from steerflow.orchestrate._recorder import RECORDED_USAGE
@@ -193,6 +193,7 @@ def _prepare(
         in_flight=state.in_flight,
         doubt=doubt,
         **_tool_steps(cut, tool_calls),
+        loop_records=loop_records(cut),
     )
 
 
@@ -225,6 +226,18 @@ def _cut(
     if from_node is None:
         return state, None
     return rerun_cut(state, from_node, instruction=instruction, run_id=run_id)
+
+
+def loop_records(state: CheckpointState) -> dict[str, dict[str, Any]]:
+    """The ``loop`` member of every recorded outcome that has one, by node key."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, entry in state.ops.items():
+        if isinstance(entry.raw.get(LOOP_MEMBER), dict):
+            found[key] = entry.raw[LOOP_MEMBER]
+    for spawned in state.spawned:
+        if spawned.spawn_id and isinstance(spawned.raw.get(LOOP_MEMBER), dict):
+            found[spawned.spawn_id] = spawned.raw[LOOP_MEMBER]
+    return found
 
 
 def _check_context(state: CheckpointState, run_id: str) -> None:

@@ -34,6 +34,7 @@ from steerflow.executor import (
     FlowEvent,
     FlowExecutor,
     Graph,
+    LoopRunner,
     Meter,
     Operation,
     SharedContext,
@@ -46,6 +47,7 @@ from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import RUN_ID_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._consent import (
     check_agent_worker_consent,
+    check_loop_consent,
     check_python_consent,
     check_tool_consent,
 )
@@ -146,6 +148,8 @@ class FlowRun:
         # The source run's leftover messages were stamped (or left applying) by that run.
         self.context.drop_unrendered("source-run-ended")
         self.executor: FlowExecutor | None = None
+        #: The flow's loops (issue 40 item 4); None when its plan has none.
+        self.loops: LoopRunner | None = None
         self.stop_signal: int | None = None
         self.deadline_hit = False
         #: ``ctl stop``: ``{"control_id", "reason", "now"}`` of the first stop applied.
@@ -332,6 +336,7 @@ class FlowRun:
             check_tool_consent(
                 plan, source, allow_python=opts.allow_python, allow_mcp=opts.allow_mcp
             )
+            check_loop_consent(plan, source, allowed=opts.allow_python)
         cluster = await self._join_cluster(settings)
         try:
             return await self._run_checked(plan, prompt, source, settings)
@@ -479,6 +484,10 @@ class FlowRun:
             )
         if self.options.resume is not None:
             apply_replay(self.options.resume.replay, graph)
+        if plan.loops:
+            self.loops = LoopRunner(graph, plan.loops)
+            if self.options.resume is not None:
+                self.loops.restore(self.options.resume.loop_records)
         return graph
 
     def _dry_result(self, plan: PlanFile, settings: RunSettings) -> FlowResult:
@@ -1013,6 +1022,7 @@ class FlowRun:
             executor.tool_decisions = dict(seed.tool_decisions)
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
+        executor.loops = self.loops
         return executor
 
     async def _execute(
@@ -1061,6 +1071,8 @@ class FlowRun:
             **self._budget_extra(status),
             **self._stop_extra(),
         }
+        if self.loops is not None:
+            extra["loops"] = self.loops.to_json()
         await self._finish_session(s, status, extra)
         return self._result(s, graph, status, checkpoint)
 
@@ -1069,6 +1081,8 @@ class FlowRun:
             return "interrupted"
         # A failed attempt an escalation retry replaced is not the run's failure.
         failed = any(op.status == "failed" and not graph.superseded(op) for op in graph)
+        # A loop that reached max_rounds with on_max_rounds: fail fails the run.
+        failed = failed or bool(self.loops is not None and self.loops.failed_loops())
         if failed or checkpoint.error:
             return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
@@ -1142,6 +1156,7 @@ class FlowRun:
             in_flight_calls=_in_flight_json(seed),
             budget=self.meter.caps.to_json(),
             budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
+            loops=self.loops.to_json() if self.loops is not None else [],
         )
 
 

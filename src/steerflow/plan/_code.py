@@ -22,9 +22,11 @@ import yaml
 from steerflow._values import shown
 from steerflow.errors import InvalidValueError, PlanValidationError
 from steerflow.plan._load import load_plan_file, parse_plan
+from steerflow.plan._loop import DEFAULT_MAX_ROUNDS
 from steerflow.plan._model import (
     Dependency,
     EdgeWhen,
+    LoopSpec,
     PlanEntry,
     PlanFile,
     RoleSpec,
@@ -32,7 +34,7 @@ from steerflow.plan._model import (
 )
 from steerflow.plan._tool_ref import tool_spec_of
 
-__all__ = ["CODE_SOURCE", "Edge", "Op", "Plan", "Role", "Synthesis"]
+__all__ = ["CODE_SOURCE", "Edge", "Loop", "Op", "Plan", "Role", "Synthesis"]
 
 #: What a code plan's errors (and its run's ``source``) name instead of a file.
 CODE_SOURCE = "<Plan>"
@@ -115,6 +117,42 @@ class Op:
 
 
 @dataclass(frozen=True)
+class Loop:
+    """A loop among a plan's ops (a plan file's ``{loop: ...}`` item, issue 40 item 4).
+
+    ``body`` runs once per round; round N of body op ``X`` is the node ``X.rN``. A body op
+    depends on another by its id (same round); later rounds receive the previous round's
+    replies of the whole body. ``until``: ``{"node": ID, "contains": TEXT}``, or
+    ``{"python": "python:MODULE:FUNCTION"}``, or a module-level function (kept as its
+    importable spec) called with ``{body id: reply}`` after each round. An op after the
+    loop depends on it by ``id``.
+    """
+
+    id: str
+    body: Sequence[Op]
+    until: Mapping[str, Any] | Callable[..., Any]
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    on_max_rounds: Literal["stop", "fail"] = "stop"
+
+    def __post_init__(self) -> None:
+        _freeze(self, "body", _items("Loop.body", self.body, "steerflow.Op objects"))
+        if callable(self.until) and not isinstance(self.until, Mapping):
+            _freeze(self, "until", {"python": tool_spec_of(self.until, "Loop.until")})
+        elif isinstance(self.until, Mapping):
+            _freeze(self, "until", MappingProxyType(dict(self.until)))
+
+    def _data(self) -> dict[str, Any]:
+        until = dict(self.until) if isinstance(self.until, Mapping) else self.until
+        out: dict[str, Any] = {"id": self.id, "body": [op._data() for op in self.body]}
+        out["until"] = until
+        if self.max_rounds != DEFAULT_MAX_ROUNDS:
+            out["max_rounds"] = self.max_rounds
+        if self.on_max_rounds != "stop":
+            out["on_max_rounds"] = self.on_max_rounds
+        return {"loop": out}
+
+
+@dataclass(frozen=True)
 class Role:
     """Per-role settings (a plan file's ``roles.<role>``)."""
 
@@ -191,7 +229,7 @@ class Plan:
             with the same message (source :data:`CODE_SOURCE`).
     """
 
-    ops: Sequence[Op]
+    ops: Sequence[Op | Loop]
     name: str | None = None
     description: str | None = None
     model: str | None = None
@@ -235,7 +273,16 @@ class Plan:
     def _check_types(self) -> None:
         # A mapping would pass the model's check: the typed objects are the API.
         wrong: list[tuple[str, str, object]] = [
-            (f"plan[{i}]", "Op", op) for i, op in enumerate(self.ops) if not isinstance(op, Op)
+            (f"plan[{i}]", "Op", op)
+            for i, op in enumerate(self.ops)
+            if not isinstance(op, Op | Loop)
+        ]
+        wrong += [
+            (f"plan[{i}].loop.body[{k}]", "Op", body)
+            for i, op in enumerate(self.ops)
+            if isinstance(op, Loop)
+            for k, body in enumerate(op.body)
+            if not isinstance(body, Op)
         ]
         wrong += [
             (f"roles.{name}", "Role", role)
@@ -299,7 +346,10 @@ class Plan:
     def from_plan_file(cls, plan: PlanFile) -> Plan:
         """The code form of an already validated plan (a file, playbook or planner reply)."""
         return cls(
-            ops=[_op_of(entry) for entry in plan.plan],
+            ops=[
+                _op_of(item) if isinstance(item, PlanEntry) else _loop_of(item.loop)
+                for item in plan.items
+            ],
             **{name: getattr(plan, name) for name in _SETTINGS},
             roles={name: _role_of(role) for name, role in plan.roles.items()},
             synthesis=_synthesis_of(plan.synthesis),
@@ -385,6 +435,16 @@ def _op_of(entry: PlanEntry) -> Op:
         retry=entry.retry.model_dump() if entry.retry is not None else None,
         timeout_s=entry.timeout_s,
         output_schema=entry.output_schema,
+    )
+
+
+def _loop_of(loop: LoopSpec) -> Loop:
+    return Loop(
+        id=loop.id,
+        body=[_op_of(entry) for entry in loop.body],
+        until=loop.until.model_dump(exclude_none=True),
+        max_rounds=loop.max_rounds,
+        on_max_rounds=loop.on_max_rounds,
     )
 
 
