@@ -25,7 +25,7 @@ from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import Edge, Graph, InFlightDoubt, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
-from steerflow.orchestrate._recorder import RECORDED_USAGE
+from steerflow.orchestrate._recorder import RECORDED_OUTPUT, RECORDED_USAGE
 from steerflow.orchestrate._stranded import (
     StrandedMessage,
     read_chain,
@@ -478,6 +478,8 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
         # Carried into the resumed checkpoint's copy of the entry; never this run's spend.
         if op.replayed and op.key in replay.usage:
             op.extra[RECORDED_USAGE] = replay.usage[op.key]
+        if op.replayed and op.status == "completed" and op.key in replay.outputs:
+            op.output, op.extra[RECORDED_OUTPUT] = replay.outputs[op.key], True
 
 
 def _replay_failed(op: Operation, response: object) -> None:

@@ -39,6 +39,8 @@ def plan_to_checkpoint(
             item["tools"] = tools
         if entry.max_steps is not None:
             item["max_steps"] = entry.max_steps
+        if entry.output_schema is not None:  # a resume asks the same structured output
+            item["output_schema"] = entry.output_schema
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

@@ -139,6 +139,17 @@ class PlanEntry(_Strict):
     #: output, validated, recorded as JSON beside the text.
     output_schema: dict[str, object] | None = None
 
+    @field_validator("output_schema")
+    @classmethod
+    def _json_schema(cls, value: dict[str, object] | None) -> dict[str, object] | None:
+        if value is not None:
+            from steerflow.plan._schema import schema_problem
+
+            problem = schema_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
     @property
     def dependencies(self) -> list[Dependency]:
         """Dependencies normalized to :class:`Dependency` objects."""

@@ -122,6 +122,8 @@ class ReplayPlan:
     superseded: dict[str, object] = field(default_factory=dict)
     #: Leg key -> the ``usage`` its replayed entry recorded (what that call cost once).
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Leg key -> the ``output`` its replayed completed entry recorded (a typed node's).
+    outputs: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -206,6 +208,7 @@ def plan_replay(
         rerun_unsettled=settled.rerun,
         superseded=superseded,
         usage=_recorded_usage(state, [*completed, *superseded], spawned),
+        outputs=_recorded_outputs(state, list(completed), spawned),
     )
 
 
@@ -273,6 +276,16 @@ def _recorded_usage(
     raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
     keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed" or s.superseded)]
     return {key: used for key in keys if isinstance(used := raw.get(key, {}).get("usage"), dict)}
+
+
+def _recorded_outputs(
+    state: CheckpointState, planned: list[str], spawned: list[ReplaySpawn]
+) -> dict[str, object]:
+    """The recorded ``output`` of every completed entry the resume replays."""
+    raw = {key: entry.raw for key, entry in state.ops.items()}
+    raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
+    keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed")]
+    return {key: raw[key]["output"] for key in keys if "output" in raw.get(key, {})}
 
 
 def _is_synthesis(state: CheckpointState, key: str) -> bool:
