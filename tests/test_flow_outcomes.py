@@ -21,7 +21,7 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 import fn_nodes
-from steerflow.errors import UnknownIdError, UsageError
+from steerflow.errors import PlanValidationError, UnknownIdError, UsageError
 from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, NodeCompleted, RunEvent
 from steerflow.plan import Op, Plan, Role
 
@@ -182,3 +182,14 @@ async def test_a_script_reply_that_never_fits_is_asked_again_then_fails(tmp_path
     assert error is not None and "after 4 calls" in error and "not JSON" in error
     log = (home / "script-invocations.jsonl").read_text().splitlines()
     assert [json.loads(line)["node"] for line in log] == ["a"] * 4
+
+
+def test_a_typed_node_with_tools_is_refused_in_code_and_in_a_file(tmp_path: Path) -> None:
+    message = r"plan\[0\] \('a'\)\.output_schema: a node with tools cannot have an output_schema"
+    with pytest.raises(PlanValidationError, match=message):
+        Plan([Op("a", "x", tools=["python:fn_nodes:record"], output_schema=Score)])
+    path = tmp_path / "p.yaml"
+    entry = {"agent_id": "a", "instruction": "x", "output_schema": {"type": "object"}}
+    path.write_text(yaml.safe_dump({"tools": ["python:fn_nodes:record"], "plan": [entry]}))
+    with pytest.raises(PlanValidationError, match=message):
+        Plan.from_file(path)

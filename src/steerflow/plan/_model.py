@@ -337,6 +337,19 @@ class PlanFile(_Strict):
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
         return self
 
+    @model_validator(mode="after")
+    def _typed_entries_call_no_tools(self) -> PlanFile:
+        # A tool loop's last reply is not asked for structured output (decision 284): say
+        # so when the plan is read rather than fail or ignore the schema at run time.
+        for index, entry in enumerate(self.plan):
+            if entry.output_schema is not None and self.tools_of(entry):
+                raise ValueError(
+                    f"plan[{index}] ({entry.agent_id!r}).output_schema: a node with tools "
+                    "cannot have an output_schema yet; give the schema to a node that "
+                    "depends on the tool node"
+                )
+        return self
+
     def tools_of(self, entry: PlanEntry) -> list[str]:
         """The tool specs of one entry: the plan's, its role's, its own (first wins)."""
         role = self.roles.get(entry.assignee or "")
