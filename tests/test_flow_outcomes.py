@@ -193,3 +193,19 @@ def test_a_typed_node_with_tools_is_refused_in_code_and_in_a_file(tmp_path: Path
     path.write_text(yaml.safe_dump({"tools": ["python:fn_nodes:record"], "plan": [entry]}))
     with pytest.raises(PlanValidationError, match=message):
         Plan.from_file(path)
+
+
+async def test_a_reask_the_budget_has_no_room_for_is_not_sent(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    usage = {"input_tokens": 6, "output_tokens": 4}
+    model = _script(tmp_path, {"a": {"response": {"title": 1}, "usage": usage}})
+    plan = Plan([Op("a", "rate", output_schema=Score, retry={"attempts": 3})])
+    run = FlowRun(FlowOptions(plan=plan, model=model, max_tokens=15), home=home)
+    async with asyncio.timeout(HOLD_S):
+        result = await run.run()
+    # the first reply (10 tokens) leaves no room for another of its size under 15
+    assert result.status == "budget_exhausted"
+    assert result.outcomes["a"].status == "pending"  # asked again by a resume
+    log = (home / "script-invocations.jsonl").read_text().splitlines()
+    assert len(log) == 1
+    assert result.usage["input_tokens"] == 6 and result.usage["output_tokens"] == 4
