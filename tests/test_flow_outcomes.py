@@ -21,6 +21,7 @@ from pydantic import BaseModel
 from typing_extensions import TypedDict
 
 import fn_nodes
+from steerflow.checkpoint import load_checkpoint
 from steerflow.errors import PlanValidationError, UnknownIdError, UsageError
 from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, NodeCompleted, RunEvent
 from steerflow.plan import Op, Plan, Role
@@ -209,3 +210,24 @@ async def test_a_reask_the_budget_has_no_room_for_is_not_sent(tmp_path: Path) ->
     log = (home / "script-invocations.jsonl").read_text().splitlines()
     assert len(log) == 1
     assert result.usage["input_tokens"] == 6 and result.usage["output_tokens"] == 4
+
+
+async def test_an_escalation_retry_of_a_typed_node_is_typed_and_records_its_output(
+    tmp_path: Path,
+) -> None:
+    weak = tmp_path / "weak.yaml"
+    weak.write_text(yaml.safe_dump({"rate": {"response": "no JSON here"}}), encoding="utf-8")
+    strong = tmp_path / "strong.yaml"
+    strong.write_text(yaml.safe_dump({"rate.esc1": {"response": REPLY}}), encoding="utf-8")
+    plan = Plan(
+        [Op("rate", "rate", assignee="r", output_schema=Score, retry={"attempts": 0})],
+        roles={"r": Role(model=f"script:{weak}", escalation=[f"script:{strong}"])},
+    )
+    result = await _run(tmp_path, plan, "echo")
+    assert result.status == "completed", result.outcomes
+    assert result.outcomes["rate"].status == "failed"
+    assert result.output("rate.esc1", Score) == Score(title="déjà vu", score=7)
+    assert result.run_dir is not None
+    state, _ = load_checkpoint(Path(result.run_dir) / "checkpoint.json")
+    (retry,) = state["spawned"]
+    assert retry["spawn_id"] == "rate.esc1" and retry["output"] == REPLY

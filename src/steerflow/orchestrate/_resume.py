@@ -455,6 +455,8 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             root = graph.by_key[entry.escalated_from_key]
             child.escalated_from = root.node_id
             child.escalation, child.pinned_model = entry.escalation, entry.model
+            # An attempt of a typed node is typed too (its schema is the plan entry's).
+            child.output_schema, child.output_reasks = root.output_schema, root.output_reasks
             child.branch = list(root.branch) if root.kind == "spawned" else []
             retries.append((entry, child))
         if entry.status == "completed":
