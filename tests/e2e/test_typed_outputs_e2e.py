@@ -56,6 +56,11 @@ def test_result_and_show_carry_the_output_and_the_dependent_gets_its_json(
     assert shown.json["output"] == reply
     assert json.loads(shown.json["response"]) == reply  # the response is the output's JSON
 
+    human = run_cli(home, "show", run, "rate")
+    assert human.returncode == 0, human.explain()
+    pretty = '{\n  "score": 7,\n  "title": "déjà vu"\n}'  # script: dumps keys sorted
+    assert f"output (validated against its output_schema):\n{pretty}\n" in human.stdout
+
     used = run_cli(home, "show", run, "use", "--json").json
     assert used["output"] is None  # no schema: no output
     assert "### rate (completed)\n" in used["instruction"]
@@ -175,6 +180,7 @@ def test_a_resume_replays_the_output_and_hands_it_to_the_rerun_dependent(tmp_pat
     assert calls.count("rate") == 1  # replayed, never asked again
     shown = run_cli(home, "show", run, "rate", "--json").json
     assert shown["replayed"] is True and shown["output"] == reply
+
     used = run_cli(home, "show", run, "use", "--json").json
     assert json.loads(used["instruction"].split("### rate (completed)\n", 1)[1]) == reply
     # the resumed checkpoint carries the output, and its digest still verifies
