@@ -21,7 +21,8 @@ Entry digest
     ``conversation``; an escalation retry's attempt number ``escalation``; a call's
     ``usage``, what it cost, which a resume chain's budget adds up; the instruction a
     ``resume --from`` fork edited, ``instruction_edited``; a loop round's ``loop``, its
-    round and what was decided after it).  An entry
+    round and what was decided after it; a typed node's ``output``, the validated
+    structured value a resume hands its dependents).  An entry
     carrying ``turn`` or ``escalation`` (the :data:`IDENTITY_MARKERS`, written only since
     they were covered) is digested over its :data:`IDENTITY_MEMBERS` too: its label and
     instruction, the logical operation, the attempt it replaces and its model, which
@@ -67,6 +68,7 @@ COVERED_MEMBERS = (
     "usage",
     "instruction_edited",
     "loop",
+    "output",
 )
 #: Covered members that make :data:`IDENTITY_MEMBERS` covered as well.
 IDENTITY_MARKERS = ("turn", "escalation")

@@ -150,6 +150,9 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     lines += _block("instruction (as the provider received it)", d["instruction"], not_rendered)
     if d["status"] == "failed":
         lines += _block("error", d["error"], "not recorded")
+    elif d.get("output") is not None:  # the response is this value's compact JSON
+        shown = json.dumps(d["output"], indent=2, ensure_ascii=False)
+        lines += _block("output (validated against its output_schema)", shown, "")
     else:
         response = None if d["response"] is None else response_text(d["response"])
         lines += _block("response", response, f"none ({d['status']})")

@@ -92,6 +92,13 @@ class Operation:
     # call is a model-and-tool loop of at most ``max_steps`` model requests (issue 39).
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
+    # The JSON Schema its reply must satisfy (issue 40 item 2), and the validated output
+    # once it completed (its ``response`` is then that output as JSON text).
+    output_schema: dict[str, object] | None = None
+    output: object = None
+    # How often a reply that does not fit ``output_schema`` is asked again (the entry's
+    # ``retry.attempts``, else 1: decision 284).
+    output_reasks: int = 1
 
     @property
     def terminal(self) -> bool:
@@ -284,6 +291,8 @@ def build_graph(plan: PlanFile) -> Graph:
             declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
             tools=tuple(plan.tools_of(entry)),
             max_steps=entry.max_steps,
+            output_schema=entry.output_schema,
+            output_reasks=entry.retry.attempts if entry.retry is not None else 1,
         )
         ids[entry.agent_id] = op.node_id
         graph.add(op)

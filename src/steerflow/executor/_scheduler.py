@@ -26,6 +26,7 @@ from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
+from steerflow.executor._output import CHARGED, ask_structured
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -454,6 +455,7 @@ class FlowExecutor:
             timeout_s=self._call_timeout_s,
             dependencies=_dependency_results(op, self.graph),
             live=self.live.sink(op.key) if self.live is not None else None,
+            output_schema=op.output_schema,
         )
 
     async def _invoke(self, op: Operation) -> NodeStatus:
@@ -507,7 +509,7 @@ class FlowExecutor:
         # Paid for whatever follows: a node that fails its artifact check still cost this.
         op.usage = (
             self.meter.charge(op.model, response.usage, op.node_id)
-            if self.meter and not op.extra.pop("tool_loop", False)
+            if self.meter and not op.extra.pop(CHARGED, False)
             else response.usage
         )
         if op.declared_artifacts:
@@ -519,6 +521,7 @@ class FlowExecutor:
                 return op.status
             op.artifact_records = list(check.records)
         op.response = response.text
+        op.output = response.output if op.output_schema is not None else None
         op.artifacts = response.artifacts
         # Its instruction turn is read back from ``op.rendered_instruction``, which is
         # exactly ``request.instruction`` (decision 65).
@@ -541,6 +544,19 @@ class FlowExecutor:
             return None
         if op.tools:
             return await self._run_tools(op, provider, request)
+        if op.output_schema is not None:  # validated, asked again when it does not fit
+            return await ask_structured(
+                self, op, request, lambda again: self._send(op, provider, again)
+            )
+        return await self._send(op, provider, request)
+
+    async def _send(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """One call: its write-ahead intent, then the provider; None if it must not leave."""
+        fence = self.fence
+        if fence is not None and not fence.fresh() and not await fence.hold():
+            return None  # a re-ask's own check (the first call's was made just before)
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -587,7 +603,7 @@ class FlowExecutor:
         finally:
             # Paid as it ran, failed or not: the outcome records what its steps cost.
             op.usage = loop.total
-        op.extra["tool_loop"] = True  # its usage is already charged, step by step
+        op.extra[CHARGED] = True  # its usage is already charged, step by step
         return response
 
     def emit_paused(self, op: Operation) -> None:
@@ -695,6 +711,8 @@ class FlowExecutor:
             escalated_from=root.node_id,
             escalation=step,
             pinned_model=ladder[step - 1],
+            output_schema=root.output_schema,
+            output_reasks=root.output_reasks,
         )
         self.graph.splice_after(failed.node_id, retry)
         self._done[retry.node_id] = asyncio.get_running_loop().create_future()
@@ -831,7 +849,7 @@ def _dependency_results(op: Operation, graph: Graph) -> tuple[DependencyResult, 
     for source in sources:
         if source.status == "completed":
             text = "" if source.response is None else str(source.response)
-            results.append(DependencyResult(source.key, "completed", text))
+            results.append(DependencyResult(source.key, "completed", text, source.output))
         elif source.status == "failed":
             results.append(DependencyResult(source.key, "failed", source.error or ""))
     return tuple(results)

@@ -14,6 +14,7 @@ if TYPE_CHECKING:
     from steerflow.orchestrate._detail import node_detail, read_run, result_of, run_result
     from steerflow.orchestrate._graphview import graph_text
     from steerflow.orchestrate._options import FlowOptions, FlowResult, ResumeSeed
+    from steerflow.orchestrate._outcome import NodeOutcome
     from steerflow.orchestrate._resume import load_branch, prepare_resume
     from steerflow.orchestrate._resume_run import resume_run
     from steerflow.orchestrate._run import FlowRun, run_flow
@@ -56,6 +57,7 @@ __all__ = [
     "ModelStep",
     "NodeCompleted",
     "NodeFailed",
+    "NodeOutcome",
     "NodePaused",
     "NodeReplayed",
     "NodeSkipped",
@@ -102,6 +104,7 @@ _LAZY = {
     "ControlApplied": "_stream",
     "EventStream": "_stream",
     "EventsDropped": "_stream",
+    "NodeOutcome": "_outcome",
     "NodeCompleted": "_stream",
     "NodeFailed": "_stream",
     "NodePaused": "_stream",

@@ -80,6 +80,12 @@ class NodeInfo:
         done = self.entry is not None and self.entry.status == "completed"
         return self.entry.response if done and self.entry is not None else None
 
+    @property
+    def output(self) -> object:
+        """The validated structured output of a completed typed node, else None."""
+        done = self.entry is not None and self.entry.status == "completed"
+        return self.extra("output") if done else None
+
 
 @dataclass
 class RunRecord:
@@ -427,6 +433,7 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "planned_instruction": info.instruction,
         "instruction_edited": edited_instruction(record, info.key),
         "response": info.response,
+        "output": info.output,
         "error": _error(info) if status == "failed" else None,
         "artifacts": _artifacts(info),
         "parent": info.parent,
@@ -527,6 +534,7 @@ def result_of(record: RunRecord) -> dict[str, Any]:
                 "kind": node.kind,
                 "status": status,
                 "response": node.response,
+                "output": node.output,
                 "error": _error(node) if status == "failed" else None,
             }
         )

@@ -6,7 +6,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from steerflow._values import (
     CHECKPOINT_VERSIONS,
@@ -22,6 +22,7 @@ from steerflow._values import (
 from steerflow.checkpoint import InFlightCall
 from steerflow.errors import ExitCode, InvalidValueError, UsageError
 from steerflow.executor import Caps, Graph, InFlightDoubt
+from steerflow.orchestrate._outcome import NodeOutcome, find_outcome, parse_output
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.plan import (
     COMPACT_BYTES,
@@ -53,6 +54,8 @@ __all__ = [
 EndStatus = Literal[
     "completed", "failed", "timed_out", "interrupted", "stopped", "budget_exhausted"
 ]
+
+T = TypeVar("T")
 
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 
@@ -314,6 +317,36 @@ class FlowResult:
     budget_exhausted: dict[str, Any] | None = None
     #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); absent when none.
     loops: list[dict[str, Any]] = field(default_factory=list)
+    #: Every node's response, output and usage by node id (not in ``--json``: decision 287).
+    outcomes: dict[str, NodeOutcome] = field(default_factory=dict)
+    #: The class each ``Op(output_schema=cls)`` gave, by op id: ``output``'s default.
+    output_classes: dict[str, type] = field(default_factory=dict, repr=False)
+
+    def response(self, node: str) -> object:
+        """Node ``node``'s response (its reply text), or None when it did not complete.
+
+        Raises:
+            UnknownIdError: The run has no node ``node`` (the message lists them).
+        """
+        return find_outcome(self.outcomes, node, self.run_id).response
+
+    @overload
+    def output(self, node: str, cls: None = None) -> Any: ...
+    @overload
+    def output(self, node: str, cls: type[T]) -> T: ...
+    def output(self, node: str, cls: type[Any] | None = None) -> Any:
+        """Node ``node``'s validated structured output, parsed into ``cls``.
+
+        ``cls`` (a pydantic model class, a dataclass or a TypedDict) defaults to the class
+        its ``Op(output_schema=...)`` was given; without one the plain JSON value is
+        returned. None when the node has no output (no schema, or it did not complete).
+
+        Raises:
+            UnknownIdError: The run has no node ``node`` (the message lists them).
+            UsageError: The output does not parse into ``cls``.
+        """
+        outcome = find_outcome(self.outcomes, node, self.run_id)
+        return parse_output(outcome.output, cls or self.output_classes.get(node), node)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""

@@ -181,6 +181,7 @@ class CheckpointRecorder:
                     **_usage_member(op),
                     **_edited_member(op),
                     **_loop_member(op),
+                    **_output_member(op),
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -326,6 +327,7 @@ class CheckpointRecorder:
             **_artifacts_member(op),
             **(_usage_member(op) if status != "pending" else {}),
             **(_loop_member(op) if status != "pending" else {}),
+            **(_output_member(op) if status != "pending" else {}),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -414,6 +416,23 @@ def _loop_member(op: Operation) -> dict[str, Any]:
     return {LOOP_MEMBER: dict(record)} if isinstance(record, dict) else {}
 
 
+def _output_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``output`` (covered by its digest): a typed node's validated value.
+
+    Present exactly when the node has an ``output_schema`` and completed (a JSON ``null``
+    output included); a resume's replayed entry keeps the member it was recorded with.
+    """
+    if op.status != "completed":
+        return {}
+    if op.replayed:
+        return {"output": op.output} if RECORDED_OUTPUT in op.extra else {}
+    return {"output": op.output} if op.output_schema is not None else {}
+
+
+#: ``Operation.extra`` flag of a replayed node whose entry carried an ``output``.
+RECORDED_OUTPUT = "recorded_output"
+
+
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
 
@@ -437,6 +456,8 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
             witness["usage"] = op.extra[RECORDED_USAGE]
         if done or replaced:
             witness |= _loop_member(op)
+        if done:
+            witness |= _output_member(op)
         if op.kind == "planned" and (done or replaced):
             ops[op.key] = {
                 "agent_id": op.key,

@@ -26,7 +26,7 @@ from steerflow.errors import FlowResumeError, SteerflowError, UsageError
 from steerflow.executor import LOOP_MEMBER, Edge, Graph, InFlightDoubt, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
-from steerflow.orchestrate._recorder import RECORDED_USAGE
+from steerflow.orchestrate._recorder import RECORDED_OUTPUT, RECORDED_USAGE
 from steerflow.orchestrate._stranded import (
     StrandedMessage,
     read_chain,
@@ -521,6 +521,8 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             root = graph.by_key[entry.escalated_from_key]
             child.escalated_from = root.node_id
             child.escalation, child.pinned_model = entry.escalation, entry.model
+            # An attempt of a typed node is typed too (its schema is the plan entry's).
+            child.output_schema, child.output_reasks = root.output_schema, root.output_reasks
             child.branch = list(root.branch) if root.kind == "spawned" else []
             retries.append((entry, child))
         if entry.status == "completed":
@@ -547,6 +549,8 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
         # The edit a node ran (or runs) with: its entry carries it, covered by the digest.
         if op.kind == "planned" and op.key in replay.edited:
             op.extra[EDITED_MEMBER] = dict(replay.edited[op.key])
+        if op.replayed and op.status == "completed" and op.key in replay.outputs:
+            op.output, op.extra[RECORDED_OUTPUT] = replay.outputs[op.key], True
 
 
 def _replay_failed(op: Operation, response: object) -> None:

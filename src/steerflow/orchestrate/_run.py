@@ -63,6 +63,7 @@ from steerflow.orchestrate._options import (
     node_summaries,
     usage_total,
 )
+from steerflow.orchestrate._outcome import node_outcomes
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher
 from steerflow.orchestrate._recorder import (
@@ -138,7 +139,7 @@ class FlowRun:
         self.bus = events or EventBus()
         #: Readers opened with :meth:`events`; closed when :meth:`run` returns or raises.
         self._streams: list[EventStream] = []
-        self._ended = False
+        self._begun = False
         self.bus.subscribe(self._to_streams)
         seed = options.resume
         # The steering state exists before the plan, so controls sent while planning count.
@@ -185,17 +186,24 @@ class FlowRun:
     def events(self, *, max_pending: int | None = None) -> EventStream:
         """The run's typed events from now on, as an async iterator that ends with the run.
 
-        Open it before awaiting :meth:`run` to see every event. The run never waits
-        for the reader: with ``max_pending`` None nothing is dropped; with a number the
-        oldest events make room and one ``EventsDropped`` marks the gap (decision 160).
+        Open it before awaiting :meth:`run`: its events are what the run emits from then
+        on. The run never waits for the reader: with ``max_pending`` None nothing is
+        dropped; with a number the oldest events make room and one ``EventsDropped``
+        marks the gap (decision 160).
+
+        Raises:
+            UsageError: :meth:`run` has already begun (or ended): the events before now
+                are gone, so a stream opened now would silently miss them.
         """
         from steerflow.orchestrate._stream import EventStream
 
+        if self._begun:
+            raise UsageError(
+                "FlowRun.events() was called after run() began: open the stream first "
+                "(stream = run.events(); then await run.run()), so it sees every event"
+            )
         stream = EventStream(max_pending=max_pending)
-        if self._ended:
-            stream.close()
-        else:
-            self._streams.append(stream)
+        self._streams.append(stream)
         return stream
 
     def _to_streams(self, event: FlowEvent) -> None:
@@ -206,11 +214,14 @@ class FlowRun:
         # and most runs (every CLI flow) have no reader.
         from steerflow.orchestrate._stream import typed_event
 
-        error = None
-        if event.type == "node_failed" and self.executor is not None and event.node_id:
-            op = self.executor.graph.ops.get(event.node_id)
+        error, completed = None, None
+        op = self.executor.graph.ops.get(event.node_id or "") if self.executor else None
+        if event.type == "node_failed":
             error = op.error if op is not None else None
-        typed = typed_event(event, error=error)
+        elif event.type == "node_completed" and op is not None:
+            usage = op.usage.to_json() if op.usage is not None else None
+            completed = {"response": op.response, "output": op.output, "usage": usage}
+        typed = typed_event(event, error=error, completed=completed)
         for stream in self._streams:
             stream.push(typed)
 
@@ -225,7 +236,6 @@ class FlowRun:
             stream.push(applied)
 
     def _end_streams(self) -> None:
-        self._ended = True
         for stream in self._streams:
             stream.close()
         self._streams = []
@@ -308,6 +318,7 @@ class FlowRun:
 
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
+        self._begun = True
         try:
             return await self._run()
         finally:
@@ -509,6 +520,8 @@ class FlowRun:
             rerun_from=rerun_from_json(self.options.resume),
             stranded_messages=_stranded_json(self.options.resume),
             in_flight_calls=_in_flight_json(self.options.resume),
+            outcomes=node_outcomes(graph),
+            output_classes=self._output_classes(),
         )
 
     def _admission_closed(self) -> bool:
@@ -1157,7 +1170,27 @@ class FlowRun:
             budget=self.meter.caps.to_json(),
             budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
             loops=self.loops.to_json() if self.loops is not None else [],
+            outcomes=node_outcomes(graph),
+            output_classes=self._output_classes(),
         )
+
+    def _output_classes(self) -> dict[str, type]:
+        """``Op(output_schema=cls)``'s classes by op id: ``FlowResult.output``'s defaults."""
+        plan = self.options.plan
+        if plan is None:
+            return {}
+        from steerflow.plan import Loop
+
+        classes: dict[str, type] = {}
+        for item in plan.ops:
+            if isinstance(item, Loop):  # round N of body op X is the node X.rN
+                for op in item.body:
+                    if isinstance(op.output_schema, type):
+                        for n in range(1, item.max_rounds + 1):
+                            classes[f"{op.agent_id}.r{n}"] = op.output_schema
+            elif isinstance(item.output_schema, type):
+                classes[item.agent_id] = item.output_schema
+        return classes
 
 
 def _in_flight_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:

@@ -32,6 +32,7 @@ from steerflow.plan._model import (
     RoleSpec,
     SynthesisSpec,
 )
+from steerflow.plan._schema import output_schema_of
 from steerflow.plan._tool_ref import tool_spec_of
 
 __all__ = ["CODE_SOURCE", "Edge", "Loop", "Op", "Plan", "Role", "Synthesis"]
@@ -113,6 +114,8 @@ class Op:
             value = getattr(self, name)
             if value is not None:
                 out[name] = dict(value) if isinstance(value, Mapping) else value
+        if isinstance(self.output_schema, type):  # the plan keeps the class's JSON Schema
+            out["output_schema"] = _class_schema(self.output_schema)
         return out
 
 
@@ -476,3 +479,11 @@ def _synthesis_of(spec: SynthesisSpec | None) -> Synthesis | None:
     return Synthesis(
         instruction=spec.instruction, model=spec.model, when_all_failed=spec.when_all_failed
     )
+
+
+def _class_schema(cls: type) -> dict[str, Any]:
+    """``Op(output_schema=cls)``'s JSON Schema; a class it cannot be made from is refused."""
+    try:
+        return output_schema_of(cls)
+    except TypeError as exc:
+        raise InvalidValueError("Op.output_schema", str(exc)) from None

@@ -43,6 +43,8 @@ def plan_to_checkpoint(
             item["max_steps"] = entry.max_steps
         if entry.agent_id in marks:
             item[CHECKPOINT_MEMBER] = marks[entry.agent_id]
+        if entry.output_schema is not None:  # a resume asks the same structured output
+            item["output_schema"] = entry.output_schema
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

@@ -160,6 +160,17 @@ class PlanEntry(_Strict):
     #: output, validated, recorded as JSON beside the text.
     output_schema: dict[str, object] | None = None
 
+    @field_validator("output_schema")
+    @classmethod
+    def _json_schema(cls, value: dict[str, object] | None) -> dict[str, object] | None:
+        if value is not None:
+            from steerflow.plan._schema import schema_problem
+
+            problem = schema_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
+
     @property
     def dependencies(self) -> list[Dependency]:
         """Dependencies normalized to :class:`Dependency` objects."""
@@ -464,6 +475,19 @@ class PlanFile(_Strict):
                 )
             ]
         return self._where[index]
+
+    @model_validator(mode="after")
+    def _typed_entries_call_no_tools(self) -> PlanFile:
+        # A tool loop's last reply is not asked for structured output (decision 284): say
+        # so when the plan is read rather than fail or ignore the schema at run time.
+        for index, entry in enumerate(self.plan):
+            if entry.output_schema is not None and self.tools_of(entry):
+                raise ValueError(
+                    f"{self.where(index)} ({entry.agent_id!r}).output_schema: a node with tools "
+                    "cannot have an output_schema yet; give the schema to a node that "
+                    "depends on the tool node"
+                )
+        return self
 
     def tools_of(self, entry: PlanEntry) -> list[str]:
         """The tool specs of one entry: the plan's, its role's, its own (first wins)."""

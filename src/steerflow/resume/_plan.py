@@ -128,6 +128,8 @@ class ReplayPlan:
     edited: dict[str, dict[str, str]] = field(default_factory=dict)
     #: ``resume --from NODE``: where the fork starts and what it pays for.
     rerun_from: RerunFrom | None = None
+    #: Leg key -> the ``output`` its replayed completed entry recorded (a typed node's).
+    outputs: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -214,6 +216,7 @@ def plan_replay(
         superseded=superseded,
         usage=_recorded_usage(state, [*completed, *superseded], spawned),
         edited=edited,
+        outputs=_recorded_outputs(state, list(completed), spawned),
     )
 
 
@@ -281,6 +284,16 @@ def _recorded_usage(
     raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
     keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed" or s.superseded)]
     return {key: used for key in keys if isinstance(used := raw.get(key, {}).get("usage"), dict)}
+
+
+def _recorded_outputs(
+    state: CheckpointState, planned: list[str], spawned: list[ReplaySpawn]
+) -> dict[str, object]:
+    """The recorded ``output`` of every completed entry the resume replays."""
+    raw = {key: entry.raw for key, entry in state.ops.items()}
+    raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
+    keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed")]
+    return {key: raw[key]["output"] for key in keys if "output" in raw.get(key, {})}
 
 
 def _is_synthesis(state: CheckpointState, key: str) -> bool:
