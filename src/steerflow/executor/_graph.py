@@ -92,6 +92,11 @@ class Operation:
     # call is a model-and-tool loop of at most ``max_steps`` model requests (issue 39).
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
+    # Per-node settings (issue 40): tries after the first failed call (None: no retry),
+    # the pause before each, and the longest one call may take (decisions 276-278).
+    retry_attempts: int | None = None
+    retry_backoff_s: float = 0.0
+    timeout_s: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -284,7 +289,12 @@ def build_graph(plan: PlanFile) -> Graph:
             declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
             tools=tuple(plan.tools_of(entry)),
             max_steps=entry.max_steps,
+            # The entry's own model wins over its role's and the run's (decision 277).
+            pinned_model=entry.model,
+            timeout_s=entry.timeout_s,
         )
+        if entry.retry is not None:
+            op.retry_attempts, op.retry_backoff_s = entry.retry.attempts, entry.retry.backoff_s
         ids[entry.agent_id] = op.node_id
         graph.add(op)
     for entry, op in zip(plan.plan, graph.planned, strict=True):

@@ -26,6 +26,7 @@ from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
+from steerflow.executor._retry import NodeTries, limited
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -68,6 +69,8 @@ class _Call:
     stops_at_deadline: bool
     deadline_grace_s: float | None = None
     timer: asyncio.TimerHandle | None = None
+    #: Waiting out its node's ``retry.backoff_s``: any close of admission ends the wait.
+    backing_off: bool = False
 
     @classmethod
     def of(cls, provider: Provider) -> _Call:
@@ -203,7 +206,10 @@ class FlowExecutor:
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
         for call in list(self._inflight.values()):
-            if cancel_inflight or (cancel_long_running and call.stops_at_deadline):
+            if call.backing_off:
+                # No call is out: a retry not yet sent is one admission no longer allows.
+                call.scope.cancel(reason)
+            elif cancel_inflight or (cancel_long_running and call.stops_at_deadline):
                 call.scope.cancel(reason)
             elif cancel_long_running and call.deadline_grace_s is not None and not call.timer:
                 loop = asyncio.get_running_loop()
@@ -518,7 +524,14 @@ class FlowExecutor:
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
         if op.tools:
-            return await self._run_tools(op, provider, request)
+            # One limit for the whole loop: its steps and tool calls (decision 278).
+            return await limited(op, lambda: self._run_tools(op, provider, request))
+        return await NodeTries(self, op).run(lambda: self._try(op, provider, request))
+
+    async def _try(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """One try of ``op``'s call, journaled as its own intent; None: not sent."""
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -529,7 +542,11 @@ class FlowExecutor:
             if not await self.before_call(op, CallIntent.of(op, attempt, reservation)):
                 return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
-        return checked_response(provider, await provider.invoke(request))
+        return checked_response(provider, await limited(op, lambda: provider.invoke(request)))
+
+    def inflight_call(self, op: Operation) -> _Call | None:
+        """``op``'s call in flight (its cancel scope), if one is."""
+        return self._inflight.get(op.node_id)
 
     async def _run_tools(
         self, op: Operation, provider: Provider, request: ProviderRequest
@@ -673,6 +690,10 @@ class FlowExecutor:
             escalated_from=root.node_id,
             escalation=step,
             pinned_model=ladder[step - 1],
+            # Each rung is the same op at another model: its retries and limit too.
+            retry_attempts=root.retry_attempts,
+            retry_backoff_s=root.retry_backoff_s,
+            timeout_s=root.timeout_s,
         )
         self.graph.splice_after(failed.node_id, retry)
         self._done[retry.node_id] = asyncio.get_running_loop().create_future()

@@ -455,6 +455,9 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             root = graph.by_key[entry.escalated_from_key]
             child.escalated_from = root.node_id
             child.escalation, child.pinned_model = entry.escalation, entry.model
+            # The rung runs with its op's retries and call limit, as when spliced.
+            child.retry_attempts, child.retry_backoff_s = root.retry_attempts, root.retry_backoff_s
+            child.timeout_s = root.timeout_s
             child.branch = list(root.branch) if root.kind == "spawned" else []
             retries.append((entry, child))
         if entry.status == "completed":
