@@ -241,3 +241,131 @@ def test_crashes_between_tries_never_exceed_one_plus_attempts_across_the_chain(
     state, _ = load_checkpoint(home / "runs" / last.json["run_id"])
     assert "in_flight" not in state
     assert json.dumps(state["plan"]).count('"retry"') == 1
+
+
+#: The module beside the script: importable by the script and by a resume.
+NODE_FUNCTIONS = """\
+import os
+from pathlib import Path
+
+LOG = Path(os.environ["FN_LOG"])
+
+
+def _called(name):
+    with LOG.open("a") as log:
+        log.write(name + "\\n")
+
+
+def shout(call):
+    _called("shout")
+    return call.instruction.upper()
+
+
+def crash_once(call):
+    _called("crash_once")
+    if os.environ.get("FN_CRASH") == "1":
+        os._exit(137)  # the process dies mid-call: nothing after this is recorded
+    return "finished after a crash"
+"""
+
+BUILD_AND_RUN = """\
+import asyncio, sys
+from pathlib import Path
+
+import steerflow
+import nodefns
+
+plan = steerflow.Plan(
+    ops=[
+        steerflow.Op("a", "shout this", fn=nodefns.shout),
+        steerflow.Op("b", "then this", fn=nodefns.crash_once, depends_on=["a"]),
+        steerflow.Op("c", "and echo", depends_on=["b"]),
+    ],
+    concurrency=1,
+)
+options = steerflow.FlowOptions(plan=plan, model="echo", allow_python=True, checkpoint_version=3)
+result = asyncio.run(steerflow.run_flow(options, home=Path(sys.argv[1])))
+print(result.run_id, result.status)
+"""
+
+MAIN_FUNCTION = """\
+import sys
+import steerflow
+
+def shout(call):
+    return call.instruction.upper()
+
+try:
+    if sys.argv[1] == "fn":
+        steerflow.Op("a", "x", fn=shout)
+    else:
+        steerflow.Plan(ops=[steerflow.Op("a", "x", model="python:__main__:shout")])
+except steerflow.SteerflowError as exc:
+    print(type(exc).__name__, exc)
+    sys.exit(2)
+print("built")
+"""
+
+
+def _script_env(folder: Path, **extra: str) -> dict[str, str]:
+    import os
+
+    from flow_support import child_env
+
+    paths = [str(folder), os.environ.get("PYTHONPATH", "")]
+    return child_env(PYTHONPATH=os.pathsep.join(p for p in paths if p), **extra)
+
+
+def test_a_function_op_built_in_a_script_is_resumed_by_the_cli(home: Path, tmp_path: Path) -> None:
+    import subprocess
+
+    folder = tmp_path / "proj"
+    folder.mkdir()
+    (folder / "nodefns.py").write_text(NODE_FUNCTIONS)
+    (folder / "build.py").write_text(BUILD_AND_RUN)
+    log = tmp_path / "calls.log"
+    crashed = subprocess.run(
+        [sys.executable, str(folder / "build.py"), str(home)],
+        capture_output=True, text=True, timeout=120, check=False,
+        env=_script_env(folder, FN_LOG=str(log), FN_CRASH="1"),
+    )  # fmt: skip
+    assert crashed.returncode == 137, crashed.stderr
+    assert log.read_text().split() == ["shout", "crash_once"]
+    run_id = _newest_run(home)
+    state, _ = load_checkpoint(home / "runs" / run_id)
+    models = {item["agent_id"]: item.get("model") for item in state["plan"]}
+    assert models == {"a": "python:nodefns:shout", "b": "python:nodefns:crash_once", "c": None}
+
+    # Another process, the CLI: it imports nodefns again from PYTHONPATH (the consent was
+    # given to the run: resume has no --allow-python, and needs none).
+    resumed = run_cli(home, "resume", run_id, "--json",
+                      env=_script_env(folder, FN_LOG=str(log)), timeout=120)  # fmt: skip
+    assert resumed.returncode == 0, resumed.explain()
+    nodes = _nodes(resumed)
+    assert {k: v["status"] for k, v in nodes.items()} == dict.fromkeys("abc", "completed")
+    # a was replayed, not called again; b ran once more, this time to the end.
+    assert log.read_text().split() == ["shout", "crash_once", "crash_once"]
+    new_run = resumed.json["run_id"]
+    assert _show(home, new_run, "a")["response"] == "SHOUT THIS"
+    assert _show(home, new_run, "b")["response"] == "finished after a crash"
+    assert _show(home, new_run, "b")["model"] == "python:nodefns:crash_once"
+
+
+@pytest.mark.parametrize("how", ["fn", "spec"])
+def test_a_function_of_the_script_itself_is_refused_when_the_plan_is_built(
+    tmp_path: Path, how: str
+) -> None:
+    import subprocess
+
+    script = tmp_path / "main_fn.py"
+    script.write_text(MAIN_FUNCTION)
+    done = subprocess.run(
+        [sys.executable, str(script), how],
+        capture_output=True, text=True, timeout=60, check=False, env=_script_env(tmp_path),
+    )  # fmt: skip
+    assert done.returncode == 2, done.stdout + done.stderr
+    assert "built" not in done.stdout
+    assert "(__main__), which a resume in another process does not import" in done.stdout
+    assert "define it with `def` at the top level of a module" in done.stdout
+    expected = "Op.fn" if how == "fn" else "plan[0].model"
+    assert expected in done.stdout
