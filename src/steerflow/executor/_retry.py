@@ -11,16 +11,36 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar
 
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._graph import Operation
 from steerflow.executor._scope import CallScope
 
 if TYPE_CHECKING:
-    from steerflow.executor._scheduler import FlowExecutor
+    from steerflow.executor._fence import AdmissionFence
+    from steerflow.executor._steer import PauseGate
 
-__all__ = ["TIMEOUT_REASON", "NodeTries", "limited", "timeout_error"]
+
+class _Backoff(Protocol):
+    """The call in flight of a node backing off (the executor's ``_Call``)."""
+
+    backing_off: bool
+
+
+class Runner(Protocol):
+    """What the tries need of the executor (``FlowExecutor``)."""
+
+    prior_calls: dict[str, int]
+    admission_open: bool
+    gate: PauseGate
+    fence: AdmissionFence | None
+
+    def inflight_call(self, op: Operation) -> _Backoff | None: ...
+
+    def emit_paused(self, op: Operation) -> None: ...
+
+__all__ = ["TIMEOUT_REASON", "NodeTries", "Runner", "limited", "timeout_error"]
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -64,7 +84,7 @@ def worth_retrying(exc: ProviderError) -> bool:
 class NodeTries:
     """Calls ``op`` until one answers or its ``retry.attempts`` are spent (chain-wide)."""
 
-    def __init__(self, executor: FlowExecutor, op: Operation) -> None:
+    def __init__(self, executor: Runner, op: Operation) -> None:
         self.executor = executor
         self.op = op
 
