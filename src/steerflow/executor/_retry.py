@@ -40,6 +40,7 @@ class Runner(Protocol):
 
     def emit_paused(self, op: Operation) -> None: ...
 
+
 __all__ = ["TIMEOUT_REASON", "NodeTries", "Runner", "limited", "timeout_error"]
 
 T = TypeVar("T")
