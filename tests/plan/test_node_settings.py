@@ -40,7 +40,7 @@ def test_a_function_op_that_a_resume_could_not_import_is_refused() -> None:
 
     with pytest.raises(InvalidValueError, match="inside another function"):
         Op("a", "x", fn=inner)
-    with pytest.raises(InvalidValueError, match="Op.fn.*not a function"):
+    with pytest.raises(InvalidValueError, match=r"Op\.fn.*not a function"):
         Op("a", "x", fn="python:fn_nodes:record")  # type: ignore[arg-type]
 
 
