@@ -29,7 +29,10 @@ from steerflow.errors import (
 )
 from steerflow.executor import (
     BUDGET_REASON,
+    FLAG_NAMES,
+    PARAMETER_NAMES,
     CallScope,
+    CapNames,
     EventBus,
     FlowEvent,
     FlowExecutor,
@@ -394,12 +397,17 @@ class FlowRun:
             await self._providers.aclose()
             await asyncio.to_thread(db.close)
 
+    @property
+    def _cap_names(self) -> CapNames:
+        """How a budget refusal spells the caps: the flags typed, or the parameters."""
+        return FLAG_NAMES if self.options.names_flags else PARAMETER_NAMES
+
     def _meter(self, settings: RunSettings, models: set[str]) -> Meter:
         """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
         prices = PriceTable(settings.prices)
         caps = settings.caps
         providers = {spec: self._providers.get(spec) for spec in models}
-        enforceable(caps, prices, providers)
+        enforceable(caps, prices, providers, self._cap_names)
         prices.prepare(models)  # the table's import, here in a thread, not on the loop
         # What a later ``ctl budget`` could not enforce either (checked here, off the loop);
         # recorded in the session row, so the ``ctl`` writers refuse it (decision 246).
@@ -419,7 +427,7 @@ class FlowRun:
             # Said before anything runs; the first admission then closes (exit 76).
             self.warnings.append(
                 f"the resume chain has already reached its budget ({meter.exhausted_line()}): "
-                "nothing will be admitted; give a higher --max-cost/--max-tokens"
+                f"nothing will be admitted; give a higher {self._cap_names.caps}"
             )
         return meter
 
