@@ -369,3 +369,25 @@ def test_a_function_of_the_script_itself_is_refused_when_the_plan_is_built(
     assert "define it with `def` at the top level of a module" in done.stdout
     expected = "Op.fn" if how == "fn" else "plan[0].model"
     assert expected in done.stdout
+
+
+def test_a_planner_cannot_choose_a_nodes_model(home: Path, server: FakeLLMServer) -> None:
+    chosen = {"plan": [{"agent_id": "a", "instruction": "NODE-A", "model": "python:os:getcwd"}]}
+    plain = {"plan": [{"agent_id": "a", "instruction": "NODE-A"}]}
+    # The first reply picks the code that runs its node: refused with feedback, then the
+    # second (without a model) runs at the run's model.
+    server.push(Reply(text=json.dumps(chosen)), Reply(text=json.dumps(plain)))
+    server.forever(Reply(text="node done"))
+    run = run_cli(home, "flow", "Do the thing.", "--model", "openai/test-model", "--json",
+                  env=_env(server), timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.explain()
+    assert _nodes(run)["a"]["status"] == "completed"
+    retry_body = json.dumps(server.bodies()[1])
+    assert "a generated plan cannot choose a node's model (a): leave model out" in retry_body
+    assert len(server.matching("NODE-A")) >= 1
+
+    server.push(Reply(text=json.dumps(chosen)), Reply(text=json.dumps(chosen)))
+    refused = run_cli(home, "flow", "Do it again.", "--model", "openai/test-model", "--json",
+                      env=_env(server), timeout=120)  # fmt: skip
+    assert refused.returncode != 0, refused.explain()
+    assert "a generated plan cannot choose a node's model" in refused.stdout + refused.stderr
