@@ -524,7 +524,7 @@ class FlowExecutor:
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
         if op.tools:
-            # One limit for the whole loop: its steps and tool calls (decision 278).
+            # One limit for the whole loop: its steps and tool calls (decision 279).
             return await limited(op, lambda: self._run_tools(op, provider, request))
         return await NodeTries(self, op).run(lambda: self._try(op, provider, request))
 
