@@ -394,3 +394,15 @@ def test_a_planner_cannot_choose_a_nodes_model(home: Path, server: FakeLLMServer
                       env=_env(server), timeout=120)  # fmt: skip
     assert refused.returncode != 0, refused.explain()
     assert "a generated plan cannot choose a node's model" in refused.stdout + refused.stderr
+
+
+def test_an_entry_model_that_runs_code_needs_consent(home: Path, tmp_path: Path) -> None:
+    plan = write_yaml(
+        tmp_path / "plan.yaml",
+        {"plan": [{"agent_id": "a", "instruction": "x", "model": "python:fn_nodes:record"}]},
+    )
+    refused = run_cli(home, "flow", "--plan", plan, "--json")
+    assert refused.returncode == 2, refused.explain()
+    assert "'python:fn_nodes:record' (plan entry 'a') for node(s) a" in refused.stderr
+    assert "--allow-python" in refused.stderr
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
