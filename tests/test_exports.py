@@ -277,7 +277,10 @@ EXPECTED: dict[str, set[str]] = {
     },
     "steerflow.executor": {
         "BUDGET_REASON",
+        "CapNames",
         "Caps",
+        "FLAG_NAMES",
+        "PARAMETER_NAMES",
         "Meter",
         "enforceable",
         "CLI_DEFAULT_MAX_SPAWN",

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 from steerflow.executor._budget import (
     BUDGET_REASON,
+    FLAG_NAMES,
+    PARAMETER_NAMES,
+    CapNames,
     Caps,
     InFlightDoubt,
     Meter,
@@ -42,14 +45,17 @@ from steerflow.executor._steer import (
 __all__ = [
     "BUDGET_REASON",
     "CLI_DEFAULT_MAX_SPAWN",
+    "FLAG_NAMES",
     "LIBRARY_DEFAULT_MAX_SPAWN",
     "LOOP_MEMBER",
+    "PARAMETER_NAMES",
     "STEER_CLOSE",
     "STEER_OPEN",
     "TERMINAL",
     "AdmissionFence",
     "CallIntent",
     "CallScope",
+    "CapNames",
     "Caps",
     "Edge",
     "EventBus",

@@ -99,6 +99,11 @@ class Operation:
     # How often a reply that does not fit ``output_schema`` is asked again (the entry's
     # ``retry.attempts``, else 1: decision 284).
     output_reasks: int = 1
+    # Per-node settings (issue 40): tries after the first failed call (None: no retry),
+    # the pause before each, and the longest one call may take (decisions 276-278).
+    retry_attempts: int | None = None
+    retry_backoff_s: float = 0.0
+    timeout_s: float | None = None
 
     @property
     def terminal(self) -> bool:
@@ -293,7 +298,12 @@ def build_graph(plan: PlanFile) -> Graph:
             max_steps=entry.max_steps,
             output_schema=entry.output_schema,
             output_reasks=entry.retry.attempts if entry.retry is not None else 1,
+            # The entry's own model wins over its role's and the run's (decision 277).
+            pinned_model=entry.model,
+            timeout_s=entry.timeout_s,
         )
+        if entry.retry is not None:
+            op.retry_attempts, op.retry_backoff_s = entry.retry.attempts, entry.retry.backoff_s
         ids[entry.agent_id] = op.node_id
         graph.add(op)
     for entry, op in zip(plan.plan, graph.planned, strict=True):

@@ -27,6 +27,7 @@ from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
 from steerflow.executor._output import CHARGED, ask_structured
+from steerflow.executor._retry import NodeTries, limited
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -76,6 +77,8 @@ class _Call:
     stops_at_deadline: bool
     deadline_grace_s: float | None = None
     timer: asyncio.TimerHandle | None = None
+    #: Waiting out its node's ``retry.backoff_s``: any close of admission ends the wait.
+    backing_off: bool = False
 
     @classmethod
     def of(cls, provider: Provider) -> _Call:
@@ -213,7 +216,10 @@ class FlowExecutor:
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
         for call in list(self._inflight.values()):
-            if cancel_inflight or (cancel_long_running and call.stops_at_deadline):
+            if call.backing_off:
+                # No call is out: a retry not yet sent is one admission no longer allows.
+                call.scope.cancel(reason)
+            elif cancel_inflight or (cancel_long_running and call.stops_at_deadline):
                 call.scope.cancel(reason)
             elif cancel_long_running and call.deadline_grace_s is not None and not call.timer:
                 loop = asyncio.get_running_loop()
@@ -543,12 +549,19 @@ class FlowExecutor:
         if fence is not None and not fence.fresh() and not await fence.hold():
             return None
         if op.tools:
-            return await self._run_tools(op, provider, request)
+            # One limit for the whole loop: its steps and tool calls (decision 279).
+            return await limited(op, lambda: self._run_tools(op, provider, request))
         if op.output_schema is not None:  # validated, asked again when it does not fit
             return await ask_structured(
-                self, op, request, lambda again: self._send(op, provider, again)
+                self, op, request, lambda again: self._tries(op, provider, again)
             )
-        return await self._send(op, provider, request)
+        return await self._tries(op, provider, request)
+
+    async def _tries(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """``op``'s call with its retries (decision 278): each try is its own intent."""
+        return await NodeTries(self, op).run(lambda: self._send(op, provider, request))
 
     async def _send(
         self, op: Operation, provider: Provider, request: ProviderRequest
@@ -556,7 +569,7 @@ class FlowExecutor:
         """One call: its write-ahead intent, then the provider; None if it must not leave."""
         fence = self.fence
         if fence is not None and not fence.fresh() and not await fence.hold():
-            return None  # a re-ask's own check (the first call's was made just before)
+            return None  # a re-ask's or a retry's own check (the first call's was just made)
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -567,7 +580,11 @@ class FlowExecutor:
             if not await self.before_call(op, CallIntent.of(op, attempt, reservation)):
                 return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
-        return checked_response(provider, await provider.invoke(request))
+        return checked_response(provider, await limited(op, lambda: provider.invoke(request)))
+
+    def inflight_call(self, op: Operation) -> _Call | None:
+        """``op``'s call in flight (its cancel scope), if one is."""
+        return self._inflight.get(op.node_id)
 
     async def _run_tools(
         self, op: Operation, provider: Provider, request: ProviderRequest
@@ -713,6 +730,10 @@ class FlowExecutor:
             pinned_model=ladder[step - 1],
             output_schema=root.output_schema,
             output_reasks=root.output_reasks,
+            # Each rung is the same op at another model: its retries and limit too.
+            retry_attempts=root.retry_attempts,
+            retry_backoff_s=root.retry_backoff_s,
+            timeout_s=root.timeout_s,
         )
         self.graph.splice_after(failed.node_id, retry)
         self._done[retry.node_id] = asyncio.get_running_loop().create_future()

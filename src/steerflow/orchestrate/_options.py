@@ -184,6 +184,9 @@ class FlowOptions:
     #: By model spec or name: a ``steerflow.Price``, an ``(IN, OUT)`` pair or
     #: ``{"input": IN, "output": OUT}`` (USD per million tokens); kept as ``Price``.
     prices: Mapping[str, PriceLike] = field(default_factory=dict)
+    #: True when built from the command line's flags: a budget refusal then names the
+    #: flag (``--max-cost``), else the parameter (``max_cost``; issue 40 item 5).
+    names_flags: bool = False
     # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
     # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
     plan: Plan | None = None

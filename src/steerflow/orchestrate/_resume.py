@@ -523,6 +523,9 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             child.escalation, child.pinned_model = entry.escalation, entry.model
             # An attempt of a typed node is typed too (its schema is the plan entry's).
             child.output_schema, child.output_reasks = root.output_schema, root.output_reasks
+            # The rung runs with its op's retries and call limit, as when spliced.
+            child.retry_attempts, child.retry_backoff_s = root.retry_attempts, root.retry_backoff_s
+            child.timeout_s = root.timeout_s
             child.branch = list(root.branch) if root.kind == "spawned" else []
             retries.append((entry, child))
         if entry.status == "completed":

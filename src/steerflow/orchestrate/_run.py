@@ -29,7 +29,10 @@ from steerflow.errors import (
 )
 from steerflow.executor import (
     BUDGET_REASON,
+    FLAG_NAMES,
+    PARAMETER_NAMES,
     CallScope,
+    CapNames,
     EventBus,
     FlowEvent,
     FlowExecutor,
@@ -84,6 +87,7 @@ from steerflow.orchestrate._resume import (
 )
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._tries import TRIES_KEY, chain_tries, tries_member
 from steerflow.plan import (
     CODE_SOURCE,
     SYNTHESIS_KEY,
@@ -394,6 +398,8 @@ class FlowRun:
         opts = self.options
         models = {settings.model, *settings.role_models.values(), *settings.escalation_models}
         models.add(settings.synthesis_model)
+        # Each entry's own model (issue 40): refused, priced and metered as a role's.
+        models.update(entry.model for entry in (plan.plan if plan else ()) if entry.model)
         for spec in models:
             # refuses a bad model spec before anything starts; in a thread, because
             # building a provider may read a file (script:PATH)
@@ -409,12 +415,17 @@ class FlowRun:
             await self._providers.aclose()
             await asyncio.to_thread(db.close)
 
+    @property
+    def _cap_names(self) -> CapNames:
+        """How a budget refusal spells the caps: the flags typed, or the parameters."""
+        return FLAG_NAMES if self.options.names_flags else PARAMETER_NAMES
+
     def _meter(self, settings: RunSettings, models: set[str]) -> Meter:
         """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
         prices = PriceTable(settings.prices)
         caps = settings.caps
         providers = {spec: self._providers.get(spec) for spec in models}
-        enforceable(caps, prices, providers)
+        enforceable(caps, prices, providers, self._cap_names)
         prices.prepare(models)  # the table's import, here in a thread, not on the loop
         # What a later ``ctl budget`` could not enforce either (checked here, off the loop);
         # recorded in the session row, so the ``ctl`` writers refuse it (decision 246).
@@ -434,7 +445,7 @@ class FlowRun:
             # Said before anything runs; the first admission then closes (exit 76).
             self.warnings.append(
                 f"the resume chain has already reached its budget ({meter.exhausted_line()}): "
-                "nothing will be admitted; give a higher --max-cost/--max-tokens"
+                f"nothing will be admitted; give a higher {self._cap_names.caps}"
             )
         return meter
 
@@ -588,11 +599,21 @@ class FlowRun:
                 raise planning_failure(provider, exc) from None
             try:
                 # Over the limit is an invalid reply like any other: one retry, then refuse.
-                return parse_plan(
+                planned = parse_plan(
                     raw, source=f"plan from {model}", max_entries=self.options.max_plan_entries
                 )
             except PlanValidationError as exc:
                 feedback = str(exc)
+                continue
+            chosen = [entry.agent_id for entry in planned.plan if entry.model is not None]
+            if not chosen:
+                return planned
+            # A model must not pick the code that runs a node (an agent worker, a
+            # python: function): that is the operator's consent to give (decision 277).
+            feedback = (
+                f"plan from {model}: a generated plan cannot choose a node's model "
+                f"({', '.join(chosen)}): leave model out"
+            )
         raise ProviderError(f"the planner returned an invalid plan twice; last error: {feedback}")
 
     async def _run_with_db(
@@ -940,7 +961,7 @@ class FlowRun:
                 session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=self._config(settings, s.run_dir.run_id),
+                config=self._config(settings, s.run_dir.run_id, graph),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -963,7 +984,7 @@ class FlowRun:
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
 
-    def _config(self, settings: RunSettings, run_id: str) -> dict[str, Any]:
+    def _config(self, settings: RunSettings, run_id: str, graph: Graph) -> dict[str, Any]:
         """The checkpoint ``config``, with the chain's spend its entries will not hold.
 
         Last, the run's own id: a copy of the run directory under another name is then
@@ -978,6 +999,10 @@ class FlowRun:
             config[IN_FLIGHT_KEY] = seed.doubt.to_json()
         if seed is not None and seed.replay.edited:  # ``resume --from``: edits of the chain
             config[EDITED_KEY] = {k: dict(v) for k, v in seed.replay.edited.items()}
+        if seed is not None:
+            tries = tries_member(chain_tries(seed.config, seed.in_flight), graph)
+            if tries:  # likewise: the calls of retrying nodes earlier runs made
+                config[TRIES_KEY] = tries
         config[RUN_ID_KEY] = run_id
         return config
 
@@ -1028,6 +1053,12 @@ class FlowRun:
         seed = self.options.resume
         for call in seed.in_flight if seed is not None else ():
             executor.prior_calls[call.node] = executor.prior_calls.get(call.node, 0) + 1
+        if seed is not None:
+            # A retrying node counts every call of its chain, not only the source's
+            # (decision 278): its attempt numbers go on from there.
+            tries = chain_tries(seed.config, seed.in_flight)
+            for node, made in tries_member(tries, graph).items():
+                executor.prior_calls[node] = max(executor.prior_calls.get(node, 0), made)
         if seed is not None:
             for step in seed.steps:
                 key = (str(step["record"]), str(step["key"]))

@@ -11,7 +11,7 @@ the op by its position and id, as a file's error does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -33,7 +33,7 @@ from steerflow.plan._model import (
     SynthesisSpec,
 )
 from steerflow.plan._schema import output_schema_of
-from steerflow.plan._tool_ref import tool_spec_of
+from steerflow.plan._tool_ref import importable_spec, main_spec_problem, tool_spec_of
 
 __all__ = ["CODE_SOURCE", "Edge", "Loop", "Op", "Plan", "Role", "Synthesis"]
 
@@ -88,12 +88,22 @@ class Op:
     #: The reply's JSON Schema; a pydantic model class, dataclass or TypedDict is kept as
     #: its JSON Schema (``FlowResult.output(node, cls)`` parses the output back into it).
     output_schema: Mapping[str, Any] | type | None = None
+    #: A function node: the module-level function that runs this op, recorded as the model
+    #: ``python:MODULE:QUALNAME`` (one a resume in another process could not import back
+    #: is refused here). Not together with ``model`` (decision 279).
+    fn: Callable[..., Any] | None = None
+    _fn_spec: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
         _freeze(self, "depends_on", _items("Op.depends_on", self.depends_on, "op ids"))
         _freeze(self, "artifacts", _items("Op.artifacts", self.artifacts, "paths"))
         _freeze(self, "tools", _tools("Op.tools", self.tools))
+        _no_callable_model("Op.model", self.model, "give a function as Op(fn=...)")
+        if self.fn is not None:
+            if not callable(self.fn):
+                raise InvalidValueError("Op.fn", f"{shown(self.fn)} is not a function")
+            _freeze(self, "_fn_spec", importable_spec(self.fn, "Op.fn", "a function node"))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agent_id": self.agent_id}
@@ -112,6 +122,9 @@ class Op:
             out["max_steps"] = self.max_steps
         for name in ("model", "retry", "timeout_s", "output_schema"):
             value = getattr(self, name)
+            if name == "model" and self._fn_spec is not None:
+                # Both given: the plan refuses them, naming the op (``Plan._check_fn``).
+                value = self._fn_spec if value is None else value
             if value is not None:
                 out[name] = dict(value) if isinstance(value, Mapping) else value
         if isinstance(self.output_schema, type):  # the plan keeps the class's JSON Schema
@@ -168,6 +181,9 @@ class Role:
     tools: Sequence[str | Callable[..., Any]] = ()
 
     def __post_init__(self) -> None:
+        _no_callable_model(
+            "Role.model", self.model, "a role's model is a spec string; give each op fn=..."
+        )
         _freeze(self, "artifacts", _items("Role.artifacts", self.artifacts, "paths"))
         _freeze(self, "tools", _tools("Role.tools", self.tools))
         _freeze(self, "escalation", _items("Role.escalation", self.escalation, "model specs"))
@@ -264,7 +280,9 @@ class Plan:
         _freeze(self, "tools", _tools("Plan.tools", self.tools))
         for name in ("tool_options", "mcp_servers"):
             _freeze(self, name, MappingProxyType(_mapping(f"Plan.{name}", getattr(self, name))))
+        _no_callable_model("Plan.model", self.model, "give each op fn=...")
         self._check_types()
+        self._check_code_models()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
         # The model's spelling: a plan file's `reactive: true` reads back as "all".
@@ -300,6 +318,44 @@ class Plan:
                 for where, kind, value in wrong
             ]
             raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
+
+    def _check_code_models(self) -> None:
+        """``fn`` with ``model``, and model specs a resume could not import (decision 279).
+
+        A plan file cannot name ``fn``; a ``python:__main__:NAME`` string is refused only
+        in code, where the script that built the plan is ``__main__``.
+        """
+        problems: list[tuple[str, str]] = []
+        ops = list(self._written_ops())
+        for where, op in ops:
+            if op.fn is not None and op.model is not None:
+                problems.append(
+                    (f"{where}.fn", "give fn or model, not both (fn is recorded as the "
+                     f"model {op._fn_spec})")
+                )  # fmt: skip
+        specs = [("model", self.model)]
+        specs += [(f"{where}.model", op.model) for where, op in ops]
+        for name, role in self.roles.items():
+            specs.append((f"roles.{name}.model", role.model))
+            specs += [(f"roles.{name}.escalation[{i}]", m) for i, m in enumerate(role.escalation)]
+        if self.synthesis is not None:
+            specs.append(("synthesis.model", self.synthesis.model))
+        for where, spec in specs:
+            problem = main_spec_problem(spec)
+            if problem is not None:
+                problems.append((where, problem))
+        if problems:
+            lines = [f"{CODE_SOURCE}: {where}: {problem}" for where, problem in problems]
+            raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
+
+    def _written_ops(self) -> Iterator[tuple[str, Op]]:
+        """Every op with where it is written: ``plan[2]``, or ``plan[3].loop.body[0]``."""
+        for index, item in enumerate(self.ops):
+            if isinstance(item, Loop):
+                for k, op in enumerate(item.body):
+                    yield f"plan[{index}].loop.body[{k}]", op
+            else:
+                yield f"plan[{index}]", item
 
     @property
     def plan_file(self) -> PlanFile:
@@ -413,7 +469,17 @@ def _price_data(price: object) -> object:
 def _tools(name: str, value: object) -> tuple[str, ...]:
     """A tools argument as spec strings: a function becomes its importable spec."""
     items = _items(name, value, "tool specs or functions")
+    for i, item in enumerate(items):
+        problem = main_spec_problem(item)
+        if problem is not None:
+            raise InvalidValueError(f"{name}[{i}]", problem)
     return tuple(tool_spec_of(item, f"{name}[{i}]") for i, item in enumerate(items))
+
+
+def _no_callable_model(name: str, model: object, fix: str) -> None:
+    """A function given as a model spec is refused, with where a function goes instead."""
+    if model is not None and not isinstance(model, str) and callable(model):
+        raise InvalidValueError(name, f"{model!r} is a function, not a model spec: {fix}")
 
 
 def _mapping(name: str, value: object) -> dict[Any, Any]:

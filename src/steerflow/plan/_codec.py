@@ -45,6 +45,14 @@ def plan_to_checkpoint(
             item[CHECKPOINT_MEMBER] = marks[entry.agent_id]
         if entry.output_schema is not None:  # a resume asks the same structured output
             item["output_schema"] = entry.output_schema
+        # Per-node settings, only when set (every other plan keeps its bytes): a resume
+        # runs the node at the same model, with the same retries and limit.
+        if entry.model is not None:
+            item["model"] = entry.model
+        if entry.retry is not None:
+            item["retry"] = entry.retry.model_dump()
+        if entry.timeout_s is not None:
+            item["timeout_s"] = entry.timeout_s
         if node_ids and entry.agent_id in node_ids:
             item["node_id"] = node_ids[entry.agent_id]
         out.append(item)

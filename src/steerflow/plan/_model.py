@@ -153,7 +153,13 @@ class PlanEntry(_Strict):
     #: Per-node settings (issue 40 item 1): the model that runs this entry (wins over its
     #: role's and the plan's), how a failed call is tried again, and the longest one call
     #: may take before it fails.
-    model: str | None = Field(default=None, min_length=1, max_length=512)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Leave this out: the operator's plan file chooses per-node models, "
+        "a generated plan cannot.",
+    )
     retry: RetrySpec | None = None
     timeout_s: float | None = Field(default=None, gt=0, le=86_400, allow_inf_nan=False)
     #: A JSON Schema the reply must satisfy (issue 40 item 2): asked for as structured
@@ -431,6 +437,7 @@ class PlanFile(_Strict):
                 )
             ids[entry.agent_id] = index
         self._check_artifact_paths()
+        self._check_retries()
         for index, entry in enumerate(self.plan):
             for dep in entry.dependencies:
                 if dep.id not in ids:
@@ -515,6 +522,16 @@ class PlanFile(_Strict):
                             f"{where}: {spec!r} names MCP server {server!r}, which "
                             f"mcp_servers does not declare (declared: {known})"
                         )
+
+    def _check_retries(self) -> None:
+        # A tool node's loop journals each step and may have run tools with effects:
+        # calling it again from the start would run them twice (decision 278).
+        for index, entry in enumerate(self.plan):
+            if entry.retry is not None and entry.retry.attempts > 0 and self.tools_of(entry):
+                raise ValueError(
+                    f"plan[{index}] ({entry.agent_id!r}).retry: a node with tools is not "
+                    "retried (its tools would run again); drop retry, or the tools"
+                )
 
     def _check_artifact_paths(self) -> None:
         # Checked here rather than per field so the message names the entry's agent_id.
