@@ -48,6 +48,15 @@ Also printed: the import cost of ``pydantic_ai`` (and of what an OpenAI agent im
 beside ``import steerflow`` and the bare interpreter: median wall of fresh
 ``python -c "import ..."`` processes and ``-X importtime``'s cumulative figure.
 
+Then, unless ``--no-kills``, the kill section of ``benchmarks/tool_kills.py`` (its docstring
+has the details): a shorter loop (``--kill-steps``, default 10) whose tool is ``charge``, a
+side effect, SIGKILLed ``--kills`` times per row (default 10) while its ``--kill-at``-th call
+(default 5) is in flight, and recovered in a fresh process the row's documented way (DBOS:
+``DBOS.launch()``; LangGraph: ``invoke(None)`` on the thread; steerflow: ``resume``, refused,
+then ``--tool-call ID=skip``; Pydantic AI alone: from the start). It counts the kills after
+which the in-flight side effect ran again, the calls that had returned and ran again, the
+recoveries that finished, and steerflow's refusals.
+
 A row whose package is missing prints ``not installed (pip install ...)``; a row that fails
 prints its error. Figures only; nothing is asserted; exit 0.
 """
@@ -107,13 +116,16 @@ COUNTER_ENV = "TOOL_LOOP_FSYNC_COUNTER"
 
 
 def reply(request: dict[str, Any], steps: int) -> dict[str, Any]:
-    """The chat completion answering ``request``: one ``lookup`` call, or the final text."""
+    """The chat completion answering ``request``: one call of its tool, or the final text."""
     done = sum(1 for m in request.get("messages", ()) if m.get("role") == "tool")
+    tools = request.get("tools") or ()
     message: dict[str, Any]
-    if request.get("tools") and done < steps - 1:
+    if tools and done < steps - 1:
         arguments = json.dumps({"key": f"k{done}"})
-        call = {"id": f"call_{done}", "type": "function"}
-        call["function"] = {"name": "lookup", "arguments": arguments}
+        call: dict[str, Any] = {"id": f"call_{done}", "type": "function"}
+        # The first tool offered: ``lookup`` here, ``charge`` in benchmarks/tool_kills.py.
+        name = tools[0].get("function", {}).get("name", "lookup")
+        call["function"] = {"name": name, "arguments": arguments}
         message = {"role": "assistant", "content": None, "tool_calls": [call]}
         finish = "tool_calls"
     else:
@@ -168,17 +180,18 @@ def serve(steps: int, delay_s: float) -> None:
 def server(steps: int, delay_s: float) -> Iterator[str]:
     """The server process; yields its base URL (``.../v1``)."""
     argv = [sys.executable, __file__, "--serve", str(steps), str(delay_s)]
-    proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        port = int(proc.stdout.readline())  # type: ignore[union-attr]
-        yield f"http://127.0.0.1:{port}/v1"
-    finally:
-        proc.stdin.close()  # type: ignore[union-attr]
+    # The ``with`` closes both pipes when it is over.
+    with subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as proc:
         try:
-            proc.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+            port = int(proc.stdout.readline())  # type: ignore[union-attr]
+            yield f"http://127.0.0.1:{port}/v1"
+        finally:
+            proc.stdin.close()  # type: ignore[union-attr]
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
 
 # -- measuring -----------------------------------------------------------------------------
@@ -301,8 +314,10 @@ def wchar() -> int | None:
 # -- the peer rows (each in a child: ``--child ROW``) ---------------------------------------
 
 
-def pydantic_agent(base_url: str, steps: int, name: str) -> tuple[Any, Callable[[Any], Any]]:
-    """A Pydantic AI agent with ``lookup`` and a runner checking it made the calls."""
+def pydantic_agent(
+    base_url: str, steps: int, name: str, tool: Callable[..., str] = lookup
+) -> tuple[Any, Callable[[Any], Any]]:
+    """A Pydantic AI agent with ``tool`` and a runner returning its final text."""
     from pydantic_ai import Agent
     from pydantic_ai.providers.openai import OpenAIProvider
     from pydantic_ai.usage import UsageLimits
@@ -310,10 +325,10 @@ def pydantic_agent(base_url: str, steps: int, name: str) -> tuple[Any, Callable[
     try:
         from pydantic_ai.models.openai import OpenAIChatModel as ChatModel
     except ImportError:  # an older pydantic-ai
-        from pydantic_ai.models.openai import OpenAIModel as ChatModel  # type: ignore[no-redef]
+        from pydantic_ai.models.openai import OpenAIModel as ChatModel  # type: ignore[no-redef,attr-defined]
 
     model = ChatModel(MODEL, provider=OpenAIProvider(base_url=base_url, api_key="x"))
-    agent = Agent(model, tools=[lookup], name=name)
+    agent = Agent(model, tools=[tool], name=name)
     limits = UsageLimits(request_limit=steps + 5)
 
     async def run(runner: Any) -> str:
@@ -347,10 +362,11 @@ def prepare_dbos(base_url: str, steps: int, tmp: Path) -> tuple[Callable[[], str
     return lambda: loop.run_until_complete(run(durable)), [tmp]
 
 
-def prepare_langgraph(base_url: str, steps: int, tmp: Path) -> tuple[Callable[[], str], list[Path]]:
+def langgraph_graph(base_url: str, db: Path, tool: Callable[..., str] = lookup) -> Any:
+    """LangGraph's prebuilt ReAct agent with ``tool``, checkpointed by ``SqliteSaver`` in ``db``."""
     import sqlite3
 
-    from langchain_core.tools import tool
+    from langchain_core.tools import tool as as_tool
     from langchain_openai import ChatOpenAI
     from langgraph.checkpoint.sqlite import SqliteSaver
 
@@ -360,16 +376,21 @@ def prepare_langgraph(base_url: str, steps: int, tmp: Path) -> tuple[Callable[[]
     finally:
         warnings.resetwarnings()
     model = ChatOpenAI(model=MODEL, base_url=base_url, api_key="x", max_retries=0)  # type: ignore[arg-type]
-    saver = SqliteSaver(sqlite3.connect(tmp / "langgraph.sqlite", check_same_thread=False))
+    saver = SqliteSaver(sqlite3.connect(db, check_same_thread=False))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        graph = create_react_agent(model, [tool(lookup)], checkpointer=saver)
+        return create_react_agent(model, [as_tool(tool)], checkpointer=saver)
+
+
+def langgraph_config(thread_id: str, steps: int) -> Any:
+    return {"configurable": {"thread_id": thread_id}, "recursion_limit": 2 * steps + 10}
+
+
+def prepare_langgraph(base_url: str, steps: int, tmp: Path) -> tuple[Callable[[], str], list[Path]]:
+    graph = langgraph_graph(base_url, tmp / "langgraph.sqlite")
 
     def run() -> str:
-        config: Any = {
-            "configurable": {"thread_id": uuid.uuid4().hex},
-            "recursion_limit": 2 * steps + 10,
-        }
+        config = langgraph_config(uuid.uuid4().hex, steps)
         out = graph.invoke({"messages": [("user", PROMPT)]}, config)
         return str(out["messages"][-1].content)
 
@@ -475,14 +496,8 @@ def cpu_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def steerflow_once(
-    plan: Path, home: Path, base_url: str, tmp: Path, shim: Path | None, expect_steps: int
-) -> dict[str, Any]:
-    """One ``steerflow flow`` process: CPU, wall, home growth, bytes written, fsyncs.
-
-    The run must complete with the server's last answer, which names the tool calls made.
-    """
-    expect = f"done after {expect_steps - 1 if expect_steps > 1 else 0} lookups"
+def steerflow_env(base_url: str) -> dict[str, str]:
+    """The environment of a ``steerflow`` child: the loopback server, this tree importable."""
     env = dict(os.environ)
     # The caller's PYTHONPATH first: PYTHONPATH=/other/src measures another tree's steerflow.
     paths = [env.get("PYTHONPATH", ""), str(ROOT), str(ROOT / "src")]
@@ -493,6 +508,18 @@ def steerflow_once(
         "PYTHONPATH": os.pathsep.join(p for p in paths if p),
     }
     env.pop("STEERFLOW_STATE_DB_URL", None)
+    return env
+
+
+def steerflow_once(
+    plan: Path, home: Path, base_url: str, tmp: Path, shim: Path | None, expect_steps: int
+) -> dict[str, Any]:
+    """One ``steerflow flow`` process: CPU, wall, home growth, bytes written, fsyncs.
+
+    The run must complete with the server's last answer, which names the tool calls made.
+    """
+    expect = f"done after {expect_steps - 1 if expect_steps > 1 else 0} lookups"
+    env = steerflow_env(base_url)
     counter = None
     if shim is not None:
         counter = counter_file(tmp)
@@ -599,6 +626,12 @@ def main() -> int:
         "--repeat", type=int, default=3, help="measured runs per row (medians are printed)"
     )
     parser.add_argument("--child", nargs=4, help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--no-kills", action="store_true", help="skip the kill section (benchmarks/tool_kills.py)"
+    )
+    from benchmarks import tool_kills
+
+    tool_kills.add_arguments(parser, 10)
     args = parser.parse_args()
     if args.serve:
         serve(int(args.serve[0]), float(args.serve[1]))
@@ -611,6 +644,7 @@ def main() -> int:
     rows = [r for r in args.rows.split(",") if r]
     if set(rows) - set(ROWS):
         parser.error(f"unknown rows {sorted(set(rows) - set(ROWS))}")
+    kill_rows = [] if args.no_kills else tool_kills.check_arguments(parser, args)
     import platform
     from importlib.metadata import PackageNotFoundError, version
 
@@ -697,6 +731,9 @@ def main() -> int:
         wall, cumulative = cost
         extra = f"  importtime {cumulative:7.1f} ms" if cumulative is not None else ""
         print(f"  {label:<26} wall {wall:7.1f} ms{extra}", flush=True)
+    if kill_rows:
+        print()
+        tool_kills.kill_section(kill_rows, args.kills, args.kill_steps, args.kill_at, args.delay_ms)
     return 0
 
 

@@ -45,8 +45,11 @@ def steered_plan(script: Path) -> Plan:
 
 
 def describe(event: steerflow.RunEvent) -> str:
-    """One line per event: its type and its fields (timestamps left out)."""
-    fields = {f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name != "ts"}
+    """One line per event: its type and its fields (timestamps and replies left out)."""
+    left_out = ("ts", "response", "output", "usage")  # a reply may span lines
+    fields = {
+        f.name: getattr(event, f.name) for f in dataclasses.fields(event) if f.name not in left_out
+    }
     return " ".join([event.type, *(f"{k}={v}" for k, v in fields.items() if v not in (None, ""))])
 
 

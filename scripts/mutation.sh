@@ -35,7 +35,7 @@ tests_for() {
       echo tests/checkpoint/test_patch.py tests/checkpoint/test_patch_conformance.py ;;
     checkpoint/_digest.py)
       echo tests/checkpoint/test_digest_known_answers.py tests/checkpoint/test_spawned_ids.py \
-        tests/checkpoint/test_identity_digest.py ;;
+        tests/checkpoint/test_identity_digest.py tests/checkpoint/test_output_member.py ;;
     checkpoint/_load_v3.py)
       echo tests/checkpoint/test_load_v3.py tests/checkpoint/test_load_dispatch.py \
         tests/checkpoint/test_refusal_names.py ;;

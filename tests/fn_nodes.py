@@ -11,6 +11,8 @@ import os
 import threading
 import time
 
+from pydantic import BaseModel
+
 from steerflow import NodeCall
 
 #: Every NodeCall ``record`` received, in call order.
@@ -106,3 +108,16 @@ def sleeps_an_hour(call: NodeCall) -> str:
         log.write(call.node_id + "\n")
     time.sleep(3600)
     return "woke up"
+
+
+class Verdict(BaseModel):
+    """What ``judge`` returns for a node with an ``output_schema`` (issue 40)."""
+
+    ok: bool
+    seen: dict[str, object]
+
+
+def judge(call: NodeCall) -> Verdict:
+    """A typed function node: its return value is its output; it sees its dependencies'."""
+    SEEN.append(call)
+    return Verdict(ok=True, seen=call.outputs)

@@ -19,6 +19,7 @@ import yaml
 
 import steerflow
 from steerflow import _faults
+from steerflow.errors import UsageError
 from steerflow.orchestrate import (
     AdmissionClosed,
     CheckpointSaved,
@@ -213,8 +214,9 @@ async def test_a_reader_that_never_reads_does_not_hold_the_run(tmp_path: Path) -
     last = [e async for e in newest]
     assert isinstance(last[0], EventsDropped) and last[0].count == len(kept) - 5
     assert last[1:] == kept[-5:]
-    late = run.events()  # opened after the run ended: nothing, and it ends at once
-    assert [e async for e in late] == []
+    # Opened after the run: refused, saying to open it first (it would see nothing).
+    with pytest.raises(UsageError, match=r"after run\(\) began: open the stream first"):
+        run.events()
 
 
 async def test_a_stream_drops_oldest_first_and_says_where() -> None:

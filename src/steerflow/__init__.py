@@ -14,6 +14,8 @@ What a library user needs, in one place::
 
     seed = steerflow.prepare_resume(home, result.run_id)  # or FlowResumeError
     again = steerflow.FlowOptions(resume=seed)
+    fork = asyncio.run(steerflow.resume_run(home, result.run_id, from_node="b",
+                                            instruction="Then b, briefly."))  # rerun from b
 
     plan = steerflow.Plan(ops=[steerflow.Op("a", "Do a."), steerflow.Op("b", "Then b.",
                                                                        depends_on=["a"])])
@@ -82,6 +84,7 @@ if TYPE_CHECKING:
         ModelStep,
         NodeCompleted,
         NodeFailed,
+        NodeOutcome,
         NodePaused,
         NodeReplayed,
         NodeSkipped,
@@ -96,9 +99,10 @@ if TYPE_CHECKING:
         ToolCallEnded,
         ToolCallStarted,
         prepare_resume,
+        resume_run,
         run_flow,
     )
-    from steerflow.plan import Edge, Op, Plan, Role, Synthesis
+    from steerflow.plan import Edge, Loop, Op, Plan, Role, Synthesis
     from steerflow.providers import DependencyResult, NodeCall, Price
     from steerflow.views import approve, budget, deny, message, pause, resume, stop
 
@@ -132,11 +136,13 @@ __all__ = [
     "InvalidValueError",
     "KindNotAllowedError",
     "LeaseLostError",
+    "Loop",
     "ModelStep",
     "NoResponseError",
     "NodeCall",
     "NodeCompleted",
     "NodeFailed",
+    "NodeOutcome",
     "NodePaused",
     "NodeReplayed",
     "NodeSkipped",
@@ -176,6 +182,7 @@ __all__ = [
     "prepare_resume",
     "resolve_home",
     "resume",
+    "resume_run",
     "run_flow",
     "stop",
 ]
@@ -190,6 +197,7 @@ _LAZY = {
     "FlowEvent": "steerflow.executor",
     "resolve_home": "steerflow.home",
     "Edge": "steerflow.plan",
+    "Loop": "steerflow.plan",
     "Op": "steerflow.plan",
     "Plan": "steerflow.plan",
     "Role": "steerflow.plan",
@@ -199,6 +207,7 @@ _LAZY = {
     "FlowRun": "steerflow.orchestrate",
     "ResumeSeed": "steerflow.orchestrate",
     "prepare_resume": "steerflow.orchestrate",
+    "resume_run": "steerflow.orchestrate",
     "run_flow": "steerflow.orchestrate",
     "DependencyResult": "steerflow.providers",
     "NodeCall": "steerflow.providers",
@@ -210,6 +219,7 @@ _LAZY = {
     "ControlApplied": "steerflow.orchestrate",
     "EventStream": "steerflow.orchestrate",
     "EventsDropped": "steerflow.orchestrate",
+    "NodeOutcome": "steerflow.orchestrate",
     "NodeCompleted": "steerflow.orchestrate",
     "NodeFailed": "steerflow.orchestrate",
     "NodePaused": "steerflow.orchestrate",

@@ -239,6 +239,13 @@ async def test_the_server_in_process_answers_every_tool(tmp_path: Path) -> None:
         assert not refused["allowed"] and refused["refusal"]["code"] == "resume-refused"
         allowed = await _call(client, "resume_preflight", target=run, retry_failed=True)
         assert allowed["allowed"] and allowed["to_run"] == ["b", "c"]
+        # Rerun from a node (issue 40 item 6): a fork's dry run, b failed or not.
+        rerun = await _call(client, "resume_preflight", target=run, from_node="a",
+                            instruction="Do a again.")  # fmt: skip
+        assert rerun["allowed"] and rerun["rerun_from"]["rerun"] == ["a", "b", "c"]
+        assert rerun["rerun_from"]["instruction_edited"]["instruction"] == "Do a again."
+        unknown = await _call(client, "resume_preflight", target=run, from_node="zz")
+        assert unknown["refusal"]["code"] == "usage" and "'zz'" in unknown["refusal"]["message"]
         report = await _call(client, "checkpoint_report", target=run)
         assert report["status"] == "clean"
         assert (await _call(client, "show_run", target=run))["status"] == "failed"

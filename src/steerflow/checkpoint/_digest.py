@@ -19,7 +19,10 @@ Entry digest
     the members of :data:`COVERED_MEMBERS` (CONTRACT §10: ``spawned_ids``,
     ``artifacts``; an agent turn's ``turn``, ``controls``, ``next`` and
     ``conversation``; an escalation retry's attempt number ``escalation``; a call's
-    ``usage``, what it cost, which a resume chain's budget adds up).  An entry
+    ``usage``, what it cost, which a resume chain's budget adds up; the instruction a
+    ``resume --from`` fork edited, ``instruction_edited``; a loop round's ``loop``, its
+    round and what was decided after it; a typed node's ``output``, the validated
+    structured value a resume hands its dependents).  An entry
     carrying ``turn`` or ``escalation`` (the :data:`IDENTITY_MARKERS`, written only since
     they were covered) is digested over its :data:`IDENTITY_MEMBERS` too: its label and
     instruction, the logical operation, the attempt it replaces and its model, which
@@ -63,6 +66,9 @@ COVERED_MEMBERS = (
     "conversation",
     "escalation",
     "usage",
+    "instruction_edited",
+    "loop",
+    "output",
 )
 #: Covered members that make :data:`IDENTITY_MEMBERS` covered as well.
 IDENTITY_MARKERS = ("turn", "escalation")

@@ -417,6 +417,23 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
     "of refusing (exit 3); each is named in the progress and the result.",
 )
 @click.option(
+    "--from",
+    "from_node",
+    metavar="NODE",
+    help="Rerun from NODE: a fork (a new run; TARGET is unchanged, finished or not) that "
+    "replays every completed node that is neither NODE nor downstream of it, and runs NODE "
+    "and everything downstream of it (its dependents, the synthesis) again, paid; it names "
+    "them on stderr before it starts (`rerun` in --json). Failed and pending nodes "
+    "elsewhere behave as with --fork. NODE is a planned node or synthesis, not a spawned "
+    "one (an unknown NODE exits 2).",
+)
+@click.option(
+    "--instruction",
+    metavar="TEXT",
+    help="With --from: NODE runs with TEXT instead of its recorded instruction; the new "
+    "run records the edit (original and new text; `show RUN NODE` says so).",
+)
+@click.option(
     "--save",
     type=click.Path(file_okay=False, path_type=Path),
     metavar="DIR",
@@ -500,7 +517,12 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
         accept_checkpoint_contract=kw["accept_checkpoint_contract"],
         redeliver_claimed=kw["redeliver_claimed"],
         tool_calls=tool_call_decisions(kw["tool_calls"]),
+        from_node=kw["from_node"],
+        instruction=kw["instruction"],
     )
+    if seed.replay.rerun_from is not None:
+        # Said before anything is paid for (dry run or not): what this fork pays for.
+        warn(seed.replay.rerun_from.line())
     with flags_named():
         options = FlowOptions(
             resume=seed,
@@ -537,6 +559,8 @@ def _resume_agent(home: Path, target: str, kw: dict[str, Any]) -> int | None:
     run = agent_resume_source(home, target)
     if run is None:
         return None
+    if kw.get("from_node") is not None or kw.get("instruction") is not None:
+        raise UsageError("--from and --instruction do not apply to an agent run (one agent)")
     for flag in (
         "allow_degraded_context",
         "rerun_unsettled",

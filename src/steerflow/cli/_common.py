@@ -217,6 +217,8 @@ def budget_kw(kw: dict[str, Any]) -> dict[str, Any]:
         "max_cost": kw.get("max_cost"),
         "max_tokens": kw.get("max_tokens"),
         "prices": dict(parse_price_flag(text) for text in kw.get("prices") or ()),
+        # A refusal of these caps names the flags the operator typed.
+        "names_flags": True,
     }
 
 

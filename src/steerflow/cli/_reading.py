@@ -123,6 +123,12 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     ]
     if d.get("placement"):
         lines.append(f"ran on: {placement_text(d['placement'])}")
+    edited = d.get("instruction_edited")
+    if isinstance(edited, dict):
+        source = printable(str(edited.get("run_id") or "?"))
+        lines.append(f"instruction: edited (run {source} was rerun from this node with new text)")
+        lines.append(f"  original: {printable(str(edited.get('original')))}")
+        lines.append(f"  edited:   {printable(str(edited.get('instruction')))}")
     if d.get("parent"):
         lines.append(f"spawned by: {printable(d['parent'])}")
     if d.get("spawned"):
@@ -144,6 +150,9 @@ def _node_lines(d: dict[str, Any]) -> list[str]:
     lines += _block("instruction (as the provider received it)", d["instruction"], not_rendered)
     if d["status"] == "failed":
         lines += _block("error", d["error"], "not recorded")
+    elif d.get("output") is not None:  # the response is this value's compact JSON
+        shown = json.dumps(d["output"], indent=2, ensure_ascii=False)
+        lines += _block("output (validated against its output_schema)", shown, "")
     else:
         response = None if d["response"] is None else response_text(d["response"])
         lines += _block("response", response, f"none ({d['status']})")

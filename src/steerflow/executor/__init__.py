@@ -5,6 +5,9 @@ from __future__ import annotations
 from steerflow.executor._approvals import ApprovalDesk, Decision
 from steerflow.executor._budget import (
     BUDGET_REASON,
+    FLAG_NAMES,
+    PARAMETER_NAMES,
+    CapNames,
     Caps,
     InFlightDoubt,
     Meter,
@@ -23,6 +26,7 @@ from steerflow.executor._graph import (
     build_graph,
 )
 from steerflow.executor._intent import CallIntent, IntentHook
+from steerflow.executor._loops import LOOP_MEMBER, LoopRunner, import_until
 from steerflow.executor._scheduler import (
     CLI_DEFAULT_MAX_SPAWN,
     LIBRARY_DEFAULT_MAX_SPAWN,
@@ -42,7 +46,10 @@ from steerflow.executor._steer import (
 __all__ = [
     "BUDGET_REASON",
     "CLI_DEFAULT_MAX_SPAWN",
+    "FLAG_NAMES",
     "LIBRARY_DEFAULT_MAX_SPAWN",
+    "LOOP_MEMBER",
+    "PARAMETER_NAMES",
     "STEER_CLOSE",
     "STEER_OPEN",
     "TERMINAL",
@@ -50,6 +57,7 @@ __all__ = [
     "ApprovalDesk",
     "CallIntent",
     "CallScope",
+    "CapNames",
     "Caps",
     "Decision",
     "Edge",
@@ -60,6 +68,7 @@ __all__ = [
     "Graph",
     "InFlightDoubt",
     "IntentHook",
+    "LoopRunner",
     "Meter",
     "NodeKind",
     "NodeStatus",
@@ -70,6 +79,7 @@ __all__ = [
     "Steering",
     "build_graph",
     "enforceable",
+    "import_until",
     "render_steer",
     "unenforceable",
 ]

@@ -28,7 +28,17 @@ from steerflow.errors import UsageError
 from steerflow.providers import Provider, Usage
 from steerflow.providers._pricing import PriceTable
 
-__all__ = ["BUDGET_REASON", "Caps", "InFlightDoubt", "Meter", "enforceable", "unenforceable"]
+__all__ = [
+    "BUDGET_REASON",
+    "FLAG_NAMES",
+    "PARAMETER_NAMES",
+    "CapNames",
+    "Caps",
+    "InFlightDoubt",
+    "Meter",
+    "enforceable",
+    "unenforceable",
+]
 
 #: ``admission_reason`` once the budget closed admission (CONTRACT §11).
 BUDGET_REASON = "budget"
@@ -51,23 +61,46 @@ class Caps:
         return {"max_cost": self.max_cost, "max_tokens": self.max_tokens}
 
 
-def enforceable(caps: Caps, prices: PriceTable, providers: dict[str, Provider]) -> None:
+@dataclass(frozen=True)
+class CapNames:
+    """How a refusal spells the caps and a price: the CLI's flags or the API's parameters."""
+
+    caps: str
+    cost: str
+    #: A ``str.format`` template of the fix that gives model ``{spec}`` a price.
+    price: str
+
+
+#: The command line's spelling (``steerflow flow --max-cost``).
+FLAG_NAMES = CapNames("--max-cost/--max-tokens", "--max-cost", "--price {spec}=IN,OUT")
+#: ``FlowOptions``/``AgentOptions``'s spelling (issue 40: an API user never typed a flag).
+PARAMETER_NAMES = CapNames(
+    "max_cost/max_tokens", "max_cost", "prices={{{spec!r}: steerflow.Price(IN, OUT)}}"
+)
+
+
+def enforceable(
+    caps: Caps,
+    prices: PriceTable,
+    providers: dict[str, Provider],
+    names: CapNames = FLAG_NAMES,
+) -> None:
     """Refuse (exit 2) caps that cannot be enforced: no usage reported, or no price known.
 
     Blocking: the price table's first look-up imports it. Never "free by default".
+    ``names``: how the refusal spells the caps and the fix (flags or parameters).
     """
     if not caps.any:
         return
     for spec, provider in sorted(providers.items()):
         if not provider.reports_usage:
             raise UsageError(
-                f"model {spec!r} reports no token usage, so --max-cost/--max-tokens "
-                "cannot be enforced on it"
+                f"model {spec!r} reports no token usage, so {names.caps} cannot be enforced on it"
             )
         if caps.max_cost is not None and not prices.known(spec):
             raise UsageError(
-                f"--max-cost: no price is known for model {spec!r}: give "
-                f"--price {spec}=IN,OUT (USD per million input/output tokens)"
+                f"{names.cost}: no price is known for model {spec!r}: give "
+                f"{names.price.format(spec=spec)} (USD per million input/output tokens)"
             )
 
 

@@ -92,6 +92,18 @@ class Operation:
     # call is a model-and-tool loop of at most ``max_steps`` model requests (issue 39).
     tools: tuple[str, ...] = ()
     max_steps: int | None = None
+    # The JSON Schema its reply must satisfy (issue 40 item 2), and the validated output
+    # once it completed (its ``response`` is then that output as JSON text).
+    output_schema: dict[str, object] | None = None
+    output: object = None
+    # How often a reply that does not fit ``output_schema`` is asked again (the entry's
+    # ``retry.attempts``, else 1: decision 284).
+    output_reasks: int = 1
+    # Per-node settings (issue 40): tries after the first failed call (None: no retry),
+    # the pause before each, and the longest one call may take (decisions 276-278).
+    retry_attempts: int | None = None
+    retry_backoff_s: float = 0.0
+    timeout_s: float | None = None
     # Approvals (issue 41): ``approval: required`` makes the node wait before its call;
     # a tool whose name matches one of ``approve`` (role and entry patterns) waits
     # before each call, unless its ``tool_options`` say otherwise.
@@ -289,9 +301,16 @@ def build_graph(plan: PlanFile) -> Graph:
             declared_artifacts=merge_declared(role.artifacts if role else (), entry.artifacts),
             tools=tuple(plan.tools_of(entry)),
             max_steps=entry.max_steps,
+            output_schema=entry.output_schema,
+            output_reasks=entry.retry.attempts if entry.retry is not None else 1,
+            # The entry's own model wins over its role's and the run's (decision 277).
+            pinned_model=entry.model,
+            timeout_s=entry.timeout_s,
             approval=entry.approval == "required",
             approve=tuple(plan.approve_of(entry)),
         )
+        if entry.retry is not None:
+            op.retry_attempts, op.retry_backoff_s = entry.retry.attempts, entry.retry.backoff_s
         ids[entry.agent_id] = op.node_id
         graph.add(op)
     for entry, op in zip(plan.plan, graph.planned, strict=True):

@@ -15,7 +15,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from pydantic import ValidationError
 
@@ -28,6 +28,8 @@ from steerflow.executor._events import EventBus, EventType, FlowEvent
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
+from steerflow.executor._output import CHARGED, ask_structured
+from steerflow.executor._retry import NodeTries, limited
 from steerflow.executor._scope import CallScope
 from steerflow.executor._steer import PauseGate, SharedContext, render_steer
 from steerflow.plan import AGENT_ID_PATTERN, ReactivePolicy, SpawnSpec, is_agent_id
@@ -58,6 +60,13 @@ CLI_DEFAULT_MAX_SPAWN = 20
 Observer = Callable[[Operation], Awaitable[None]]
 
 
+class LoopHook(Protocol):
+    """What the executor asks about loops (``executor._loops.LoopRunner``)."""
+
+    async def settle(self, op: Operation, executor: FlowExecutor) -> None:
+        """``op`` became terminal: decide its loop's round, maybe add the next."""
+
+
 @dataclass
 class _Call:
     """A provider call in flight: its cancel scope, and what a deadline does to it.
@@ -70,6 +79,8 @@ class _Call:
     stops_at_deadline: bool
     deadline_grace_s: float | None = None
     timer: asyncio.TimerHandle | None = None
+    #: Waiting out its node's ``retry.backoff_s``: any close of admission ends the wait.
+    backing_off: bool = False
 
     @classmethod
     def of(cls, provider: Provider) -> _Call:
@@ -167,6 +178,8 @@ class FlowExecutor:
         self.tool_decisions: dict[str, str] = {}
         #: Requests that wait for an operator's approval, and their decisions (issue 41).
         self.approvals = ApprovalDesk()
+        #: The flow's loops (issue 40 item 4): adds each round as the last one ends.
+        self.loops: LoopHook | None = None
 
     # -- control surface -------------------------------------------------------------------
 
@@ -210,7 +223,10 @@ class FlowExecutor:
         # Waiters at the gate must re-check admission, so open it for them.
         self.gate.resume()
         for call in list(self._inflight.values()):
-            if cancel_inflight or (cancel_long_running and call.stops_at_deadline):
+            if call.backing_off:
+                # No call is out: a retry not yet sent is one admission no longer allows.
+                call.scope.cancel(reason)
+            elif cancel_inflight or (cancel_long_running and call.stops_at_deadline):
                 call.scope.cancel(reason)
             elif cancel_long_running and call.deadline_grace_s is not None and not call.timer:
                 loop = asyncio.get_running_loop()
@@ -225,6 +241,14 @@ class FlowExecutor:
             for op in self.graph:
                 self._launch(op)
         self._tg = None
+
+    def launch(self, op: Operation) -> None:
+        """Start a node added to the graph while the flow runs (a loop's next round)."""
+        self._launch(op)
+
+    def emit_spawned(self, op: Operation, emitter: Operation, **data: object) -> None:
+        """Say that ``op`` was added to the graph because ``emitter`` ended (a loop round)."""
+        self._emit("node_spawned", op, data={"emitter": emitter.key, **data})
 
     def _launch(self, op: Operation) -> None:
         assert self._tg is not None
@@ -263,6 +287,8 @@ class FlowExecutor:
             return
         if verdict == "skipped":
             self._skip(op, "edge condition not met")
+            if self.loops is not None:
+                await self.loops.settle(op, self)
             return
         base = self._render_dependencies(op)
         if not await self._admit(op):
@@ -324,6 +350,9 @@ class FlowExecutor:
                 self._launch(child)
         retry = await self._escalate(op) if outcome == "failed" else None
         if outcome != "pending":
+            if self.loops is not None:  # decided before the outcome that records it
+                await self.loops.settle(op, self)
+                outcome = op.status  # an until that cannot decide fails its round
             self._emit("node_completed" if outcome == "completed" else "node_failed", op)
             await self._notify(op)
         return retry
@@ -439,6 +468,7 @@ class FlowExecutor:
             timeout_s=self._call_timeout_s,
             dependencies=_dependency_results(op, self.graph),
             live=self.live.sink(op.key) if self.live is not None else None,
+            output_schema=op.output_schema,
         )
 
     async def _invoke(self, op: Operation) -> NodeStatus:
@@ -492,7 +522,7 @@ class FlowExecutor:
         # Paid for whatever follows: a node that fails its artifact check still cost this.
         op.usage = (
             self.meter.charge(op.model, response.usage, op.node_id)
-            if self.meter and not op.extra.pop("tool_loop", False)
+            if self.meter and not op.extra.pop(CHARGED, False)
             else response.usage
         )
         if op.declared_artifacts:
@@ -504,6 +534,7 @@ class FlowExecutor:
                 return op.status
             op.artifact_records = list(check.records)
         op.response = response.text
+        op.output = response.output if op.output_schema is not None else None
         op.artifacts = response.artifacts
         # Its instruction turn is read back from ``op.rendered_instruction``, which is
         # exactly ``request.instruction`` (decision 65).
@@ -531,7 +562,27 @@ class FlowExecutor:
                 return None
             approved = decided
         if op.tools:
-            return await self._run_tools(op, provider, request, approved)
+            # One limit for the whole loop: its steps and tool calls (decision 279).
+            return await limited(op, lambda: self._run_tools(op, provider, request, approved))
+        if op.output_schema is not None:  # validated, asked again when it does not fit
+            return await ask_structured(
+                self, op, request, lambda again: self._tries(op, provider, again)
+            )
+        return await self._tries(op, provider, request)
+
+    async def _tries(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """``op``'s call with its retries (decision 278): each try is its own intent."""
+        return await NodeTries(self, op).run(lambda: self._send(op, provider, request))
+
+    async def _send(
+        self, op: Operation, provider: Provider, request: ProviderRequest
+    ) -> ProviderResponse | None:
+        """One call: its write-ahead intent, then the provider; None if it must not leave."""
+        fence = self.fence
+        if fence is not None and not fence.fresh() and not await fence.hold():
+            return None  # a re-ask's or a retry's own check (the first call's was just made)
         if self.before_call is not None:
             # Write-ahead: the call is durable as "may have been paid" before it leaves,
             # so a crash can neither hide it nor let a resume break the cap (decision 217).
@@ -542,7 +593,11 @@ class FlowExecutor:
             if not await self.before_call(op, CallIntent.of(op, attempt, reservation)):
                 return None
         self.context.mark_delivered(self._claims.pop(op.node_id, []))
-        return checked_response(provider, await provider.invoke(request))
+        return checked_response(provider, await limited(op, lambda: provider.invoke(request)))
+
+    def inflight_call(self, op: Operation) -> _Call | None:
+        """``op``'s call in flight (its cancel scope), if one is."""
+        return self._inflight.get(op.node_id)
 
     async def _approve_op(self, op: Operation) -> tuple[dict[str, Any], ...] | None:
         """Wait for an op's approval (``approval: required``); None if admission closed."""
@@ -610,7 +665,7 @@ class FlowExecutor:
         finally:
             # Paid as it ran, failed or not: the outcome records what its steps cost.
             op.usage = loop.total
-        op.extra["tool_loop"] = True  # its usage is already charged, step by step
+        op.extra[CHARGED] = True  # its usage is already charged, step by step
         return response
 
     def emit_paused(self, op: Operation) -> None:
@@ -729,6 +784,12 @@ class FlowExecutor:
             escalated_from=root.node_id,
             escalation=step,
             pinned_model=ladder[step - 1],
+            output_schema=root.output_schema,
+            output_reasks=root.output_reasks,
+            # Each rung is the same op at another model: its retries and limit too.
+            retry_attempts=root.retry_attempts,
+            retry_backoff_s=root.retry_backoff_s,
+            timeout_s=root.timeout_s,
         )
         self.graph.splice_after(failed.node_id, retry)
         self._done[retry.node_id] = asyncio.get_running_loop().create_future()
@@ -865,7 +926,7 @@ def _dependency_results(op: Operation, graph: Graph) -> tuple[DependencyResult, 
     for source in sources:
         if source.status == "completed":
             text = "" if source.response is None else str(source.response)
-            results.append(DependencyResult(source.key, "completed", text))
+            results.append(DependencyResult(source.key, "completed", text, source.output))
         elif source.status == "failed":
             results.append(DependencyResult(source.key, "failed", source.error or ""))
     return tuple(results)

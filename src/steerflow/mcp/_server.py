@@ -116,12 +116,16 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
         fork: Flag = False,
         rerun_unsettled: Flag = False,
         redeliver_claimed: Flag = False,
+        from_node: str | None = None,
+        instruction: str | None = None,
     ) -> dict[str, Any]:
         """What `steerflow resume TARGET --dry-run` would replay and run, or why it refuses.
 
         Lists the operator messages a dead process left behind (`stranded_messages`),
         and the calls that were in flight when it died and may have been paid
         (`in_flight_calls`: node, attempt, model, started_at, reserved_cost_usd).
+        `from_node` (and `instruction`): `resume --from NODE [--instruction TEXT]`, a fork
+        rerunning NODE and what is downstream of it; `rerun_from.rerun` lists what it pays.
         """
         return _answer(
             lambda: views.resume_preflight(
@@ -132,6 +136,8 @@ def build_server(home: Path, *, allow_control: bool = False) -> MCPServer[Any]:
                 fork=fork,
                 rerun_unsettled=rerun_unsettled,
                 redeliver_claimed=redeliver_claimed,
+                from_node=from_node,
+                instruction=instruction,
             )
         ).to_json()
 

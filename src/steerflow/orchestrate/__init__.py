@@ -14,7 +14,9 @@ if TYPE_CHECKING:
     from steerflow.orchestrate._detail import node_detail, read_run, result_of, run_result
     from steerflow.orchestrate._graphview import graph_text
     from steerflow.orchestrate._options import FlowOptions, FlowResult, ResumeSeed
+    from steerflow.orchestrate._outcome import NodeOutcome
     from steerflow.orchestrate._resume import load_branch, prepare_resume
+    from steerflow.orchestrate._resume_run import resume_run
     from steerflow.orchestrate._run import FlowRun, run_flow
     from steerflow.orchestrate._stream import (
         AdmissionClosed,
@@ -57,6 +59,7 @@ __all__ = [
     "ModelStep",
     "NodeCompleted",
     "NodeFailed",
+    "NodeOutcome",
     "NodePaused",
     "NodeReplayed",
     "NodeSkipped",
@@ -76,6 +79,7 @@ __all__ = [
     "prepare_resume",
     "read_run",
     "result_of",
+    "resume_run",
     "run_flow",
     "run_result",
 ]
@@ -91,6 +95,7 @@ _LAZY = {
     "node_detail": "_detail",
     "prepare_resume": "_resume",
     "read_run": "_detail",
+    "resume_run": "_resume_run",
     "result_of": "_detail",
     "run_flow": "_run",
     "run_result": "_detail",
@@ -101,6 +106,7 @@ _LAZY = {
     "ControlApplied": "_stream",
     "EventStream": "_stream",
     "EventsDropped": "_stream",
+    "NodeOutcome": "_outcome",
     "NodeCompleted": "_stream",
     "NodeFailed": "_stream",
     "NodePaused": "_stream",

@@ -45,6 +45,8 @@ from steerflow.errors import (
     UsageError,
 )
 from steerflow.executor import (
+    FLAG_NAMES,
+    PARAMETER_NAMES,
     CallScope,
     Caps,
     Meter,
@@ -304,7 +306,8 @@ class AgentRun:
                 f"--tool needs a model that can call tools; {self.model!r} cannot "
                 "(openai/..., anthropic/..., script:... can)"
             )
-        await asyncio.to_thread(enforceable, caps, prices, {self.model: provider})
+        names = FLAG_NAMES if opts.names_flags else PARAMETER_NAMES
+        await asyncio.to_thread(enforceable, caps, prices, {self.model: provider}, names)
         await asyncio.to_thread(prices.prepare, [self.model])
         models = {self.model: provider}
         self.target.unenforceable = await asyncio.to_thread(unenforceable, prices, models)

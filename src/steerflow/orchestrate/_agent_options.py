@@ -116,6 +116,8 @@ class AgentOptions:
     max_cost: float | None = None
     max_tokens: int | None = None
     prices: Mapping[str, PriceLike] = field(default_factory=dict)
+    #: True when built from flags: a budget refusal names the flag, else the parameter.
+    names_flags: bool = False
     # Where each turn's call runs, as for a flow (``--executor``, ``--ray-address``).
     executor: str = "local"
     ray_address: str | None = None

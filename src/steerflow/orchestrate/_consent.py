@@ -2,7 +2,8 @@
 
 A shared plan file must not start code-editing agents (``claude-code/…``, ``codex/…``) on the
 operator's machine by surprise: they run only with ``--allow-agent-workers`` or when the
-operator named the same worker with ``--model`` on the command line. A ``python:`` function
+operator named the same worker with ``--model`` on the command line. A plan entry's own
+``model`` (issue 40) is checked as a role's is. A ``python:`` function
 node imports and runs a module in this very process: it needs ``--allow-python``, or the
 same spec given with ``--model`` (decision 171).
 """
@@ -12,11 +13,13 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from steerflow.errors import UsageError
+from steerflow.executor import import_until
 from steerflow.plan import SYNTHESIS_KEY, PlanFile
 
 __all__ = [
     "AGENT_WORKER_PREFIXES",
     "check_agent_worker_consent",
+    "check_loop_consent",
     "check_python_consent",
     "worker_of",
 ]
@@ -110,6 +113,10 @@ def _unconsented(
     synthesis = plan.synthesis.model if plan.synthesis is not None else None
     if synthesis:
         candidates.append((synthesis, "the plan's synthesis"))
+    # An entry's own model (issue 40) needs the same consent as a role's.
+    candidates += [
+        (entry.model, f"plan entry {entry.agent_id!r}") for entry in plan.plan if entry.model
+    ]
     for spec, origin in candidates:
         ran = runner(spec)
         if ran is not None and ran != consented:
@@ -118,13 +125,14 @@ def _unconsented(
     if not sources:
         return ""
     for entry in plan.plan:
-        spec = role_models.get(entry.assignee or "", model).strip()
+        spec = (entry.model or role_models.get(entry.assignee or "", model)).strip()
         if spec in nodes:
             nodes[spec].append(entry.agent_id)
     if synthesis and synthesis.strip() in nodes:
         nodes[synthesis.strip()].append(SYNTHESIS_KEY)
     parts = []
     for spec, origins in sources.items():
+        origins = list(dict.fromkeys(origins))
         ids = nodes[spec]
         shown = ", ".join(ids[:10]) + (f" and {len(ids) - 10} more" if len(ids) > 10 else "")
         who = f"node(s) {shown}" if ids else "no planned node (spawned nodes may use it)"
@@ -157,3 +165,18 @@ def check_tool_consent(plan: PlanFile, source: str, *, allow_python: bool, allow
             f"{source} starts MCP servers for its tools ({servers}): "
             f"{', '.join(where['mcp']) or 'declared, unused'}. Pass --allow-mcp to start them"
         )
+
+
+def check_loop_consent(plan: PlanFile, source: str, *, allowed: bool) -> None:
+    """Refuse (exit 2) a loop whose ``until`` calls a Python function nobody consented to.
+
+    The function runs in this process after each round, as a function node would.
+    """
+    found = [loop.until.python for loop in plan.loops if loop.until.python is not None]
+    if found and not allowed:
+        raise UsageError(
+            f"{source} ends loops with Python functions that run in this process: "
+            f"{', '.join(str(spec) for spec in found)}. Pass --allow-python to run them"
+        )
+    for spec in found:  # a typo is found now, not after the first round was paid for
+        import_until(str(spec))

@@ -80,6 +80,12 @@ class NodeInfo:
         done = self.entry is not None and self.entry.status == "completed"
         return self.entry.response if done and self.entry is not None else None
 
+    @property
+    def output(self) -> object:
+        """The validated structured output of a completed typed node, else None."""
+        done = self.entry is not None and self.entry.status == "completed"
+        return self.extra("output") if done else None
+
 
 @dataclass
 class RunRecord:
@@ -425,7 +431,9 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "usage": _usage(call),
         "instruction": call.get("instruction"),
         "planned_instruction": info.instruction,
+        "instruction_edited": edited_instruction(record, info.key),
         "response": info.response,
+        "output": info.output,
         "error": _error(info) if status == "failed" else None,
         "artifacts": _artifacts(info),
         "parent": info.parent,
@@ -441,6 +449,15 @@ def describe(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
         "checkpoint_error": str(record.load_error) if record.load_error else None,
         **_steps(record, info),
     }
+
+
+def edited_instruction(record: RunRecord, key: str) -> dict[str, Any] | None:
+    """``{original, instruction, run_id}`` when a ``resume --from`` fork edited ``key``."""
+    from steerflow.resume._from import EDITED_KEY
+
+    recorded = record.state.config.get(EDITED_KEY) if record.state is not None else None
+    edit = recorded.get(key) if isinstance(recorded, dict) else None
+    return dict(edit) if isinstance(edit, dict) else None
 
 
 def _steps(record: RunRecord, info: NodeInfo) -> dict[str, Any]:
@@ -517,6 +534,7 @@ def result_of(record: RunRecord) -> dict[str, Any]:
                 "kind": node.kind,
                 "status": status,
                 "response": node.response,
+                "output": node.output,
                 "error": _error(node) if status == "failed" else None,
             }
         )

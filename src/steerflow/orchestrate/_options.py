@@ -6,7 +6,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeVar, overload
 
 from steerflow._values import (
     CHECKPOINT_VERSIONS,
@@ -22,6 +22,7 @@ from steerflow._values import (
 from steerflow.checkpoint import InFlightCall
 from steerflow.errors import ExitCode, InvalidValueError, UsageError
 from steerflow.executor import Caps, Graph, InFlightDoubt
+from steerflow.orchestrate._outcome import NodeOutcome, find_outcome, parse_output
 from steerflow.orchestrate._stranded import StrandedMessage
 from steerflow.plan import (
     COMPACT_BYTES,
@@ -53,6 +54,8 @@ __all__ = [
 EndStatus = Literal[
     "completed", "failed", "timed_out", "interrupted", "stopped", "budget_exhausted"
 ]
+
+T = TypeVar("T")
 
 _SIGNAL_EXIT = {signal.SIGINT: ExitCode.SIGINT, signal.SIGTERM: ExitCode.SIGTERM}
 
@@ -120,6 +123,9 @@ class ResumeSeed:
     steps: tuple[dict[str, Any], ...] = ()
     finished_steps: set[tuple[str, str]] = field(default_factory=set)
     tool_decisions: dict[str, str] = field(default_factory=dict)
+    #: The ``loop`` member of each recorded entry of a loop's round, by node key: the
+    #: rounds decided and why a loop ended (issue 40 item 4).
+    loop_records: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -181,6 +187,9 @@ class FlowOptions:
     #: By model spec or name: a ``steerflow.Price``, an ``(IN, OUT)`` pair or
     #: ``{"input": IN, "output": OUT}`` (USD per million tokens); kept as ``Price``.
     prices: Mapping[str, PriceLike] = field(default_factory=dict)
+    #: True when built from the command line's flags: a budget refusal then names the
+    #: flag (``--max-cost``), else the parameter (``max_cost``; issue 40 item 5).
+    names_flags: bool = False
     # A plan built in code (``steerflow.Plan``): run as a plan file with the same content
     # would be, and recorded the same way, so ``steerflow resume RUN`` continues it.
     plan: Plan | None = None
@@ -304,6 +313,8 @@ class FlowResult:
     usage: dict[str, Any] = field(default_factory=dict)
     #: ``resume --rerun-unsettled``: ``{id, unsettled}`` per node that ran again.
     rerun_unsettled: list[dict[str, Any]] = field(default_factory=list)
+    #: ``resume --from NODE``: ``{node, rerun, instruction_edited}`` (``RerunFrom``).
+    rerun_from: dict[str, Any] | None = None
     #: ``ctl stop``: ``{control_id, reason, now}`` of the stop that ended the run.
     stopped_by: dict[str, Any] | None = None
     #: A resume: the chain's messages nothing would deliver (``StrandedMessage.to_json``).
@@ -314,6 +325,38 @@ class FlowResult:
     budget: dict[str, Any] = field(default_factory=lambda: Caps().to_json())
     #: Once the budget ended the run: ``{spent, line}`` (the chain's spend, the line said).
     budget_exhausted: dict[str, Any] | None = None
+    #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); absent when none.
+    loops: list[dict[str, Any]] = field(default_factory=list)
+    #: Every node's response, output and usage by node id (not in ``--json``: decision 287).
+    outcomes: dict[str, NodeOutcome] = field(default_factory=dict)
+    #: The class each ``Op(output_schema=cls)`` gave, by op id: ``output``'s default.
+    output_classes: dict[str, type] = field(default_factory=dict, repr=False)
+
+    def response(self, node: str) -> object:
+        """Node ``node``'s response (its reply text), or None when it did not complete.
+
+        Raises:
+            UnknownIdError: The run has no node ``node`` (the message lists them).
+        """
+        return find_outcome(self.outcomes, node, self.run_id).response
+
+    @overload
+    def output(self, node: str, cls: None = None) -> Any: ...
+    @overload
+    def output(self, node: str, cls: type[T]) -> T: ...
+    def output(self, node: str, cls: type[Any] | None = None) -> Any:
+        """Node ``node``'s validated structured output, parsed into ``cls``.
+
+        ``cls`` (a pydantic model class, a dataclass or a TypedDict) defaults to the class
+        its ``Op(output_schema=...)`` was given; without one the plain JSON value is
+        returned. None when the node has no output (no schema, or it did not complete).
+
+        Raises:
+            UnknownIdError: The run has no node ``node`` (the message lists them).
+            UsageError: The output does not parse into ``cls``.
+        """
+        outcome = find_outcome(self.outcomes, node, self.run_id)
+        return parse_output(outcome.output, cls or self.output_classes.get(node), node)
 
     def to_json(self) -> dict[str, Any]:
         """The ``--json`` object (CONTRACT §3)."""
@@ -337,12 +380,17 @@ class FlowResult:
         }
         if self.budget_exhausted is not None:
             out["budget_exhausted"] = self.budget_exhausted
+        if self.loops:
+            out["loops"] = self.loops
         if self.error is not None:
             out["error"] = self.error
         if self.stopped_by is not None:
             out["stopped_by"] = self.stopped_by
         if self.rerun_unsettled:
             out["rerun_unsettled"] = self.rerun_unsettled
+        if self.rerun_from is not None:
+            out["rerun_from"] = self.rerun_from
+            out["rerun"] = list(self.rerun_from["rerun"])
         return out
 
 

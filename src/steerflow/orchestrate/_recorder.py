@@ -13,8 +13,17 @@ from typing import Any, Protocol
 from steerflow.artifacts import DECLARED_MEMBER
 from steerflow.checkpoint import CheckpointWriter, save_branch
 from steerflow.errors import PersistenceError
-from steerflow.executor import CallIntent, EventBus, FlowEvent, Graph, Operation, SharedContext
+from steerflow.executor import (
+    LOOP_MEMBER,
+    CallIntent,
+    EventBus,
+    FlowEvent,
+    Graph,
+    Operation,
+    SharedContext,
+)
 from steerflow.home import RunDir
+from steerflow.resume._from import EDITED_MEMBER
 
 __all__ = ["CheckpointOutcome", "CheckpointRecorder", "replay_entries", "write_private"]
 
@@ -170,6 +179,9 @@ class CheckpointRecorder:
                     spawned_ids=op.spawned_ids or None,
                     artifacts=_artifacts(op) or None,
                     **_usage_member(op),
+                    **_edited_member(op),
+                    **_loop_member(op),
+                    **_output_member(op),
                 )
             else:
                 await self._record_spawned(op, op.status, response, self.context.content)
@@ -314,6 +326,8 @@ class CheckpointRecorder:
             **_spawn_fields(self.graph, op),
             **_artifacts_member(op),
             **(_usage_member(op) if status != "pending" else {}),
+            **(_loop_member(op) if status != "pending" else {}),
+            **(_output_member(op) if status != "pending" else {}),
         )
 
     def _failed(self, op: Operation | None, exc: Exception) -> None:
@@ -390,6 +404,35 @@ def _usage_member(op: Operation) -> dict[str, Any]:
     return {"usage": op.usage.to_json()} if op.usage is not None else {}
 
 
+def _edited_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``instruction_edited`` (covered by its digest): a ``--from`` fork's edit."""
+    edited = op.extra.get(EDITED_MEMBER)
+    return {EDITED_MEMBER: edited} if edited else {}
+
+
+def _loop_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``loop`` (covered by its digest): a loop round's record (decision 290)."""
+    record = op.extra.get(LOOP_MEMBER)
+    return {LOOP_MEMBER: dict(record)} if isinstance(record, dict) else {}
+
+
+def _output_member(op: Operation) -> dict[str, Any]:
+    """The entry's ``output`` (covered by its digest): a typed node's validated value.
+
+    Present exactly when the node has an ``output_schema`` and completed (a JSON ``null``
+    output included); a resume's replayed entry keeps the member it was recorded with.
+    """
+    if op.status != "completed":
+        return {}
+    if op.replayed:
+        return {"output": op.output} if RECORDED_OUTPUT in op.extra else {}
+    return {"output": op.output} if op.output_schema is not None else {}
+
+
+#: ``Operation.extra`` flag of a replayed node whose entry carried an ``output``.
+RECORDED_OUTPUT = "recorded_output"
+
+
 def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
     """A resumed graph's initial checkpoint entries: ``(ops, spawned)`` for the writer.
 
@@ -411,12 +454,17 @@ def replay_entries(graph: Graph) -> tuple[dict[str, dict[str, Any]], list[dict[s
             witness |= _artifacts_member(op)
         if (done or replaced) and RECORDED_USAGE in op.extra:
             witness["usage"] = op.extra[RECORDED_USAGE]
+        if done or replaced:
+            witness |= _loop_member(op)
+        if done:
+            witness |= _output_member(op)
         if op.kind == "planned" and (done or replaced):
             ops[op.key] = {
                 "agent_id": op.key,
                 "status": op.status,
                 "response": op.response,
                 **witness,
+                **_edited_member(op),
             }
         elif op.kind == "spawned" and (done or replaced or op.status == "pending"):
             entry = {"node_id": op.node_id, "status": op.status}

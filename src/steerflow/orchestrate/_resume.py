@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -22,10 +23,10 @@ from steerflow.checkpoint import (
     load_state,
 )
 from steerflow.errors import FlowResumeError, SteerflowError, UsageError
-from steerflow.executor import Edge, Graph, InFlightDoubt, Operation
+from steerflow.executor import LOOP_MEMBER, Edge, Graph, InFlightDoubt, Operation
 from steerflow.orchestrate._claim import preflight_claim
 from steerflow.orchestrate._options import ResumeSeed
-from steerflow.orchestrate._recorder import RECORDED_USAGE
+from steerflow.orchestrate._recorder import RECORDED_OUTPUT, RECORDED_USAGE
 from steerflow.orchestrate._stranded import (
     StrandedMessage,
     read_chain,
@@ -33,10 +34,28 @@ from steerflow.orchestrate._stranded import (
     stranded_notes,
 )
 from steerflow.providers import USAGE_MEMBERS, Usage
-from steerflow.resume import ReplayPlan, ReplaySpawn, RunTarget, plan_replay, resolve_run_target
+from steerflow.resume import (
+    ReplayPlan,
+    ReplaySpawn,
+    RerunFrom,
+    RunTarget,
+    paid_nodes,
+    plan_replay,
+    rerun_cut,
+    resolve_run_target,
+)
+from steerflow.resume._from import EDITED_KEY, EDITED_MEMBER
 from steerflow.state import StateDB, db_exists
 
-__all__ = ["BRANCHES_DIR", "apply_replay", "load_branch", "prepare_resume", "rerun_report"]
+__all__ = [
+    "BRANCHES_DIR",
+    "EDITED_KEY",
+    "apply_replay",
+    "load_branch",
+    "prepare_resume",
+    "rerun_from_json",
+    "rerun_report",
+]
 
 
 def prepare_resume(
@@ -51,6 +70,8 @@ def prepare_resume(
     accept_checkpoint_contract: bool = False,
     redeliver_claimed: bool = False,
     tool_calls: Mapping[str, str] | None = None,
+    from_node: str | None = None,
+    instruction: str | None = None,
 ) -> ResumeSeed:
     """Resolve ``target``, load and check its checkpoint, and describe the replay.
 
@@ -72,7 +93,14 @@ def prepare_resume(
     ``tool_calls``: the operator's ``--tool-call CALL_ID=retry|skip`` decisions for tool
     calls a crash left unfinished; one that is neither idempotent nor decided refuses the
     resume (``ToolCallUndecidedError``, issue 39 item 3).
+    ``from_node`` (``resume --from NODE``, issue 40 item 6): a fork (whatever ``fork``
+    says) that runs NODE and everything downstream of it again and replays the rest,
+    ``instruction`` replacing NODE's (``UsageError`` without ``from_node``, or for a
+    node the run does not have); ``seed.replay.rerun_from`` names what it pays for
+    (see :mod:`steerflow.resume._from`).
     """
+    if instruction is not None and from_node is None:
+        raise UsageError("--instruction edits the node a rerun starts from: give --from NODE")
     run = resolve_run_target(home, target)
     known: dict[str, str | None] = {"session_id": run.session_id, "run_id": run.run_id}
     try:
@@ -88,6 +116,7 @@ def prepare_resume(
             accept_checkpoint_contract=accept_checkpoint_contract,
             redeliver_claimed=redeliver_claimed,
             tool_calls=dict(tool_calls or {}),
+            rerun=(from_node, instruction),
         )
     except SteerflowError as exc:
         exc.source_ids = dict(known)
@@ -107,23 +136,12 @@ def _prepare(
     accept_checkpoint_contract: bool,
     redeliver_claimed: bool,
     tool_calls: dict[str, str],
+    rerun: tuple[str | None, str | None] = (None, None),
 ) -> ResumeSeed:
+    from_node, instruction = rerun
+    fork = fork or from_node is not None  # a rerun never continues its source
     preflight_claim(home, run.run_id, fork=fork)
-    checkpoint = run.run_dir / CHECKPOINT_FILENAME
-    # lexists, not is_file: a FIFO, a directory or a link there is refused by the loader,
-    # which names what it found, instead of being reported as absent.
-    if not os.path.lexists(checkpoint):
-        raise _no_checkpoint(home, run, checkpoint)
-    # v2 leniency: a bad v2 entry is refused by the resume rules (resume-refused), as always.
-    state, report = load_state(checkpoint, v2_lenient=True)
-    session_id = state.session_id or run.session_id
-    if not session_id:
-        raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
-    known["session_id"] = session_id
-    # A context the loader accepts (a hand-made file, a journal's deep patch) but the
-    # writer would refuse must stop the resume here, before a run directory or session
-    # exists, not when the new checkpoint is first written.
-    _check_context(state, run.run_id)
+    state, report, session_id = _load(home, run, known)
     # The contract the source persisted, never one re-derived from today's roles.
     source = read_source_contract(
         home, state, accept_checkpoint_contract=accept_checkpoint_contract
@@ -135,8 +153,9 @@ def _prepare(
             f"--save {str(save)!r} is not the artifact root of run {run.run_id} "
             f"({str(root)!r}): a resume writes its legs beside the ones it replays"
         )
+    cut, rerun_from = _cut(state, run.run_id, from_node, instruction)
     replay = plan_replay(
-        state,
+        cut,
         run.run_dir,
         retry_failed=retry_failed,
         allow_degraded_context=allow_degraded_context,
@@ -144,12 +163,15 @@ def _prepare(
         rerun_unsettled=rerun_unsettled,
         spawn_id_of=lambda node_id: _published_spawn_id(home, session_id, node_id),
     )
+    if rerun_from is not None:
+        rerun_from = replace(rerun_from, rerun=paid_nodes(replay, cut))
+        replay = replace(replay, rerun_from=rerun_from)
     stranded = _stranded(home, session_id, state)
     doubt = chain_doubt(state)
     return ResumeSeed(
         plan=replay.plan,
         prompt=state.prompt,
-        config=dict(state.config),
+        config=dict(cut.config),
         resumed_from=session_id,
         source_run_id=run.run_id,
         replay=replay,
@@ -170,8 +192,52 @@ def _prepare(
         spent=chain_spent(state),
         in_flight=state.in_flight,
         doubt=doubt,
-        **_tool_steps(state, tool_calls),
+        **_tool_steps(cut, tool_calls),
+        loop_records=loop_records(cut),
     )
+
+
+def _load(
+    home: Path, run: RunTarget, known: dict[str, str | None]
+) -> tuple[CheckpointState, dict[str, Any], str]:
+    """The source's checkpoint, its recovery report and session id, its context checked."""
+    checkpoint = run.run_dir / CHECKPOINT_FILENAME
+    # lexists, not is_file: a FIFO, a directory or a link there is refused by the loader,
+    # which names what it found, instead of being reported as absent.
+    if not os.path.lexists(checkpoint):
+        raise _no_checkpoint(home, run, checkpoint)
+    # v2 leniency: a bad v2 entry is refused by the resume rules (resume-refused), as always.
+    state, report = load_state(checkpoint, v2_lenient=True)
+    session_id = state.session_id or run.session_id
+    if not session_id:
+        raise FlowResumeError(f"checkpoint of run {run.run_id} records no session_id")
+    known["session_id"] = session_id
+    # A context the loader accepts (a hand-made file, a journal's deep patch) but the
+    # writer would refuse must stop the resume here, before a run directory or session
+    # exists, not when the new checkpoint is first written.
+    _check_context(state, run.run_id)
+    return state, report, session_id
+
+
+def _cut(
+    state: CheckpointState, run_id: str, from_node: str | None, instruction: str | None
+) -> tuple[CheckpointState, RerunFrom | None]:
+    """The checkpoint a ``--from`` fork replays (``state`` itself for any other resume)."""
+    if from_node is None:
+        return state, None
+    return rerun_cut(state, from_node, instruction=instruction, run_id=run_id)
+
+
+def loop_records(state: CheckpointState) -> dict[str, dict[str, Any]]:
+    """The ``loop`` member of every recorded outcome that has one, by node key."""
+    found: dict[str, dict[str, Any]] = {}
+    for key, entry in state.ops.items():
+        if isinstance(entry.raw.get(LOOP_MEMBER), dict):
+            found[key] = entry.raw[LOOP_MEMBER]
+    for spawned in state.spawned:
+        if spawned.spawn_id and isinstance(spawned.raw.get(LOOP_MEMBER), dict):
+            found[spawned.spawn_id] = spawned.raw[LOOP_MEMBER]
+    return found
 
 
 def _check_context(state: CheckpointState, run_id: str) -> None:
@@ -455,6 +521,11 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
             root = graph.by_key[entry.escalated_from_key]
             child.escalated_from = root.node_id
             child.escalation, child.pinned_model = entry.escalation, entry.model
+            # An attempt of a typed node is typed too (its schema is the plan entry's).
+            child.output_schema, child.output_reasks = root.output_schema, root.output_reasks
+            # The rung runs with its op's retries and call limit, as when spliced.
+            child.retry_attempts, child.retry_backoff_s = root.retry_attempts, root.retry_backoff_s
+            child.timeout_s = root.timeout_s
             child.branch = list(root.branch) if root.kind == "spawned" else []
             retries.append((entry, child))
         if entry.status == "completed":
@@ -478,6 +549,11 @@ def apply_replay(replay: ReplayPlan, graph: Graph) -> None:
         # Carried into the resumed checkpoint's copy of the entry; never this run's spend.
         if op.replayed and op.key in replay.usage:
             op.extra[RECORDED_USAGE] = replay.usage[op.key]
+        # The edit a node ran (or runs) with: its entry carries it, covered by the digest.
+        if op.kind == "planned" and op.key in replay.edited:
+            op.extra[EDITED_MEMBER] = dict(replay.edited[op.key])
+        if op.replayed and op.status == "completed" and op.key in replay.outputs:
+            op.output, op.extra[RECORDED_OUTPUT] = replay.outputs[op.key], True
 
 
 def _replay_failed(op: Operation, response: object) -> None:
@@ -496,3 +572,9 @@ def rerun_report(replay: ReplayPlan) -> list[dict[str, Any]]:
         }
         for key in replay.rerun_unsettled
     ]
+
+
+def rerun_from_json(seed: ResumeSeed | None) -> dict[str, Any] | None:
+    """``resume --from``: the result's ``rerun_from`` member; None for any other run."""
+    rerun = seed.replay.rerun_from if seed is not None else None
+    return rerun.to_json() if rerun is not None else None

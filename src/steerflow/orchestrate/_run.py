@@ -29,11 +29,15 @@ from steerflow.errors import (
 )
 from steerflow.executor import (
     BUDGET_REASON,
+    FLAG_NAMES,
+    PARAMETER_NAMES,
     CallScope,
+    CapNames,
     EventBus,
     FlowEvent,
     FlowExecutor,
     Graph,
+    LoopRunner,
     Meter,
     Operation,
     SharedContext,
@@ -46,6 +50,7 @@ from steerflow.home import RunDir, allocate_run_dir
 from steerflow.orchestrate._claim import RUN_ID_KEY, create_session, lineage, run_name
 from steerflow.orchestrate._consent import (
     check_agent_worker_consent,
+    check_loop_consent,
     check_python_consent,
     check_tool_consent,
 )
@@ -61,6 +66,7 @@ from steerflow.orchestrate._options import (
     node_summaries,
     usage_total,
 )
+from steerflow.orchestrate._outcome import node_outcomes
 from steerflow.orchestrate._plan_codec import plan_to_checkpoint
 from steerflow.orchestrate._publish import NodePublisher
 from steerflow.orchestrate._recorder import (
@@ -70,15 +76,18 @@ from steerflow.orchestrate._recorder import (
     write_private,
 )
 from steerflow.orchestrate._resume import (
+    EDITED_KEY,
     IN_FLIGHT_KEY,
     PLANNER_CALL_KEY,
     SPENT_KEY,
     apply_replay,
+    rerun_from_json,
     rerun_report,
     spent_before,
 )
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._tries import TRIES_KEY, chain_tries, tries_member
 from steerflow.plan import (
     CODE_SOURCE,
     SYNTHESIS_KEY,
@@ -134,7 +143,7 @@ class FlowRun:
         self.bus = events or EventBus()
         #: Readers opened with :meth:`events`; closed when :meth:`run` returns or raises.
         self._streams: list[EventStream] = []
-        self._ended = False
+        self._begun = False
         self.bus.subscribe(self._to_streams)
         seed = options.resume
         # The steering state exists before the plan, so controls sent while planning count.
@@ -144,6 +153,8 @@ class FlowRun:
         # The source run's leftover messages were stamped (or left applying) by that run.
         self.context.drop_unrendered("source-run-ended")
         self.executor: FlowExecutor | None = None
+        #: The flow's loops (issue 40 item 4); None when its plan has none.
+        self.loops: LoopRunner | None = None
         self.stop_signal: int | None = None
         self.deadline_hit = False
         #: ``ctl stop``: ``{"control_id", "reason", "now"}`` of the first stop applied.
@@ -179,17 +190,24 @@ class FlowRun:
     def events(self, *, max_pending: int | None = None) -> EventStream:
         """The run's typed events from now on, as an async iterator that ends with the run.
 
-        Open it before awaiting :meth:`run` to see every event. The run never waits
-        for the reader: with ``max_pending`` None nothing is dropped; with a number the
-        oldest events make room and one ``EventsDropped`` marks the gap (decision 160).
+        Open it before awaiting :meth:`run`: its events are what the run emits from then
+        on. The run never waits for the reader: with ``max_pending`` None nothing is
+        dropped; with a number the oldest events make room and one ``EventsDropped``
+        marks the gap (decision 160).
+
+        Raises:
+            UsageError: :meth:`run` has already begun (or ended): the events before now
+                are gone, so a stream opened now would silently miss them.
         """
         from steerflow.orchestrate._stream import EventStream
 
+        if self._begun:
+            raise UsageError(
+                "FlowRun.events() was called after run() began: open the stream first "
+                "(stream = run.events(); then await run.run()), so it sees every event"
+            )
         stream = EventStream(max_pending=max_pending)
-        if self._ended:
-            stream.close()
-        else:
-            self._streams.append(stream)
+        self._streams.append(stream)
         return stream
 
     def _to_streams(self, event: FlowEvent) -> None:
@@ -200,11 +218,14 @@ class FlowRun:
         # and most runs (every CLI flow) have no reader.
         from steerflow.orchestrate._stream import typed_event
 
-        error = None
-        if event.type == "node_failed" and self.executor is not None and event.node_id:
-            op = self.executor.graph.ops.get(event.node_id)
+        error, completed = None, None
+        op = self.executor.graph.ops.get(event.node_id or "") if self.executor else None
+        if event.type == "node_failed":
             error = op.error if op is not None else None
-        typed = typed_event(event, error=error)
+        elif event.type == "node_completed" and op is not None:
+            usage = op.usage.to_json() if op.usage is not None else None
+            completed = {"response": op.response, "output": op.output, "usage": usage}
+        typed = typed_event(event, error=error, completed=completed)
         for stream in self._streams:
             stream.push(typed)
 
@@ -219,7 +240,6 @@ class FlowRun:
             stream.push(applied)
 
     def _end_streams(self) -> None:
-        self._ended = True
         for stream in self._streams:
             stream.close()
         self._streams = []
@@ -302,6 +322,7 @@ class FlowRun:
 
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
+        self._begun = True
         try:
             return await self._run()
         finally:
@@ -330,6 +351,7 @@ class FlowRun:
             check_tool_consent(
                 plan, source, allow_python=opts.allow_python, allow_mcp=opts.allow_mcp
             )
+            check_loop_consent(plan, source, allowed=opts.allow_python)
         cluster = await self._join_cluster(settings)
         try:
             return await self._run_checked(plan, prompt, source, settings)
@@ -376,6 +398,8 @@ class FlowRun:
         opts = self.options
         models = {settings.model, *settings.role_models.values(), *settings.escalation_models}
         models.add(settings.synthesis_model)
+        # Each entry's own model (issue 40): refused, priced and metered as a role's.
+        models.update(entry.model for entry in (plan.plan if plan else ()) if entry.model)
         for spec in models:
             # refuses a bad model spec before anything starts; in a thread, because
             # building a provider may read a file (script:PATH)
@@ -391,12 +415,17 @@ class FlowRun:
             await self._providers.aclose()
             await asyncio.to_thread(db.close)
 
+    @property
+    def _cap_names(self) -> CapNames:
+        """How a budget refusal spells the caps: the flags typed, or the parameters."""
+        return FLAG_NAMES if self.options.names_flags else PARAMETER_NAMES
+
     def _meter(self, settings: RunSettings, models: set[str]) -> Meter:
         """The run's meter; a cap that cannot be enforced is refused (exit 2) here."""
         prices = PriceTable(settings.prices)
         caps = settings.caps
         providers = {spec: self._providers.get(spec) for spec in models}
-        enforceable(caps, prices, providers)
+        enforceable(caps, prices, providers, self._cap_names)
         prices.prepare(models)  # the table's import, here in a thread, not on the loop
         # What a later ``ctl budget`` could not enforce either (checked here, off the loop);
         # recorded in the session row, so the ``ctl`` writers refuse it (decision 246).
@@ -416,7 +445,7 @@ class FlowRun:
             # Said before anything runs; the first admission then closes (exit 76).
             self.warnings.append(
                 f"the resume chain has already reached its budget ({meter.exhausted_line()}): "
-                "nothing will be admitted; give a higher --max-cost/--max-tokens"
+                f"nothing will be admitted; give a higher {self._cap_names.caps}"
             )
         return meter
 
@@ -478,6 +507,10 @@ class FlowRun:
             )
         if self.options.resume is not None:
             apply_replay(self.options.resume.replay, graph)
+        if plan.loops:
+            self.loops = LoopRunner(graph, plan.loops)
+            if self.options.resume is not None:
+                self.loops.restore(self.options.resume.loop_records)
         return graph
 
     def _dry_result(self, plan: PlanFile, settings: RunSettings) -> FlowResult:
@@ -496,8 +529,11 @@ class FlowRun:
             graph_text=graph_text(graph),
             degraded_context=self.options.resume.degraded if self.options.resume else [],
             rerun_unsettled=rerun_report(self.options.resume.replay) if self.options.resume else [],
+            rerun_from=rerun_from_json(self.options.resume),
             stranded_messages=_stranded_json(self.options.resume),
             in_flight_calls=_in_flight_json(self.options.resume),
+            outcomes=node_outcomes(graph),
+            output_classes=self._output_classes(),
         )
 
     def _admission_closed(self) -> bool:
@@ -564,11 +600,21 @@ class FlowRun:
                 raise planning_failure(provider, exc) from None
             try:
                 # Over the limit is an invalid reply like any other: one retry, then refuse.
-                return parse_plan(
+                planned = parse_plan(
                     raw, source=f"plan from {model}", max_entries=self.options.max_plan_entries
                 )
             except PlanValidationError as exc:
                 feedback = str(exc)
+                continue
+            chosen = [entry.agent_id for entry in planned.plan if entry.model is not None]
+            if not chosen:
+                return planned
+            # A model must not pick the code that runs a node (an agent worker, a
+            # python: function): that is the operator's consent to give (decision 277).
+            feedback = (
+                f"plan from {model}: a generated plan cannot choose a node's model "
+                f"({', '.join(chosen)}): leave model out"
+            )
         raise ProviderError(f"the planner returned an invalid plan twice; last error: {feedback}")
 
     async def _run_with_db(
@@ -935,7 +981,7 @@ class FlowRun:
                 session_id=s.session_id,
                 prompt=prompt,
                 plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
-                config=self._config(settings, s.run_dir.run_id),
+                config=self._config(settings, s.run_dir.run_id, graph),
                 max_spawn=max_spawn,
                 flow_context=self.context.content,
                 version=opts.checkpoint_version,
@@ -958,7 +1004,7 @@ class FlowRun:
                 f"a replayed entry cannot be stored in the resumed run's checkpoint: {exc}"
             ) from None
 
-    def _config(self, settings: RunSettings, run_id: str) -> dict[str, Any]:
+    def _config(self, settings: RunSettings, run_id: str, graph: Graph) -> dict[str, Any]:
         """The checkpoint ``config``, with the chain's spend its entries will not hold.
 
         Last, the run's own id: a copy of the run directory under another name is then
@@ -971,6 +1017,12 @@ class FlowRun:
         seed = self.options.resume
         if seed is not None and seed.doubt.calls:  # likewise only when some
             config[IN_FLIGHT_KEY] = seed.doubt.to_json()
+        if seed is not None and seed.replay.edited:  # ``resume --from``: edits of the chain
+            config[EDITED_KEY] = {k: dict(v) for k, v in seed.replay.edited.items()}
+        if seed is not None:
+            tries = tries_member(chain_tries(seed.config, seed.in_flight), graph)
+            if tries:  # likewise: the calls of retrying nodes earlier runs made
+                config[TRIES_KEY] = tries
         config[RUN_ID_KEY] = run_id
         return config
 
@@ -1024,12 +1076,19 @@ class FlowRun:
         for call in seed.in_flight if seed is not None else ():
             executor.prior_calls[call.node] = executor.prior_calls.get(call.node, 0) + 1
         if seed is not None:
+            # A retrying node counts every call of its chain, not only the source's
+            # (decision 278): its attempt numbers go on from there.
+            tries = chain_tries(seed.config, seed.in_flight)
+            for node, made in tries_member(tries, graph).items():
+                executor.prior_calls[node] = max(executor.prior_calls.get(node, 0), made)
+        if seed is not None:
             for step in seed.steps:
                 key = (str(step["record"]), str(step["key"]))
                 executor.prior_steps[key] = (*executor.prior_steps.get(key, ()), step)
             executor.tool_decisions = dict(seed.tool_decisions)
         executor.observers.append(recorder.record_outcome)
         executor.spawn_observers.append(recorder.record_intent)
+        executor.loops = self.loops
         return executor
 
     async def _execute(
@@ -1078,6 +1137,8 @@ class FlowRun:
             **self._budget_extra(status),
             **self._stop_extra(),
         }
+        if self.loops is not None:
+            extra["loops"] = self.loops.to_json()
         await self._finish_session(s, status, extra)
         return self._result(s, graph, status, checkpoint)
 
@@ -1086,6 +1147,8 @@ class FlowRun:
             return "interrupted"
         # A failed attempt an escalation retry replaced is not the run's failure.
         failed = any(op.status == "failed" and not graph.superseded(op) for op in graph)
+        # A loop that reached max_rounds with on_max_rounds: fail fails the run.
+        failed = failed or bool(self.loops is not None and self.loops.failed_loops())
         if failed or checkpoint.error:
             return "failed"  # a lost checkpoint withholds nodes: failed, not interrupted
         if any(op.status == "pending" for op in graph):
@@ -1153,12 +1216,34 @@ class FlowRun:
             degraded_context=seed.degraded if seed else [],
             usage=usage_total(graph, *self.planner_usage),
             rerun_unsettled=rerun_report(seed.replay) if seed else [],
+            rerun_from=rerun_from_json(seed),
             stopped_by=dict(self.stopped_by) if self.stopped_by is not None else None,
             stranded_messages=_stranded_json(seed),
             in_flight_calls=_in_flight_json(seed),
             budget=self.meter.caps.to_json(),
             budget_exhausted=self._exhausted() if status == "budget_exhausted" else None,
+            loops=self.loops.to_json() if self.loops is not None else [],
+            outcomes=node_outcomes(graph),
+            output_classes=self._output_classes(),
         )
+
+    def _output_classes(self) -> dict[str, type]:
+        """``Op(output_schema=cls)``'s classes by op id: ``FlowResult.output``'s defaults."""
+        plan = self.options.plan
+        if plan is None:
+            return {}
+        from steerflow.plan import Loop
+
+        classes: dict[str, type] = {}
+        for item in plan.ops:
+            if isinstance(item, Loop):  # round N of body op X is the node X.rN
+                for op in item.body:
+                    if isinstance(op.output_schema, type):
+                        for n in range(1, item.max_rounds + 1):
+                            classes[f"{op.agent_id}.r{n}"] = op.output_schema
+            elif isinstance(item.output_schema, type):
+                classes[item.agent_id] = item.output_schema
+        return classes
 
 
 def _in_flight_json(seed: ResumeSeed | None) -> list[dict[str, Any]]:

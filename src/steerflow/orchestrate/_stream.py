@@ -87,9 +87,17 @@ class NodeStarted(_NodeEvent):
 
 @dataclass(frozen=True, kw_only=True)
 class NodeCompleted(_NodeEvent):
-    """The node returned a response (checkpointed before the next event of this node)."""
+    """The node returned a response (checkpointed before the next event of this node).
+
+    ``response`` is its reply text, ``output`` its validated structured output (a node
+    with an ``output_schema``; else None), ``usage`` what its calls cost (None: not
+    reported).
+    """
 
     type: ClassVar[str] = "node_completed"
+    response: object = None
+    output: object = None
+    usage: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -273,14 +281,15 @@ def _int(value: object) -> int | None:
 
 
 _PLAIN: dict[str, type[_NodeEvent]] = {
-    "node_completed": NodeCompleted,
     "node_replayed": NodeReplayed,
     "node_paused": NodePaused,
 }
 
 
-def _node(event: FlowEvent, error: str | None) -> RunEvent:
+def _node(event: FlowEvent, error: str | None, completed: dict[str, Any] | None) -> RunEvent:
     d, ts, key, node_id = event.data, event.ts, event.node_key or "", event.node_id
+    if event.type == "node_completed":
+        return NodeCompleted(ts=ts, key=key, node_id=node_id, **(completed or {}))
     if event.type in _STEPS:
         return _step(event, key)
     if event.type == "approval_requested":
@@ -337,8 +346,14 @@ def _step(event: FlowEvent, key: str) -> RunEvent:
     return ToolCallEnded(**common, status=str(d.get("status")))
 
 
-def typed_event(event: FlowEvent, *, error: str | None = None) -> RunEvent:
-    """The typed form of one bus event; ``error``: a failed node's recorded error."""
+def typed_event(
+    event: FlowEvent, *, error: str | None = None, completed: dict[str, Any] | None = None
+) -> RunEvent:
+    """The typed form of one bus event.
+
+    ``error``: a failed node's recorded error; ``completed``: a completed node's
+    ``response``, ``output`` and ``usage`` (read from its operation, not the bus).
+    """
     d, ts = event.data, event.ts
     match event.type:
         case "plan_ready":
@@ -372,7 +387,7 @@ def typed_event(event: FlowEvent, *, error: str | None = None) -> RunEvent:
         case "approval_decided":  # an approve/deny control took effect on the node
             verb = "approve" if d.get("verdict") == "approved" else "deny"
             return ControlApplied(ts=ts, verb=verb, key=event.node_key, messages=0)
-    return _node(event, error)
+    return _node(event, error, completed)
 
 
 @dataclass(eq=False)

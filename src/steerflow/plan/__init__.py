@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from steerflow._lazy import lazy_exports
 
 if TYPE_CHECKING:
-    from steerflow.plan._code import CODE_SOURCE, Edge, Op, Plan, Role, Synthesis
+    from steerflow.plan._code import CODE_SOURCE, Edge, Loop, Op, Plan, Role, Synthesis
     from steerflow.plan._codec import plan_from_checkpoint, plan_to_checkpoint
     from steerflow.plan._keys import SYNTHESIS_KEY
     from steerflow.plan._load import (
@@ -49,6 +49,7 @@ __all__ = [
     "Dependency",
     "Edge",
     "EdgeWhen",
+    "Loop",
     "Op",
     "Plan",
     "PlanEntry",
@@ -78,6 +79,7 @@ __getattr__, __dir__ = lazy_exports(
     {
         "CODE_SOURCE": "_code",
         "Edge": "_code",
+        "Loop": "_code",
         "Op": "_code",
         "Plan": "_code",
         "Role": "_code",

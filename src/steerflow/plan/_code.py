@@ -11,7 +11,7 @@ the op by its position and id, as a file's error does.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -22,17 +22,20 @@ import yaml
 from steerflow._values import shown
 from steerflow.errors import InvalidValueError, PlanValidationError
 from steerflow.plan._load import load_plan_file, parse_plan
+from steerflow.plan._loop import DEFAULT_MAX_ROUNDS
 from steerflow.plan._model import (
     Dependency,
     EdgeWhen,
+    LoopSpec,
     PlanEntry,
     PlanFile,
     RoleSpec,
     SynthesisSpec,
 )
-from steerflow.plan._tool_ref import tool_spec_of
+from steerflow.plan._schema import output_schema_of
+from steerflow.plan._tool_ref import importable_spec, main_spec_problem, tool_spec_of
 
-__all__ = ["CODE_SOURCE", "Edge", "Op", "Plan", "Role", "Synthesis"]
+__all__ = ["CODE_SOURCE", "Edge", "Loop", "Op", "Plan", "Role", "Synthesis"]
 
 #: What a code plan's errors (and its run's ``source``) name instead of a file.
 CODE_SOURCE = "<Plan>"
@@ -85,12 +88,22 @@ class Op:
     #: The reply's JSON Schema; a pydantic model class, dataclass or TypedDict is kept as
     #: its JSON Schema (``FlowResult.output(node, cls)`` parses the output back into it).
     output_schema: Mapping[str, Any] | type | None = None
+    #: A function node: the module-level function that runs this op, recorded as the model
+    #: ``python:MODULE:QUALNAME`` (one a resume in another process could not import back
+    #: is refused here). Not together with ``model`` (decision 279).
+    fn: Callable[..., Any] | None = None
+    _fn_spec: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
         _freeze(self, "depends_on", _items("Op.depends_on", self.depends_on, "op ids"))
         _freeze(self, "artifacts", _items("Op.artifacts", self.artifacts, "paths"))
         _freeze(self, "tools", _tools("Op.tools", self.tools))
+        _no_callable_model("Op.model", self.model, "give a function as Op(fn=...)")
+        if self.fn is not None:
+            if not callable(self.fn):
+                raise InvalidValueError("Op.fn", f"{shown(self.fn)} is not a function")
+            _freeze(self, "_fn_spec", importable_spec(self.fn, "Op.fn", "a function node"))
 
     def _data(self) -> dict[str, Any]:
         out: dict[str, Any] = {"agent_id": self.agent_id}
@@ -109,9 +122,50 @@ class Op:
             out["max_steps"] = self.max_steps
         for name in ("model", "retry", "timeout_s", "output_schema"):
             value = getattr(self, name)
+            if name == "model" and self._fn_spec is not None:
+                # Both given: the plan refuses them, naming the op (``Plan._check_fn``).
+                value = self._fn_spec if value is None else value
             if value is not None:
                 out[name] = dict(value) if isinstance(value, Mapping) else value
+        if isinstance(self.output_schema, type):  # the plan keeps the class's JSON Schema
+            out["output_schema"] = _class_schema(self.output_schema)
         return out
+
+
+@dataclass(frozen=True)
+class Loop:
+    """A loop among a plan's ops (a plan file's ``{loop: ...}`` item, issue 40 item 4).
+
+    ``body`` runs once per round; round N of body op ``X`` is the node ``X.rN``. A body op
+    depends on another by its id (same round); later rounds receive the previous round's
+    replies of the whole body. ``until``: ``{"node": ID, "contains": TEXT}``, or
+    ``{"python": "python:MODULE:FUNCTION"}``, or a module-level function (kept as its
+    importable spec) called with ``{body id: reply}`` after each round. An op after the
+    loop depends on it by ``id``.
+    """
+
+    id: str
+    body: Sequence[Op]
+    until: Mapping[str, Any] | Callable[..., Any]
+    max_rounds: int = DEFAULT_MAX_ROUNDS
+    on_max_rounds: Literal["stop", "fail"] = "stop"
+
+    def __post_init__(self) -> None:
+        _freeze(self, "body", _items("Loop.body", self.body, "steerflow.Op objects"))
+        if callable(self.until) and not isinstance(self.until, Mapping):
+            _freeze(self, "until", {"python": tool_spec_of(self.until, "Loop.until")})
+        elif isinstance(self.until, Mapping):
+            _freeze(self, "until", MappingProxyType(dict(self.until)))
+
+    def _data(self) -> dict[str, Any]:
+        until = dict(self.until) if isinstance(self.until, Mapping) else self.until
+        out: dict[str, Any] = {"id": self.id, "body": [op._data() for op in self.body]}
+        out["until"] = until
+        if self.max_rounds != DEFAULT_MAX_ROUNDS:
+            out["max_rounds"] = self.max_rounds
+        if self.on_max_rounds != "stop":
+            out["on_max_rounds"] = self.on_max_rounds
+        return {"loop": out}
 
 
 @dataclass(frozen=True)
@@ -127,6 +181,9 @@ class Role:
     tools: Sequence[str | Callable[..., Any]] = ()
 
     def __post_init__(self) -> None:
+        _no_callable_model(
+            "Role.model", self.model, "a role's model is a spec string; give each op fn=..."
+        )
         _freeze(self, "artifacts", _items("Role.artifacts", self.artifacts, "paths"))
         _freeze(self, "tools", _tools("Role.tools", self.tools))
         _freeze(self, "escalation", _items("Role.escalation", self.escalation, "model specs"))
@@ -191,7 +248,7 @@ class Plan:
             with the same message (source :data:`CODE_SOURCE`).
     """
 
-    ops: Sequence[Op]
+    ops: Sequence[Op | Loop]
     name: str | None = None
     description: str | None = None
     model: str | None = None
@@ -223,7 +280,9 @@ class Plan:
         _freeze(self, "tools", _tools("Plan.tools", self.tools))
         for name in ("tool_options", "mcp_servers"):
             _freeze(self, name, MappingProxyType(_mapping(f"Plan.{name}", getattr(self, name))))
+        _no_callable_model("Plan.model", self.model, "give each op fn=...")
         self._check_types()
+        self._check_code_models()
         checked = parse_plan(self.to_data(), source=CODE_SOURCE, max_entries=None)
         _freeze(self, "_file", checked)
         # The model's spelling: a plan file's `reactive: true` reads back as "all".
@@ -235,7 +294,16 @@ class Plan:
     def _check_types(self) -> None:
         # A mapping would pass the model's check: the typed objects are the API.
         wrong: list[tuple[str, str, object]] = [
-            (f"plan[{i}]", "Op", op) for i, op in enumerate(self.ops) if not isinstance(op, Op)
+            (f"plan[{i}]", "Op", op)
+            for i, op in enumerate(self.ops)
+            if not isinstance(op, Op | Loop)
+        ]
+        wrong += [
+            (f"plan[{i}].loop.body[{k}]", "Op", body)
+            for i, op in enumerate(self.ops)
+            if isinstance(op, Loop)
+            for k, body in enumerate(op.body)
+            if not isinstance(body, Op)
         ]
         wrong += [
             (f"roles.{name}", "Role", role)
@@ -250,6 +318,44 @@ class Plan:
                 for where, kind, value in wrong
             ]
             raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
+
+    def _check_code_models(self) -> None:
+        """``fn`` with ``model``, and model specs a resume could not import (decision 279).
+
+        A plan file cannot name ``fn``; a ``python:__main__:NAME`` string is refused only
+        in code, where the script that built the plan is ``__main__``.
+        """
+        problems: list[tuple[str, str]] = []
+        ops = list(self._written_ops())
+        for where, op in ops:
+            if op.fn is not None and op.model is not None:
+                problems.append(
+                    (f"{where}.fn", "give fn or model, not both (fn is recorded as the "
+                     f"model {op._fn_spec})")
+                )  # fmt: skip
+        specs = [("model", self.model)]
+        specs += [(f"{where}.model", op.model) for where, op in ops]
+        for name, role in self.roles.items():
+            specs.append((f"roles.{name}.model", role.model))
+            specs += [(f"roles.{name}.escalation[{i}]", m) for i, m in enumerate(role.escalation)]
+        if self.synthesis is not None:
+            specs.append(("synthesis.model", self.synthesis.model))
+        for where, spec in specs:
+            problem = main_spec_problem(spec)
+            if problem is not None:
+                problems.append((where, problem))
+        if problems:
+            lines = [f"{CODE_SOURCE}: {where}: {problem}" for where, problem in problems]
+            raise PlanValidationError("invalid plan:\n  " + "\n  ".join(lines))
+
+    def _written_ops(self) -> Iterator[tuple[str, Op]]:
+        """Every op with where it is written: ``plan[2]``, or ``plan[3].loop.body[0]``."""
+        for index, item in enumerate(self.ops):
+            if isinstance(item, Loop):
+                for k, op in enumerate(item.body):
+                    yield f"plan[{index}].loop.body[{k}]", op
+            else:
+                yield f"plan[{index}]", item
 
     @property
     def plan_file(self) -> PlanFile:
@@ -299,7 +405,10 @@ class Plan:
     def from_plan_file(cls, plan: PlanFile) -> Plan:
         """The code form of an already validated plan (a file, playbook or planner reply)."""
         return cls(
-            ops=[_op_of(entry) for entry in plan.plan],
+            ops=[
+                _op_of(item) if isinstance(item, PlanEntry) else _loop_of(item.loop)
+                for item in plan.items
+            ],
             **{name: getattr(plan, name) for name in _SETTINGS},
             roles={name: _role_of(role) for name, role in plan.roles.items()},
             synthesis=_synthesis_of(plan.synthesis),
@@ -360,7 +469,17 @@ def _price_data(price: object) -> object:
 def _tools(name: str, value: object) -> tuple[str, ...]:
     """A tools argument as spec strings: a function becomes its importable spec."""
     items = _items(name, value, "tool specs or functions")
+    for i, item in enumerate(items):
+        problem = main_spec_problem(item)
+        if problem is not None:
+            raise InvalidValueError(f"{name}[{i}]", problem)
     return tuple(tool_spec_of(item, f"{name}[{i}]") for i, item in enumerate(items))
+
+
+def _no_callable_model(name: str, model: object, fix: str) -> None:
+    """A function given as a model spec is refused, with where a function goes instead."""
+    if model is not None and not isinstance(model, str) and callable(model):
+        raise InvalidValueError(name, f"{model!r} is a function, not a model spec: {fix}")
 
 
 def _mapping(name: str, value: object) -> dict[Any, Any]:
@@ -385,6 +504,16 @@ def _op_of(entry: PlanEntry) -> Op:
         retry=entry.retry.model_dump() if entry.retry is not None else None,
         timeout_s=entry.timeout_s,
         output_schema=entry.output_schema,
+    )
+
+
+def _loop_of(loop: LoopSpec) -> Loop:
+    return Loop(
+        id=loop.id,
+        body=[_op_of(entry) for entry in loop.body],
+        until=loop.until.model_dump(exclude_none=True),
+        max_rounds=loop.max_rounds,
+        on_max_rounds=loop.on_max_rounds,
     )
 
 
@@ -416,3 +545,11 @@ def _synthesis_of(spec: SynthesisSpec | None) -> Synthesis | None:
     return Synthesis(
         instruction=spec.instruction, model=spec.model, when_all_failed=spec.when_all_failed
     )
+
+
+def _class_schema(cls: type) -> dict[str, Any]:
+    """``Op(output_schema=cls)``'s JSON Schema; a class it cannot be made from is refused."""
+    try:
+        return output_schema_of(cls)
+    except TypeError as exc:
+        raise InvalidValueError("Op.output_schema", str(exc)) from None

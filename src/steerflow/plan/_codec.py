@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from steerflow.plan._load import parse_plan
+from steerflow.plan._loop import CHECKPOINT_MEMBER, checkpoint_marks, fold_checkpoint
 from steerflow.plan._model import PlanFile
 
 __all__ = ["plan_from_checkpoint", "plan_to_checkpoint"]
@@ -19,6 +20,7 @@ def plan_to_checkpoint(
     spawned entry's ``parent_id`` can be checked against the plan on resume.
     """
     index = {entry.agent_id: i for i, entry in enumerate(plan.plan)}
+    marks = checkpoint_marks(plan.loops)
     out = []
     for entry in plan.plan:
         deps = entry.dependencies
@@ -39,6 +41,18 @@ def plan_to_checkpoint(
             item["tools"] = tools
         if entry.max_steps is not None:
             item["max_steps"] = entry.max_steps
+        if entry.agent_id in marks:
+            item[CHECKPOINT_MEMBER] = marks[entry.agent_id]
+        if entry.output_schema is not None:  # a resume asks the same structured output
+            item["output_schema"] = entry.output_schema
+        # Per-node settings, only when set (every other plan keeps its bytes): a resume
+        # runs the node at the same model, with the same retries and limit.
+        if entry.model is not None:
+            item["model"] = entry.model
+        if entry.retry is not None:
+            item["retry"] = entry.retry.model_dump()
+        if entry.timeout_s is not None:
+            item["timeout_s"] = entry.timeout_s
         if entry.approval is not None:
             item["approval"] = entry.approval
         approve = plan.approve_of(entry)
@@ -77,4 +91,4 @@ def plan_from_checkpoint(items: object, *, source: str) -> PlanFile:
             deps.append({"id": dep_id, **{k: v for k, v in (cond or {}).items() if v is not None}})
         raw["depends_on"] = deps
         entries.append(raw)
-    return parse_plan({"plan": entries}, source=source, max_entries=None)
+    return parse_plan({"plan": fold_checkpoint(entries)}, source=source, max_entries=None)

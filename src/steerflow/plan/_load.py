@@ -14,7 +14,7 @@ from pydantic import ValidationError
 
 from steerflow._values import shown
 from steerflow.errors import InvalidValueError, PlanValidationError, UsageError
-from steerflow.plan._model import MAX_PLAN_ENTRIES, PlanFile
+from steerflow.plan._model import ITEM_TAGS, MAX_PLAN_ENTRIES, PlanFile
 
 __all__ = [
     "ReactivePolicy",
@@ -198,7 +198,7 @@ def find_playbook(
 def _describe(exc: ValidationError, *, source: str, text: str | None) -> str:
     lines = []
     for err in exc.errors():
-        loc = tuple(err["loc"])
+        loc = tuple(part for part in err["loc"] if part not in ITEM_TAGS)
         if not loc and (entry := re.search(r"plan\[(\d+)\]", str(err["msg"]))):
             loc = ("plan", int(entry.group(1)))  # whole-plan checks name the entry they refuse
         field = _format_loc(loc)

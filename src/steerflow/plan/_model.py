@@ -12,10 +12,26 @@ import re
 from collections.abc import Mapping
 from typing import Annotated, Literal, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    PrivateAttr,
+    Tag,
+    field_validator,
+    model_validator,
+)
 
 from steerflow.errors import PlanValidationError
 from steerflow.plan._keys import SYNTHESIS_KEY
+from steerflow.plan._loop import (
+    DEFAULT_MAX_ROUNDS,
+    MAX_ROUNDS_LIMIT,
+    PYTHON_UNTIL_PATTERN,
+    check_loops,
+    expand,
+)
 
 __all__ = [
     "AGENT_ID_PATTERN",
@@ -27,6 +43,8 @@ __all__ = [
     "CompactBound",
     "Dependency",
     "EdgeWhen",
+    "LoopItem",
+    "LoopSpec",
     "McpServerSpec",
     "PlanEntry",
     "PlanFile",
@@ -35,6 +53,7 @@ __all__ = [
     "SpawnSpec",
     "SynthesisSpec",
     "ToolOptionSpec",
+    "UntilSpec",
     "artifact_path_problem",
     "resource_problem",
 ]
@@ -142,12 +161,29 @@ class PlanEntry(_Strict):
     #: Per-node settings (issue 40 item 1): the model that runs this entry (wins over its
     #: role's and the plan's), how a failed call is tried again, and the longest one call
     #: may take before it fails.
-    model: str | None = Field(default=None, min_length=1, max_length=512)
+    model: str | None = Field(
+        default=None,
+        min_length=1,
+        max_length=512,
+        description="Leave this out: the operator's plan file chooses per-node models, "
+        "a generated plan cannot.",
+    )
     retry: RetrySpec | None = None
     timeout_s: float | None = Field(default=None, gt=0, le=86_400, allow_inf_nan=False)
     #: A JSON Schema the reply must satisfy (issue 40 item 2): asked for as structured
     #: output, validated, recorded as JSON beside the text.
     output_schema: dict[str, object] | None = None
+
+    @field_validator("output_schema")
+    @classmethod
+    def _json_schema(cls, value: dict[str, object] | None) -> dict[str, object] | None:
+        if value is not None:
+            from steerflow.plan._schema import schema_problem
+
+            problem = schema_problem(value)
+            if problem:
+                raise ValueError(problem)
+        return value
 
     @property
     def dependencies(self) -> list[Dependency]:
@@ -256,8 +292,75 @@ class PriceSpec(_Strict):
         return value
 
 
+# Loops (issue 40 item 4): a plan item beside entries, checked and expanded by plan._loop.
+
+
+class UntilSpec(_Strict):
+    """When a loop ends early: a body node's reply contains a text, or a function says so.
+
+    ``{node, contains}``: after a round, the reply of body node ``node`` in that round
+    contains ``contains``. ``{python: "python:MODULE:FUNCTION"}``: the function, called
+    with ``{body id: reply}`` of the round's completed nodes, returns true.
+    """
+
+    node: str | None = Field(default=None, pattern=AGENT_ID_PATTERN)
+    contains: str | None = Field(default=None, min_length=1)
+    python: str | None = Field(default=None, pattern=PYTHON_UNTIL_PATTERN)
+
+    @model_validator(mode="after")
+    def _one_form(self) -> UntilSpec:
+        texts = self.node is not None or self.contains is not None
+        if texts and self.python is not None:
+            raise ValueError("give either {node, contains} or {python}, not both")
+        if self.python is None and (self.node is None or self.contains is None):
+            raise ValueError("give {node, contains} (both) or {python: python:MODULE:FUNCTION}")
+        return self
+
+
+class LoopSpec(_Strict):
+    """One loop: its id, its body (run once per round), when it ends."""
+
+    id: str = Field(pattern=AGENT_ID_PATTERN)
+    body: list[PlanEntry] = Field(min_length=1)
+    until: UntilSpec
+    max_rounds: int = Field(default=DEFAULT_MAX_ROUNDS, ge=1, le=MAX_ROUNDS_LIMIT, strict=True)
+    on_max_rounds: Literal["stop", "fail"] = "stop"
+
+    @property
+    def body_ids(self) -> list[str]:
+        """The body entries' base ids, in body order."""
+        return [entry.agent_id for entry in self.body]
+
+
+class LoopItem(_Strict):
+    """A plan list item that is a loop: ``{loop: {...}}``."""
+
+    loop: LoopSpec
+
+
+#: What pydantic names the two kinds of plan item in an error location; left out of the
+#: field a message names (``plan[2].loop.until``, not ``plan[2].<loop>.loop.until``).
+ITEM_TAGS = frozenset({"<entry>", "<loop>"})
+
+
+def _item_kind(value: object) -> str:
+    if isinstance(value, LoopItem) or (isinstance(value, dict) and "loop" in value):
+        return "<loop>"
+    return "<entry>"
+
+
+PlanItem = Annotated[
+    Annotated[PlanEntry, Tag("<entry>")] | Annotated[LoopItem, Tag("<loop>")],
+    Discriminator(_item_kind),
+]
+
+
 class PlanFile(_Strict):
-    """A plan file, playbook, or planner reply."""
+    """A plan file, playbook, or planner reply.
+
+    ``items`` is the ``plan`` list as written (entries and loops); :attr:`plan` is its
+    entries with each loop replaced by its round-1 entries, what a graph is built from.
+    """
 
     name: str | None = None
     description: str | None = None
@@ -285,7 +388,19 @@ class PlanFile(_Strict):
     mcp_servers: dict[ToolName, McpServerSpec] = Field(default_factory=dict)
     #: Seconds an approval request waits before it is denied (``--approval-timeout``).
     approval_timeout_s: float | None = Field(default=None, gt=0, allow_inf_nan=False)
-    plan: list[PlanEntry] = Field(min_length=1)
+    items: list[PlanItem] = Field(alias="plan", min_length=1)
+    _entries: list[PlanEntry] = PrivateAttr(default_factory=list)
+    _where: list[str] = PrivateAttr(default_factory=list)
+
+    @property
+    def plan(self) -> list[PlanEntry]:
+        """The plan's entries, each loop as its round-1 entries (``X.r1``)."""
+        return self._entries
+
+    @property
+    def loops(self) -> list[LoopSpec]:
+        """The plan's loops, in plan order."""
+        return [item.loop for item in self.items if isinstance(item, LoopItem)]
 
     @field_validator("reactive", mode="before")
     @classmethod
@@ -314,30 +429,83 @@ class PlanFile(_Strict):
 
     @model_validator(mode="after")
     def _graph_is_sound(self) -> PlanFile:
+        if any(isinstance(item, LoopItem) for item in self.items):
+            check_loops(self.items, valid_id=is_agent_id, find_cycle=_find_cycle)
+            self._check_loop_roles()
+            self._entries = expand(self.items)
+        else:
+            self._entries = [item for item in self.items if isinstance(item, PlanEntry)]
         ids: dict[str, int] = {}
         for index, entry in enumerate(self.plan):
             if entry.agent_id == SYNTHESIS_KEY:
                 raise ValueError(
-                    f"plan[{index}].agent_id {SYNTHESIS_KEY!r} is reserved for the run's "
+                    f"{self.where(index)}.agent_id {SYNTHESIS_KEY!r} is reserved for the run's "
                     "synthesis: give the entry another id"
                 )
             if entry.agent_id in ids:
                 raise ValueError(
-                    f"plan[{index}].agent_id {entry.agent_id!r} repeats plan[{ids[entry.agent_id]}]"
+                    f"{self.where(index)}.agent_id {entry.agent_id!r} repeats "
+                    f"{self.where(ids[entry.agent_id])}"
                 )
             ids[entry.agent_id] = index
         self._check_artifact_paths()
+        self._check_retries()
         for index, entry in enumerate(self.plan):
             for dep in entry.dependencies:
                 if dep.id not in ids:
                     raise ValueError(
-                        f"plan[{index}] ({entry.agent_id!r}) depends on unknown agent_id {dep.id!r}"
+                        f"{self.where(index)} ({entry.agent_id!r}) depends on unknown agent_id "
+                        f"{dep.id!r}"
                     )
                 if dep.id == entry.agent_id:
-                    raise ValueError(f"plan[{index}] ({entry.agent_id!r}) depends on itself")
+                    raise ValueError(f"{self.where(index)} ({entry.agent_id!r}) depends on itself")
         cycle = _find_cycle({e.agent_id: [d.id for d in e.dependencies] for e in self.plan})
         if cycle:
             raise ValueError("plan has a dependency cycle: " + " -> ".join(cycle))
+        return self
+
+    def _check_loop_roles(self) -> None:
+        # An escalation retry (X.rN.esc1) is no round node: the round it replaces could
+        # never close, so a body entry may not take a role with a ladder.
+        for at, item in enumerate(self.items):
+            if not isinstance(item, LoopItem):
+                continue
+            for k, entry in enumerate(item.loop.body):
+                role = self.roles.get(entry.assignee or "")
+                if role is not None and role.escalation:
+                    raise ValueError(
+                        f"plan[{at}].loop.body[{k}].assignee: role {entry.assignee!r} has an "
+                        "escalation ladder, which a loop body does not support (a failed "
+                        "round ends the loop); give the body entry another role"
+                    )
+
+    def where(self, index: int) -> str:
+        """Where entry ``index`` of :attr:`plan` was written (``plan[2].loop.body[0]``)."""
+        if len(self._entries) == len(self.items):
+            return f"plan[{index}]"  # no loop: the lists are the same
+        if not self._where:
+            self._where = [
+                label
+                for at, item in enumerate(self.items)
+                for label in (
+                    [f"plan[{at}].loop.body[{k}]" for k in range(len(item.loop.body))]
+                    if isinstance(item, LoopItem)
+                    else [f"plan[{at}]"]
+                )
+            ]
+        return self._where[index]
+
+    @model_validator(mode="after")
+    def _typed_entries_call_no_tools(self) -> PlanFile:
+        # A tool loop's last reply is not asked for structured output (decision 284): say
+        # so when the plan is read rather than fail or ignore the schema at run time.
+        for index, entry in enumerate(self.plan):
+            if entry.output_schema is not None and self.tools_of(entry):
+                raise ValueError(
+                    f"{self.where(index)} ({entry.agent_id!r}).output_schema: a node with tools "
+                    "cannot have an output_schema yet; give the schema to a node that "
+                    "depends on the tool node"
+                )
         return self
 
     def tools_of(self, entry: PlanEntry) -> list[str]:
@@ -360,7 +528,7 @@ class PlanFile(_Strict):
         servers = self.mcp_servers if declared is None else declared
         named = [("tools", self.tools)]
         named += [(f"roles.{name}.tools", role.tools) for name, role in self.roles.items()]
-        named += [(f"plan[{i}].tools", e.tools) for i, e in enumerate(self.plan)]
+        named += [(f"{self.where(i)}.tools", e.tools) for i, e in enumerate(self.plan)]
         for where, specs in named:
             for spec in specs:
                 if spec.startswith("mcp:"):
@@ -371,6 +539,16 @@ class PlanFile(_Strict):
                             f"{where}: {spec!r} names MCP server {server!r}, which "
                             f"mcp_servers does not declare (declared: {known})"
                         )
+
+    def _check_retries(self) -> None:
+        # A tool node's loop journals each step and may have run tools with effects:
+        # calling it again from the start would run them twice (decision 278).
+        for index, entry in enumerate(self.plan):
+            if entry.retry is not None and entry.retry.attempts > 0 and self.tools_of(entry):
+                raise ValueError(
+                    f"plan[{index}] ({entry.agent_id!r}).retry: a node with tools is not "
+                    "retried (its tools would run again); drop retry, or the tools"
+                )
 
     def _check_artifact_paths(self) -> None:
         # Checked here rather than per field so the message names the entry's agent_id.
@@ -384,7 +562,8 @@ class PlanFile(_Strict):
                 problem = artifact_path_problem(path)
                 if problem:
                     raise ValueError(
-                        f"plan[{at}] ({entry.agent_id!r}).artifacts[{index}] {path!r}: {problem}"
+                        f"{self.where(at)} ({entry.agent_id!r}).artifacts[{index}] {path!r}: "
+                        f"{problem}"
                     )
 
 

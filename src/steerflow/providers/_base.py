@@ -55,6 +55,9 @@ class DependencyResult:
     node_id: str
     status: Literal["completed", "failed"]
     text: str
+    #: A completed dependency's validated structured output (its ``output_schema``'s),
+    #: else None; ``text`` is then that output as JSON.
+    output: object = None
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,11 @@ class ProviderRequest:
     #: Where the call's text goes as it is produced (the run's live file: decision 190);
     #: None when nobody records it. Call :meth:`emit`, never this directly.
     live: Callable[[str], None] | None = field(default=None, compare=False, repr=False)
+    #: The JSON Schema the reply must satisfy (the node's ``output_schema``), or None.
+    #: A provider that supports structured output asks for it (docs/outputs.md) and may
+    #: return the decoded value as ``ProviderResponse.output``; the executor validates
+    #: either that or the reply text parsed as JSON, and asks again when it does not fit.
+    output_schema: dict[str, Any] | None = None
 
     def emit(self, text: str) -> None:
         """Hand a chunk of output produced so far to the live view; cheap, never blocks.
@@ -124,6 +132,10 @@ class ProviderResponse:
     #: Where the call ran when it was not this process (``--executor ray``: the Ray node
     #: id and address, worker pid): shown with the node, never part of its result.
     placement: dict[str, object] | None = None
+    #: The structured output, decoded, when the request had an ``output_schema`` and the
+    #: provider produced it as data (a forced tool's input, a function's return value);
+    #: None: the executor parses ``text`` as JSON.
+    output: object = None
 
 
 @dataclass(frozen=True)

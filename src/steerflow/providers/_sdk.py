@@ -42,6 +42,7 @@ from steerflow.providers._conventions import (
     system_with_spawn,
 )
 from steerflow.providers._retry import Failure, RetryPolicy, call_with_retry, classify_sdk_error
+from steerflow.providers._structured import WireSchema, wire_schema
 
 __all__ = [
     "SDKProvider",
@@ -186,6 +187,10 @@ class SDKProvider(Provider):
             ProviderError: The call failed (see :func:`call_with_retry`).
         """
         system, turns = split_history(request.history)
+        if request.output_schema is not None:
+            # A structured reply is one JSON value: no room for a spawn block in it.
+            turns = [*turns, Message(role="user", content=request.instruction)]
+            return await self._structured(system, turns, request)
         system = system_with_spawn(system, request.allow_spawn)
         turns = [*turns, Message(role="user", content=request.instruction)]
         # Streamed only when someone watches (the run's live file): the reply recorded is
@@ -196,6 +201,38 @@ class SDKProvider(Provider):
         if request.allow_spawn:
             text, spawns = extract_spawns(text)
         return ProviderResponse(text=text, spawns=spawns, usage=usage)
+
+    async def _structured(
+        self, system: str | None, turns: Sequence[Message], request: ProviderRequest
+    ) -> ProviderResponse:
+        """One whole (non-streamed) call asking for ``request.output_schema``'s reply.
+
+        The text reaches the live view whole once it is in. The executor validates what
+        comes back (``output`` when the vendor returned data, else the text as JSON).
+        """
+        assert request.output_schema is not None
+        wire = wire_schema(request.output_schema)
+        text, output, usage = await self._call_structured(
+            system, turns, wire, timeout_s=request.timeout_s
+        )
+        request.emit(text)
+        return ProviderResponse(text=text, usage=usage, output=output)
+
+    async def _call_structured(
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        wire: WireSchema,
+        *,
+        timeout_s: float | None,
+    ) -> tuple[str, object, Usage | None]:
+        """One retried call asking for structured output: text, decoded value (or None), usage.
+
+        A vendor overrides this; the default asks as :meth:`_create` does, the executor
+        parsing the text.
+        """
+        text, usage = await self._create(system, turns, timeout_s=timeout_s)
+        return text, None, usage
 
     async def plan(self, request: PlanRequest) -> object:
         """Ask for a plan as one JSON object.

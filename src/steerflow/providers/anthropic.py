@@ -9,6 +9,7 @@ decides. ``STEERFLOW_ANTHROPIC_MAX_TOKENS`` sets ``max_tokens`` (default 8192).
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from types import SimpleNamespace
@@ -39,6 +40,7 @@ from steerflow.providers._sdk import (
     restarted,
 )
 from steerflow.providers._step_wire import step_items, tool_args
+from steerflow.providers._structured import WireSchema
 
 __all__ = ["DEFAULT_MAX_TOKENS", "PLACEHOLDER_KEY", "AnthropicProvider", "normalize_base_url"]
 
@@ -137,6 +139,48 @@ class AnthropicProvider(SDKProvider):
             )
 
         return self._reply(await self._retried(anthropic, attempt, timeout_s=per_call))
+
+    async def _call_structured(
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        wire: WireSchema,
+        *,
+        timeout_s: float | None,
+    ) -> tuple[str, object, Usage | None]:
+        """A Messages call forced to use one tool whose ``input_schema`` is the schema.
+
+        The ``tool_use`` block's input is the output (a wrapped schema's ``value``); a
+        reply without one returns its text, which the executor parses or re-asks about.
+        """
+        messages = _messages(turns)
+        per_call = self._per_call_s(timeout_s)
+        extra: dict[str, Any] = {"system": system} if system else {}
+        tool: ToolParam = {
+            "name": wire.name,
+            "description": "Give your answer as this tool's input.",
+            "input_schema": wire.schema,
+        }
+
+        async def attempt() -> Any:
+            return await self.client.messages.create(
+                model=self.model,
+                max_tokens=self.max_tokens,
+                messages=messages,
+                timeout=per_call,
+                tools=[tool],
+                tool_choice={"type": "tool", "name": wire.name},
+                **extra,
+            )
+
+        reply = await self._retried(anthropic, attempt, timeout_s=per_call)
+        usage = _usage(getattr(reply, "usage", None))
+        for block in getattr(reply, "content", None) or ():
+            if getattr(block, "type", "") == "tool_use" and getattr(block, "name", "") == wire.name:
+                value = wire.unwrap(getattr(block, "input", None))
+                return json.dumps(value, ensure_ascii=False), value, usage
+        text, _ = self._reply(reply)
+        return text, None, usage
 
     async def invoke_step(self, request: StepRequest) -> StepReply:
         """One model request of a tool node's loop: a whole (non-streamed) Messages call.

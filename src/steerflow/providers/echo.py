@@ -6,7 +6,7 @@ import asyncio
 import re
 from typing import ClassVar
 
-from steerflow.errors import UsageError
+from steerflow.errors import ProviderError, UsageError
 from steerflow.providers._base import PlanRequest, Provider, ProviderRequest, ProviderResponse
 
 __all__ = ["EchoProvider", "echo_plan", "echo_text"]
@@ -68,7 +68,17 @@ class EchoProvider(Provider):
                 raise UsageError(f"--model {spec!r}: delay must be >= 0")
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
-        """Return the echo text after the configured delay."""
+        """Return the echo text after the configured delay.
+
+        Raises:
+            ProviderError: The node has an ``output_schema``: an echo is not a structured
+                reply, and asking it again would not make one (decision 285).
+        """
+        if request.output_schema is not None:
+            raise ProviderError(
+                f"{self.spec} cannot answer node {request.node_key!r}: it has an output_schema, "
+                "and echo only repeats its instruction (use script: to script a JSON reply)"
+            )
         if self.delay:
             await asyncio.sleep(self.delay)
         return ProviderResponse(text=echo_text(request))

@@ -69,6 +69,15 @@ class NodeCall:
         """The completed dependencies' responses by node id (failed ones left out)."""
         return {d.node_id: d.text for d in self.dependencies if d.status == "completed"}
 
+    @property
+    def outputs(self) -> dict[str, object]:
+        """The completed typed dependencies' structured outputs by node id (issue 40)."""
+        return {
+            d.node_id: d.output
+            for d in self.dependencies
+            if d.status == "completed" and d.output is not None
+        }
+
     def artifact_dir(self) -> Path:
         """Make (0700, first call only; no symlink followed) and return the node's directory.
 
@@ -167,6 +176,8 @@ class FunctionProvider(Provider):
         # the node fails with it (a sys.exit() too); CancelledError passes through
         except (Exception, SystemExit) as exc:
             raise FunctionNodeError(self.spec, f"raised {_one_line(exc)}") from exc
+        if request.output_schema is not None and not isinstance(result, str):
+            return _structured(self.spec, result)
         if not isinstance(result, str):
             raise FunctionNodeError(
                 self.spec, f"returned {type(result).__name__}, not str: return the response text"
@@ -270,3 +281,27 @@ def _deliver(
     # RuntimeError: the loop closed while the thread ran, so nobody is waiting
     with contextlib.suppress(RuntimeError):
         loop.call_soon_threadsafe(settle, value, error)
+
+
+def _structured(spec: str, result: object) -> ProviderResponse:
+    """A node with an ``output_schema``: the function's return value is its output.
+
+    A pydantic model is dumped in JSON mode, a dataclass instance as its fields; any other
+    value must already be plain JSON (dict, list, str, number, bool). The executor
+    validates it against the schema like a model's reply.
+    """
+    import dataclasses
+    import json
+
+    value: object = result
+    if hasattr(result, "model_dump") and callable(result.model_dump):
+        value = result.model_dump(mode="json")
+    elif dataclasses.is_dataclass(result) and not isinstance(result, type):
+        value = dataclasses.asdict(result)
+    try:
+        text = json.dumps(value, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise FunctionNodeError(
+            spec, f"returned {type(result).__name__}, which is not JSON ({exc})"
+        ) from None
+    return ProviderResponse(text=text, output=value)

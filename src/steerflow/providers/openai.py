@@ -7,6 +7,7 @@ retries are off; :mod:`steerflow.providers._retry` decides.
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, ClassVar
@@ -43,6 +44,7 @@ from steerflow.providers._sdk import (
     restarted,
 )
 from steerflow.providers._step_wire import args_json, step_items, tool_args
+from steerflow.providers._structured import WireSchema
 
 __all__ = ["PLACEHOLDER_KEY", "OpenAIProvider"]
 
@@ -164,6 +166,43 @@ class OpenAIProvider(SDKProvider):
             raise ProviderError(f"{self.spec}: a tool call of type {kind!r} has no function name")
         arguments = getattr(function, "arguments", None)
         return ToolCall(call_id, name, tool_args(self.spec, name, arguments))
+
+    async def _call_structured(
+        self,
+        system: str | None,
+        turns: Sequence[Message],
+        wire: WireSchema,
+        *,
+        timeout_s: float | None,
+    ) -> tuple[str, object, Usage | None]:
+        """A chat completion with ``response_format: json_schema`` (strict when it qualifies).
+
+        The reply's content is the JSON text; the executor parses and validates it, and
+        a wrapped schema's ``{"value": ...}`` is unwrapped here.
+        """
+        messages = _messages(system, turns)
+        per_call = self._per_call_s(timeout_s)
+        json_schema: dict[str, Any] = {"name": wire.name, "schema": wire.schema}
+        if wire.strict:
+            json_schema["strict"] = True
+        extra: dict[str, Any] = {
+            "response_format": {"type": "json_schema", "json_schema": json_schema}
+        }
+
+        async def attempt() -> Any:
+            return await self.client.chat.completions.create(
+                model=self.model, messages=messages, timeout=per_call, **extra
+            )
+
+        text, usage = self._reply(await self._retried(openai, attempt, timeout_s=per_call))
+        if not wire.wrapped:
+            return text, None, usage
+        try:
+            decoded = json.loads(text)
+        except ValueError:
+            return text, None, usage  # not JSON: the executor says so and asks again
+        value = wire.unwrap(decoded)
+        return json.dumps(value, ensure_ascii=False), value, usage
 
     async def _plan_text(self, system: str, turns: Sequence[Message]) -> tuple[str, Usage | None]:
         """Ask in JSON mode where the server supports it, and remember when it does not."""

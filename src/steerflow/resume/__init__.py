@@ -1,5 +1,7 @@
 """Resume (D5): resolve a target, and check a checkpoint into a replay plan.
 
+:func:`rerun_cut` makes the checkpoint a ``resume --from NODE`` fork starts from.
+
 :func:`resolve_run_target` finds the run a ``resume``/``show`` target names;
 :func:`plan_replay` applies the D5 refusal rules, the spawned reconstruction and the
 Amendment 1 settle check to a loaded checkpoint and returns a pure :class:`ReplayPlan`
@@ -17,10 +19,20 @@ from steerflow._lazy import lazy_exports
 if TYPE_CHECKING:
     from pathlib import Path
 
-    from steerflow.resume._plan import ReplayPlan, ReplaySpawn, plan_replay
+    from steerflow.resume._from import RerunFrom, rerun_cut
+    from steerflow.resume._plan import ReplayPlan, ReplaySpawn, paid_nodes, plan_replay
     from steerflow.resume._target import RunTarget, resolve_run_target
 
-__all__ = ["ReplayPlan", "ReplaySpawn", "RunTarget", "plan_replay", "resolve_run_target"]
+__all__ = [
+    "ReplayPlan",
+    "ReplaySpawn",
+    "RerunFrom",
+    "RunTarget",
+    "paid_nodes",
+    "plan_replay",
+    "rerun_cut",
+    "resolve_run_target",
+]
 
 
 # Where each name lives (a submodule of this package), imported on first access.
@@ -29,6 +41,9 @@ __getattr__, __dir__ = lazy_exports(
     {
         "ReplayPlan": "_plan",
         "ReplaySpawn": "_plan",
+        "RerunFrom": "_from",
+        "paid_nodes": "_plan",
+        "rerun_cut": "_from",
         "RunTarget": "_target",
         "plan_replay": "_plan",
         "resolve_run_target": "_target",

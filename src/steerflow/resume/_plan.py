@@ -46,7 +46,6 @@ from steerflow.checkpoint import (
     CheckpointState,
     PlannedEntry,
     SpawnedEntry,
-    entry_digest,
     load_branch,
 )
 from steerflow.errors import FlowResumeError, PlanValidationError
@@ -58,9 +57,11 @@ from steerflow.plan import (
     plan_from_checkpoint,
 )
 from steerflow.providers import Message
+from steerflow.resume._digests import check_digests
+from steerflow.resume._from import RerunFrom, check_edits, synthesis_of
 from steerflow.resume._settle import settle_replay
 
-__all__ = ["ReplayPlan", "ReplaySpawn", "plan_replay"]
+__all__ = ["ReplayPlan", "ReplaySpawn", "paid_nodes", "plan_replay"]
 
 _TERMINAL = ("completed", "failed")
 
@@ -122,6 +123,13 @@ class ReplayPlan:
     superseded: dict[str, object] = field(default_factory=dict)
     #: Leg key -> the ``usage`` its replayed entry recorded (what that call cost once).
     usage: dict[str, dict[str, Any]] = field(default_factory=dict)
+    #: Node -> ``{original, instruction, run_id}``: instructions a ``--from`` fork of the
+    #: chain edited (checked against the plan and the entries' covered copies).
+    edited: dict[str, dict[str, str]] = field(default_factory=dict)
+    #: ``resume --from NODE``: where the fork starts and what it pays for.
+    rerun_from: RerunFrom | None = None
+    #: Leg key -> the ``output`` its replayed completed entry recorded (a typed node's).
+    outputs: dict[str, object] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -160,7 +168,8 @@ def plan_replay(
             ``rerun_unsettled``; the message names node, path, expected and found.
     """
     plan = _rebuild_plan(state, run_dir)
-    _check_digests(state)
+    check_digests(state)
+    edited = check_edits(state)
     checked = _check_recorded(state, plan, retry_failed=retry_failed, spawn_id_of=spawn_id_of)
     completed, rerun, spawned = checked.completed, checked.rerun, checked.spawned
     notes, superseded, planned_keys = checked.notes, checked.superseded, checked.planned_keys
@@ -206,6 +215,8 @@ def plan_replay(
         rerun_unsettled=settled.rerun,
         superseded=superseded,
         usage=_recorded_usage(state, [*completed, *superseded], spawned),
+        edited=edited,
+        outputs=_recorded_outputs(state, list(completed), spawned),
     )
 
 
@@ -273,6 +284,16 @@ def _recorded_usage(
     raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
     keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed" or s.superseded)]
     return {key: used for key in keys if isinstance(used := raw.get(key, {}).get("usage"), dict)}
+
+
+def _recorded_outputs(
+    state: CheckpointState, planned: list[str], spawned: list[ReplaySpawn]
+) -> dict[str, object]:
+    """The recorded ``output`` of every completed entry the resume replays."""
+    raw = {key: entry.raw for key, entry in state.ops.items()}
+    raw |= {entry.spawn_id or entry.node_id: entry.raw for entry in state.spawned}
+    keys = [*planned, *(s.spawn_id for s in spawned if s.status == "completed")]
+    return {key: raw[key]["output"] for key in keys if "output" in raw.get(key, {})}
 
 
 def _is_synthesis(state: CheckpointState, key: str) -> bool:
@@ -353,38 +374,6 @@ def _check_planned(
         else:
             rerun.append(key)
     return completed, rerun
-
-
-def _check_digests(state: CheckpointState) -> None:
-    """The Amendment 1 settle check of every entry, before any rule reads one.
-
-    A digest covers what an entry *is* as well as its response (an escalation retry's
-    ``escalated_from`` and attempt, say), so an altered entry is named here, as itself,
-    rather than by whatever rule its altered members would break later (decision 111).
-    """
-    for key, entry in state.ops.items():
-        _check_digest(f"node {key!r}", entry)
-    for spawned in state.spawned:
-        _check_digest(spawned.name, spawned)
-
-
-def _check_digest(where: str, entry: PlannedEntry | SpawnedEntry) -> None:
-    """The stored entry still matches its digest."""
-    if entry.result_digest is None:
-        return  # older checkpoints carry no digest: nothing independent to check
-    try:
-        actual = entry_digest(dict(entry.raw))
-    except ValueError as exc:  # e.g. NaN read from a hand-edited v2 file
-        raise FlowResumeError(
-            f"{where}: the stored response cannot be encoded canonically ({exc}), so it cannot "
-            "be checked against its result_digest"
-        ) from None
-    if entry.result_digest != actual:
-        raise FlowResumeError(
-            f"{where}: the stored response does not match its result_digest (the response, "
-            "or a member that decides what the entry is, was changed after it was recorded), "
-            "so replaying it would not be faithful"
-        )
 
 
 def _drop_unanchored_intent(
@@ -778,3 +767,18 @@ def _degraded(
         ):
             out.append(s.spawn_id)
     return out
+
+
+def paid_nodes(replay: ReplayPlan, state: CheckpointState) -> tuple[str, ...]:
+    """Every node a resume of ``replay`` (checked from ``state``) runs, so pays for.
+
+    Planned nodes in plan order, the synthesis, then spawned ones: what ``resume
+    --dry-run`` lists as not ``completed``. Spawns that nodes running again will ask
+    for are not known yet and are not listed.
+    """
+    done = set(replay.completed) | set(replay.superseded)
+    keys = [e.agent_id for e in replay.plan.plan if e.agent_id not in done]
+    if synthesis_of(state) is not None and SYNTHESIS_KEY not in done:
+        keys.append(SYNTHESIS_KEY)
+    keys += [s.spawn_id for s in replay.spawned if s.status != "completed" and not s.superseded]
+    return tuple(keys)

@@ -13,6 +13,7 @@ queued, is answered with what is already under way, never "started" twice.
 
 from __future__ import annotations
 
+import html
 import os
 import subprocess
 import sys
@@ -35,6 +36,8 @@ __all__ = [
     "already_queued_page",
     "budget_confirm_page",
     "pending_control",
+    "rerun_confirm_page",
+    "rerun_flags",
     "resume_confirm_page",
     "stop_confirm_page",
 ]
@@ -45,6 +48,8 @@ MODES: dict[str, tuple[tuple[str, ...], str]] = {
     "retry_failed": (("--retry-failed",), "Retry failed"),
     "fork": (("--fork",), "Fork"),
     "rerun_unsettled": (("--rerun-unsettled",), "Rerun unsettled"),
+    # Started from a node page only (``/runs/RUN/rerun``): its flags name the node.
+    "rerun_from": ((), "Rerun from here"),
 }
 
 
@@ -75,10 +80,12 @@ class Starter:
                 found = None
             return found
 
-    def start(self, run_id: str, mode: str) -> tuple[Started, bool]:
+    def start(self, run_id: str, mode: str, extra: Sequence[str] = ()) -> tuple[Started, bool]:
         """``(the resume, whether this call started it)``: a running one is returned as is.
 
-        Its output goes to ``<home>/studio/resume-<run>.log``; a thread reaps it.
+        ``extra``: flags after the mode's (``--from NODE --instruction TEXT``), each one
+        argument of the child's argv, never a shell word. Its output goes to
+        ``<home>/studio/resume-<run>.log``; a thread reaps it.
         """
         with self._lock:
             found = self._running.get(run_id)
@@ -91,7 +98,7 @@ class Starter:
             with open(os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab") as out:
                 proc = subprocess.Popen(
                     [sys.executable, "-m", "steerflow", "--home", str(self.home), "resume",
-                     run_id, *flags],
+                     run_id, *flags, *extra],
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=out,
@@ -169,6 +176,70 @@ def resume_confirm_page(
         )
     body.append(f'<p><a href="{esc(run_href(run_id))}">back to the run</a></p>')
     return page(f"steerflow studio: {label.lower()} {run_id}", "\n".join(body))
+
+
+def rerun_flags(node: str, instruction: str | None) -> list[str]:
+    """``--from NODE [--instruction TEXT]``: the rerun's flags (no edit, no flag)."""
+    return ["--from", node, *(["--instruction", instruction] if instruction is not None else [])]
+
+
+def rerun_confirm_page(
+    run_id: str,
+    node: str,
+    instruction: str | None,
+    preflight: ResumePreflight,
+    running: Started | None,
+    *,
+    csrf: str,
+) -> str:
+    """The confirmation of "Rerun from here": the fork's dry run, what it pays, then Start.
+
+    ``instruction``: the edited text (None: the node runs with its own).
+    """
+    command = "steerflow resume " + run_id + " --from " + node
+    if instruction is not None:
+        command += " --instruction TEXT"
+    body = [
+        f'<h2>rerun run <a href="{esc(run_href(run_id))}">{esc(run_id)}</a> from {esc(node)}</h2>',
+        f"<p>this starts <code>{esc(command)}</code> in the background: a fork (a new run; "
+        "this one is unchanged). What its <code>--dry-run</code> says:</p>",
+    ]
+    if instruction is not None:
+        body.append(
+            f'<h3>edited instruction</h3><pre id="rerun-instruction">{esc(instruction)}</pre>'
+        )
+    if preflight.refusal is not None:
+        body.append(
+            f'<p class="error" id="preflight-refusal"><strong>refused: '
+            f"{esc(preflight.refusal.code)}</strong>: {esc(preflight.refusal.message)}</p>"
+        )
+    else:
+        paid = [str(k) for k in (preflight.rerun_from or {}).get("rerun", [])]
+        body += [
+            f"<p>replayed from the checkpoint, not paid again ({len(preflight.replayed)}): "
+            f"{_names(preflight.replayed)}</p>",
+            f'<p class="error" id="confirm-rerun"><strong>runs again, paid ({len(paid)})'
+            f"</strong>: {_names(paid)}</p>",
+        ]
+        body += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
+        body += in_flight_table(preflight.in_flight_calls, preflight.in_flight_line)
+    if running is not None:
+        body.append(_already(running))
+    elif preflight.refusal is None:
+        edited = (
+            # Exactly the text given (bidi controls kept): a hidden value is never shown.
+            f'<input type="hidden" name="instruction" value="{html.escape(instruction)}">'
+            if instruction is not None
+            else ""
+        )
+        body.append(
+            f'<form method="post" action="{esc(run_href(run_id) + "/rerun")}">'
+            f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+            f'<input type="hidden" name="node" value="{esc(node)}">{edited}'
+            "<button>Start the rerun</button></form>"
+        )
+    body.append(f'<p><a href="{esc(run_href(run_id))}">back to the run</a></p>')
+    return page(f"steerflow studio: rerun {run_id} from {node}", "\n".join(body))
 
 
 def _already(running: Started) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import time
 from typing import Any
 from urllib.parse import quote
@@ -436,6 +437,33 @@ def _links(run: str, keys: tuple[str, ...] | list[str]) -> str:
     return ", ".join(f'<a href="{esc(_node_href(run, k))}">{esc(k)}</a>' for k in keys) or "-"
 
 
+def _rerun_form(detail: NodeDetail) -> str:
+    """The "Rerun from here" form: it asks for the fork's dry run first (``/runs/RUN/rerun``, GET).
+
+    The textarea holds the node's planned instruction; ``original`` carries it too, so
+    sending it unchanged is no edit. Only the confirmation page's POST starts anything.
+    """
+    planned = detail.planned_instruction or ""
+    edited = detail.raw.get("instruction_edited")
+    note = (
+        f'<p class="notice" id="instruction-edited">this instruction was edited when run '
+        f"{esc(edited.get('run_id'))} was rerun from this node; it was: "
+        f"<code>{esc(edited.get('original'))}</code></p>"
+        if isinstance(edited, dict)
+        else ""
+    )
+    return (
+        f'<h3>rerun from here</h3>{note}<form method="get" id="rerun-from" '
+        f'action="{esc(run_href(detail.run_id) + "/rerun")}">'
+        f'<input type="hidden" name="node" value="{esc(detail.id)}">'
+        f'<input type="hidden" name="original" value="{html.escape(planned)}">'
+        f'<textarea name="instruction" rows="4" cols="80">{html.escape(planned)}</textarea>'
+        "<p>a fork: this node and everything downstream of it run again and are paid for; "
+        "what is upstream is replayed. The next page shows its dry run.</p>"
+        "<button>Rerun from here…</button></form>"
+    )
+
+
 def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
     """One node: facts, the instruction as sent (steer blocks marked), response, artifacts.
 
@@ -490,6 +518,8 @@ def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
         body.append(kept_section(kept, esc))
     body.append("<h3>artifacts</h3>")
     body.append(_artifacts(detail.artifacts, _node_href(run, detail.id) + "/artifacts/"))
+    if detail.kind == "planned":
+        body.append(_rerun_form(detail))
     # The node page reloads when the node's status moves (its response or error lands).
     return page(
         f"steerflow studio: {detail.id} of {run}",

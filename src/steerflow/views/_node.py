@@ -38,6 +38,8 @@ class NodeDetail:
     instruction: str | None
     planned_instruction: str | None
     response: object
+    #: The validated structured output of a node with an ``output_schema`` (issue 40).
+    output: object
     error: str | None
     started_at: float | None
     ended_at: float | None
@@ -75,6 +77,7 @@ class NodeDetail:
             instruction=_str(data.get("instruction")),
             planned_instruction=_str(data.get("planned_instruction")),
             response=data.get("response"),
+            output=data.get("output"),
             error=_str(data.get("error")),
             started_at=data.get("started_at"),
             ended_at=data.get("ended_at"),
@@ -115,7 +118,7 @@ class RunResult:
     #: ``synthesis`` or ``sinks``.
     source: str
     text: str
-    #: ``{id, kind, status, response, error}`` per node the result is made of.
+    #: ``{id, kind, status, response, output, error}`` per node the result is made of.
     nodes: tuple[dict[str, Any], ...]
     raw: dict[str, Any]
 

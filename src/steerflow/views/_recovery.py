@@ -128,6 +128,8 @@ class ResumePreflight:
     #: Calls the source left in flight, which may have been paid (decision 217):
     #: ``{node, attempt, model, started_at, reserved_cost_usd, reserved_tokens, call_id}``.
     in_flight_calls: tuple[dict[str, Any], ...] = ()
+    #: ``resume --from NODE``: ``{node, rerun, instruction_edited}``; None otherwise.
+    rerun_from: dict[str, Any] | None = None
 
     @property
     def in_flight_line(self) -> str | None:
@@ -169,6 +171,7 @@ class ResumePreflight:
             "kind": self.kind,
             "stranded_messages": list(self.stranded_messages),
             "in_flight_calls": list(self.in_flight_calls),
+            **({"rerun_from": self.rerun_from} if self.rerun_from is not None else {}),
         }
 
 
@@ -181,13 +184,16 @@ def resume_preflight(
     fork: bool = False,
     rerun_unsettled: bool = False,
     redeliver_claimed: bool = False,
+    from_node: str | None = None,
+    instruction: str | None = None,
 ) -> ResumePreflight:
     """Run ``resume TARGET --dry-run`` (with these flags) and describe its verdict.
 
     Nothing is claimed, allocated or written. A refusal is returned, not raised; only a
     ``target`` that names no run (or several) raises. Runs an event loop of its own:
     from inside one, call it in a worker thread. ``allow_degraded_context`` and
-    ``rerun_unsettled`` do not apply to an agent run (a usage-error refusal, as the CLI).
+    ``rerun_unsettled`` do not apply to an agent run (a usage-error refusal, as the CLI),
+    nor do ``from_node`` and ``instruction`` (``resume --from NODE --instruction TEXT``).
 
     Raises:
         UnknownIdError, AmbiguousIdError: ``target`` names no run or several.
@@ -203,6 +209,8 @@ def resume_preflight(
                 raise UsageError(
                     "--allow-degraded-context and --rerun-unsettled do not apply to an agent run"
                 )
+            if from_node is not None or instruction is not None:
+                raise UsageError("--from and --instruction do not apply to an agent run")
             return _agent_preflight(home, agent, retry_failed, fork, redeliver_claimed)
         seed = prepare_resume(
             home,
@@ -212,6 +220,8 @@ def resume_preflight(
             fork=fork,
             rerun_unsettled=rerun_unsettled,
             redeliver_claimed=redeliver_claimed,
+            from_node=from_node,
+            instruction=instruction,
         )
         options = FlowOptions(resume=seed, dry_run=True, checkpoint_version=3)
         result = asyncio.run(FlowRun(options, home=home).run())
@@ -240,6 +250,7 @@ def resume_preflight(
         checkpoint_recovery=result.checkpoint_recovery,
         stranded_messages=tuple(result.stranded_messages),
         in_flight_calls=tuple(result.in_flight_calls),
+        rerun_from=result.rerun_from,
     )
 
 

@@ -20,6 +20,7 @@ from steerflow.orchestrate._detail import elapsed, run_summary
 from steerflow.plan import SYNTHESIS_KEY
 from steerflow.resume import resolve_run_target
 from steerflow.state import NodeRow, SessionRow, SessionStatus, StateDB, db_exists
+from steerflow.views._loops import recorded_loops
 
 __all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
 
@@ -263,6 +264,8 @@ class RunView:
     name: str | None = None
     #: The run's caps, ``{max_cost, max_tokens}`` (null members when not set).
     budget: dict[str, Any] | None = None
+    #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); empty when none.
+    loops: tuple[dict[str, Any], ...] = ()
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -298,6 +301,8 @@ class RunView:
             out["budget"] = self.budget
         out["resumed_by"] = list(self.resumed_by)
         out["summary"] = self.summary
+        if self.loops:
+            out["loops"] = list(self.loops)
         return out
 
 
@@ -369,6 +374,7 @@ def show_run(home: Path, target: str) -> RunView:
         owner_host=owner_host or run.owner_host,
         name=name,
         budget=_budget(meta),
+        loops=tuple(recorded_loops(state, meta.get("loops") or ())),
     )
 
 
