@@ -790,6 +790,9 @@ class FlowExecutor:
             retry_attempts=root.retry_attempts,
             retry_backoff_s=root.retry_backoff_s,
             timeout_s=root.timeout_s,
+            # What needs an operator's approval needs it at every rung (issue 41).
+            approval=root.approval,
+            approve=root.approve,
         )
         self.graph.splice_after(failed.node_id, retry)
         self._done[retry.node_id] = asyncio.get_running_loop().create_future()
