@@ -84,3 +84,39 @@ async def test_steerflow_deny_keeps_the_call_from_running(tmp_path: Path) -> Non
         await _decide_on_request(run, home, deny)
     assert result.result().status == "completed"
     assert _ledger(tmp_path) == []
+
+
+def test_op_and_role_approval_fields_round_trip_through_a_plan_file(tmp_path: Path) -> None:
+    from steerflow.plan import Role
+
+    plan = Plan(
+        [Op("a", "publish", approval="required", approve=["post"], assignee="w")],
+        roles={"w": Role(approve=["git_*"])},
+        approval_timeout_s=90,
+    )
+    path = tmp_path / "p.yaml"
+    path.write_text(plan.to_yaml(), encoding="utf-8")
+    assert Plan.from_file(path) == plan
+    data = plan.to_data()
+    assert data["plan"][0]["approval"] == "required" and data["roles"]["w"]["approve"] == ["git_*"]
+    assert data["approval_timeout_s"] == 90
+
+
+async def test_an_op_with_approval_required_waits_and_a_denial_fails_it(tmp_path: Path) -> None:
+    script = tmp_path / "script.yaml"
+    script.write_text(yaml.safe_dump({"a": {"response": "published"}}), encoding="utf-8")
+    plan = Plan([Op("a", "publish the post", approval="required")])
+    run = FlowRun(FlowOptions(plan=plan, model=f"script:{script}"), home=tmp_path / "home")
+    home = tmp_path / "home"
+
+    def deny(home: Path, event: ApprovalRequested) -> None:
+        assert (event.tool, event.args) == (None, {"instruction": "publish the post"})
+        [waiting] = list_approvals(home)
+        steerflow.deny(home, str(waiting.run_id), event.request_id, reason="legal said no")
+
+    async with asyncio.timeout(HOLD_S), asyncio.TaskGroup() as tasks:
+        result = tasks.create_task(run.run())
+        await _decide_on_request(run, home, deny)
+    done = result.result()
+    assert done.status == "failed"
+    assert not (home / "script-invocations.jsonl").exists()  # the model was never called

@@ -92,11 +92,16 @@ class Op:
     #: ``python:MODULE:QUALNAME`` (one a resume in another process could not import back
     #: is refused here). Not together with ``model`` (decision 279).
     fn: Callable[..., Any] | None = None
+    #: Approvals (issue 41): ``"required"`` makes the node wait for an operator before its
+    #: call; ``approve``: tool name patterns whose calls wait (added to its role's).
+    approval: Literal["required"] | None = None
+    approve: Sequence[str] = ()
     _fn_spec: str | None = field(init=False, repr=False, compare=False, default=None)
 
     def __post_init__(self) -> None:
         # Tuples: an Op handed to several plans cannot change under any of them.
         _freeze(self, "depends_on", _items("Op.depends_on", self.depends_on, "op ids"))
+        _freeze(self, "approve", _items("Op.approve", self.approve, "tool name patterns"))
         _freeze(self, "artifacts", _items("Op.artifacts", self.artifacts, "paths"))
         _freeze(self, "tools", _tools("Op.tools", self.tools))
         _no_callable_model("Op.model", self.model, "give a function as Op(fn=...)")
@@ -129,6 +134,10 @@ class Op:
                 out[name] = dict(value) if isinstance(value, Mapping) else value
         if isinstance(self.output_schema, type):  # the plan keeps the class's JSON Schema
             out["output_schema"] = _class_schema(self.output_schema)
+        if self.approval is not None:
+            out["approval"] = self.approval
+        if self.approve:
+            out["approve"] = list(self.approve)
         return out
 
 
@@ -179,8 +188,11 @@ class Role:
     #: Ray resources per call (``num_cpus``, ``num_gpus``, ``memory``, custom names).
     resources: Mapping[str, float] | None = None
     tools: Sequence[str | Callable[..., Any]] = ()
+    #: Tool name patterns whose calls wait for an operator's approval (issue 41).
+    approve: Sequence[str] = ()
 
     def __post_init__(self) -> None:
+        _freeze(self, "approve", _items("Role.approve", self.approve, "tool name patterns"))
         _no_callable_model(
             "Role.model", self.model, "a role's model is a spec string; give each op fn=..."
         )
@@ -195,7 +207,7 @@ class Role:
         for name in ("model", "system"):
             if getattr(self, name) is not None:
                 out[name] = getattr(self, name)
-        for name in ("artifacts", "escalation", "tools"):
+        for name in ("artifacts", "escalation", "tools", "approve"):
             if getattr(self, name):
                 out[name] = list(getattr(self, name))
         if self.resources is not None:
@@ -271,6 +283,8 @@ class Plan:
     tools: Sequence[str | Callable[..., Any]] = ()
     tool_options: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    #: Seconds an approval request waits before it is denied (issue 41).
+    approval_timeout_s: float | None = None
     _file: PlanFile = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -379,6 +393,8 @@ class Plan:
         for name in ("tool_options", "mcp_servers"):
             if getattr(self, name):
                 out[name] = {k: dict(v) for k, v in getattr(self, name).items()}
+        if self.approval_timeout_s is not None:
+            out["approval_timeout_s"] = self.approval_timeout_s
         out["plan"] = [op._data() for op in self.ops]
         return out
 
@@ -420,6 +436,7 @@ class Plan:
                 k: v.model_dump(exclude_none=True, exclude_defaults=True)
                 for k, v in plan.mcp_servers.items()
             },
+            approval_timeout_s=plan.approval_timeout_s,
         )
 
 
@@ -504,6 +521,8 @@ def _op_of(entry: PlanEntry) -> Op:
         retry=entry.retry.model_dump() if entry.retry is not None else None,
         timeout_s=entry.timeout_s,
         output_schema=entry.output_schema,
+        approval=entry.approval,
+        approve=entry.approve,
     )
 
 
@@ -529,6 +548,7 @@ def _role_of(role: RoleSpec) -> Role:
         escalation=role.escalation,
         resources=role.resources,
         tools=role.tools,
+        approve=role.approve,
     )
 
 
