@@ -438,6 +438,8 @@ def test_the_studio_approvals_page_lists_escapes_and_decides_with_csrf(tmp_path:
         base = listening.url.split("/?", 1)[0]
         with httpx.Client(base_url=base, timeout=30) as client:
             assert client.get(listening.url.removeprefix(base)).status_code == 303  # cookie
+            run_page = client.get(f"/runs/{request['run_id']}").text
+            assert '1 approval request waits for a decision: <a href="/approvals">' in run_page
             page = client.get("/approvals").text
             assert request["request_id"] in page
             assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page

@@ -362,6 +362,13 @@ def run_page(
             ]
         )
     )
+    waiting = control.approvals_waiting if control is not None else 0
+    if waiting:  # issue 41: a node waits for an operator's decision
+        body.append(
+            f'<p class="notice">{waiting} approval '
+            f"{'requests wait' if waiting != 1 else 'request waits'} for a decision: "
+            '<a href="/approvals">approvals</a></p>'
+        )
     if view.status == "running" and view.session_id:
         back = run_href(view.run_id)
         forms = control_forms(view.session_id, csrf, back=back, target=view.run_id)
