@@ -130,7 +130,8 @@ def run_one(kind: str, name: str) -> str:
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["?"])[-1]
             return f"exit {done.returncode}: {last[:80]}"
-        return f"ok, {server.requests} model requests"
+        answer = (done.stdout.strip().splitlines() or [""])[-1]
+        return f"ok, {server.requests} model requests, printed {answer[:24]!r}"
 
 
 def main() -> int:

@@ -124,27 +124,6 @@ def test_steered_flow_is_paused_messaged_and_resumed_from_another_process(
     assert events.index(events[1 + pause]) < gather_done
 
 
-def test_the_readme_from_python_section_runs_in_under_25_lines(tmp_path: Path) -> None:
-    readme = (EXAMPLES.parent / "README.md").read_text(encoding="utf-8")
-    section = readme.partition("\n## From Python\n")[2].partition("\n## ")[0]
-    code = section.partition("```python\n")[2].partition("```")[0]
-    assert 0 < len(code.splitlines()) < 25
-    home = tmp_path / "home"
-    done = subprocess.run(
-        [sys.executable, "-c", code],
-        capture_output=True,
-        text=True,
-        timeout=TIMEOUT_S,
-        env={**_env(), "STEERFLOW_HOME": str(home)},
-        check=False,
-    )
-    assert done.returncode == 0, done.stderr
-    lines = done.stdout.splitlines()
-    assert lines[0] == "plan_ready " and re.fullmatch(r"completed \S+", lines[-1]), lines
-    assert "node_completed synthesis" in lines
-    assert (home / "runs" / lines[-1].split()[1] / "checkpoint.json").is_file()
-
-
 SUMMARY = r"PASSED: 3 passed in \d+\.\d+s"
 #: The fault seam's acks: the initial flush, then one per durable outcome.
 AFTER_WRITE_CODE, AFTER_RUN_TESTS = "exit:after:ack:2", "exit:after:ack:3"

@@ -14,4 +14,4 @@ revise = Loop(
 )
 options = FlowOptions(plan=Plan(ops=[revise]), model="openai/gpt-4o-mini")
 result = asyncio.run(steerflow.run_flow(options, home=steerflow.resolve_home()))
-print(result.response(result.loops["revise"].last("draft")))
+print(result.response(f"draft.r{result.loops[0]['rounds']}"))

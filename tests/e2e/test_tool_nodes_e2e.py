@@ -8,6 +8,7 @@ to ``$TOOL_LEDGER``, so a test counts side effects across processes and kills.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -249,10 +250,46 @@ def test_an_agent_with_a_tool_runs_a_loop_per_turn_and_resumes_without_repeating
     assert [e["message"] for e in _ledger(tmp_path)] == ["one", "two"]
 
 
-def test_an_agent_tool_must_be_a_python_spec(tmp_path: Path) -> None:
-    refused = run_cli(tmp_path / "home", "agent", "t", "--tool", "mcp:files", env=_env(tmp_path))
+MCP_SERVER = Path(__file__).resolve().parents[1] / "tools" / "mcp_fixture_server.py"
+
+
+def test_an_agent_with_an_mcp_server_from_the_command_line_resumes_through_it(
+    tmp_path: Path,
+) -> None:
+    """``--mcp-server NAME=...`` declares what ``--tool mcp:NAME`` needs (decision 310): the
+    declaration is kept in the checkpoint, so the resume starts the same server again."""
+    home, env = tmp_path / "home", _env(tmp_path)
+    ledger = tmp_path / "mcp-ledger.txt"
+    server = {"command": [sys.executable, str(MCP_SERVER), "stdio"],
+              "env": {"MCP_LEDGER": str(ledger)}}  # fmt: skip
+    script = write_yaml(tmp_path / "s.yaml", {"turn-1": {"steps": TWO_POSTS}})
+    argv = ["agent", "tell the team", "--model", f"script:{script}", "--tool", "mcp:fx/post",
+            "--mcp-server", f"fx={json.dumps(server)}", "--json"]  # fmt: skip
+    killed = run_cli(home, *argv, env=_env(tmp_path, STEERFLOW_FAULT="exit:after:tool-result:1"))
+    assert killed.returncode == 137, killed.explain()
+    assert ledger.read_text() == "one\n"
+    run_id = _run_id(home)
+    run_dir = home / "runs" / run_id
+    assert "fixture server: started" in (run_dir / "mcp" / "fx.stderr").read_text()
+    done = run_cli(home, "resume", run_id, "--json", env=env)
+    assert done.returncode == 0, done.explain()
+    assert done.json["result"] == "posted both"
+    assert ledger.read_text() == "one\ntwo\n"  # the first post was not sent again
+
+
+def test_an_agent_tool_names_a_declared_server(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    refused = run_cli(home, "agent", "t", "--tool", "mcp:files", env=_env(tmp_path))
     assert refused.returncode == 2, refused.explain()
-    assert "mcp:files" in refused.stderr and "mcp_servers" in refused.stderr
+    assert "mcp:files" in refused.stderr and "--mcp-server files=COMMAND" in refused.stderr
+    for bad, said in (("files", "not NAME=SERVER"), ("files={nope", "files:"),
+                      ("files='unclosed", "closing quotation"),
+                      ('files={"url": "ftp://x"}', "mcp_servers.files")):  # fmt: skip
+        refused = run_cli(home, "agent", "t", "--tool", "mcp:files", "--mcp-server", bad,
+                          env=_env(tmp_path))  # fmt: skip
+        assert refused.returncode == 2, refused.explain()
+        assert said in refused.stderr, refused.stderr
+    assert not (home / "runs").exists() or not any((home / "runs").iterdir())
 
 
 def test_a_message_a_killed_loop_carried_is_not_delivered_again_on_resume(

@@ -344,16 +344,30 @@ def play(ctx: click.Context, /, name: str, **kw: Any) -> int:
     multiple=True,
     metavar="SPEC",
     help="Give the agent a tool: python:MODULE:FUNCTION (its signature, type hints and "
-    "docstring are what the model sees). Repeatable; naming it is its consent. Each turn "
+    "docstring are what the model sees), mcp:SERVER (every tool of a server given with "
+    "--mcp-server) or mcp:SERVER/TOOL. Repeatable; naming it is its consent. Each turn "
     "then runs a loop of model requests and tool calls, every step journaled, so a resume "
     "never runs a finished call again (needs openai/, anthropic/ or script:).",
+)
+@click.option(
+    "--mcp-server",
+    "mcp_servers",
+    multiple=True,
+    metavar="NAME=SERVER",
+    callback=lambda _ctx, _param, value: mcp_server_options(value),
+    help="Declare the MCP server NAME for --tool mcp:NAME: a command line run over stdio "
+    "(fs='npx -y @modelcontextprotocol/server-filesystem /tmp'), a streamable HTTP URL "
+    '(docs=http://127.0.0.1:8000/mcp), or a plan\'s JSON form (\'{"command": [...], "env": '
+    "{...}}'). Repeatable; declaring it is its consent. Started on first use, ended "
+    "with the run; its stderr is kept in the run directory.",
 )
 @budget_options
 @executor_options
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON object on stdout.")
 @click.pass_context
 def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout: float | None,
-          save: Path | None, tools: tuple[str, ...], as_json: bool, **more: Any) -> int:  # fmt: skip
+          save: Path | None, tools: tuple[str, ...], mcp_servers: dict[str, Any],
+          as_json: bool, **more: Any) -> int:  # fmt: skip
     """Run one agent on TASK; `ctl msg` corrections start the next turn when a turn ends.
 
     After each turn the operator messages queued meanwhile (`steerflow ctl msg SESSION
@@ -370,9 +384,39 @@ def agent(ctx: click.Context, /, task: str, model: str, max_turns: int, timeout:
         raise UsageError("agent needs a non-empty TASK")
     with flags_named():
         options = AgentOptions(task=task, model=model, max_turns=max_turns, timeout_s=timeout,
-                               save=save, tools=tools, **budget_kw(more),
+                               save=save, tools=tools, mcp_servers=mcp_servers,
+                               **budget_kw(more),
                                **executor_kw(more))  # fmt: skip
     return execute_agent(home_of(ctx), options, as_json=as_json)
+
+
+def mcp_server_options(values: tuple[str, ...]) -> dict[str, Any]:
+    """``--mcp-server NAME=SERVER`` values as a plan's ``mcp_servers`` mapping.
+
+    SERVER is a plan's JSON form when it starts with ``{``, a streamable HTTP URL when it
+    starts with ``http://`` or ``https://``, else a command line split as a POSIX shell
+    would (no shell runs it). The declarations are checked by ``AgentOptions``.
+    """
+    import json
+    import shlex
+
+    servers: dict[str, Any] = {}
+    for value in values:
+        name, sep, server = value.partition("=")
+        if not sep or not name or not server.strip():
+            raise click.BadParameter(f"{value!r} is not NAME=SERVER", param_hint="--mcp-server")
+        if name in servers:
+            raise click.BadParameter(f"{name!r} is declared twice", param_hint="--mcp-server")
+        try:
+            if server.lstrip().startswith("{"):
+                servers[name] = json.loads(server)
+            elif server.startswith(("http://", "https://")):
+                servers[name] = {"url": server}
+            else:
+                servers[name] = {"command": shlex.split(server)}
+        except ValueError as exc:  # json.JSONDecodeError, or shlex's unclosed quote
+            raise click.BadParameter(f"{name}: {exc}", param_hint="--mcp-server") from None
+    return servers
 
 
 @click.command(epilog=RUN_EPILOG)

@@ -60,6 +60,7 @@ from steerflow.orchestrate._agent_options import (
     AgentOptions,
     AgentResult,
     TurnOutcome,
+    checked_mcp_servers,
 )
 from steerflow.orchestrate._agent_state import AGENT_KIND, LEG_KEY, turn_key, turn_members
 from steerflow.orchestrate._claim import LINEAGE_KEY, RUN_ID_KEY, create_session, lineage, run_name
@@ -192,6 +193,9 @@ class AgentRun:
         self.model = seed.model if seed else options.model
         self.max_turns = seed.max_turns if seed else options.max_turns
         self.tools: tuple[str, ...] = seed.tools if seed else tuple(options.tools)
+        self.mcp_servers: dict[str, dict[str, Any]] = (
+            seed.mcp_servers if seed else checked_mcp_servers(options.mcp_servers)
+        )
         self.tool_runtime: ToolRuntime | None = None
         self.target = AgentTarget()
         self.target.on_stop = self.request_operator_stop
@@ -322,12 +326,6 @@ class AgentRun:
             self.meter.observe(Usage.from_json(turn.usage))
         self.target.meter = self.meter
         db = await asyncio.to_thread(StateDB.open, self.home)
-        if self.tools:
-            from steerflow.tools._runtime import open_runtime
-
-            self.tool_runtime = open_runtime(
-                mcp_servers={}, tool_options={}, stderr_dir=self.home / "runs"
-            )
         try:
             return await self._run_with_db(db, provider)
         finally:
@@ -340,6 +338,13 @@ class AgentRun:
         seed = self.options.resume
         root = seed.artifact_root if seed is not None else self.options.save
         run_dir = await asyncio.to_thread(allocate_run_dir, self.home, save=root)
+        if self.tools:
+            from steerflow.tools._runtime import open_runtime
+
+            # Closed by run()'s finally; an MCP server's stderr is kept in the run directory.
+            self.tool_runtime = open_runtime(
+                mcp_servers=self.mcp_servers, tool_options={}, stderr_dir=run_dir.path / "mcp"
+            )
         session, invocation_id = await self._open_session(db, run_dir)
         session_id = session.id
         lease = LeaseKeeper(db, session_id, session.lease_epoch)
@@ -439,6 +444,7 @@ class AgentRun:
                 "artifact_root": str(run_dir.artifact_root),
                 "leg": LEG_KEY,
                 **({"tools": list(self.tools)} if self.tools else {}),
+                **({"mcp_servers": self.mcp_servers} if self.mcp_servers else {}),
                 **({"budget": self.meter.caps.to_json()} if self.meter.caps.any else {}),
                 # The chain's calls that may have been paid (decision 217), as a flow's.
                 **({IN_FLIGHT_KEY: seed.doubt.to_json()} if seed and seed.doubt.calls else {}),

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from pydantic import ValidationError
 
 from steerflow._values import some_text, whole_number
 from steerflow.checkpoint import InFlightCall
@@ -13,6 +16,7 @@ from steerflow.errors import ExitCode, InvalidValueError
 from steerflow.executor import Caps, InFlightDoubt
 from steerflow.orchestrate._options import EndStatus, check_run_values
 from steerflow.orchestrate._stranded import StrandedMessage
+from steerflow.plan._model import TOOL_NAME_PATTERN, TOOL_SPEC_PATTERN, McpServerSpec
 from steerflow.providers import Usage
 from steerflow.providers._pricing import PriceLike
 
@@ -93,6 +97,8 @@ class AgentSeed:
     tools: tuple[str, ...] = ()
     steps: tuple[dict[str, Any], ...] = ()
     tool_decisions: dict[str, str] = field(default_factory=dict)
+    #: The source run's ``--mcp-server`` declarations, as its checkpoint config keeps them.
+    mcp_servers: dict[str, dict[str, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -124,6 +130,10 @@ class AgentOptions:
     #: ``--tool SPEC`` (``python:MODULE:FUNCTION``): each turn runs a tool loop; naming a
     #: tool here is its own consent (issue 39 item 1).
     tools: Sequence[str] = ()
+    #: ``--mcp-server NAME=...``: the MCP servers ``mcp:NAME[/TOOL]`` tools come from, as a
+    #: plan's ``mcp_servers`` (``{NAME: {command, env} | {url}}``); declaring one on the
+    #: command line is its consent, as naming a tool is (decision 310).
+    mcp_servers: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         self.tools = tuple(self.tools)
@@ -136,12 +146,41 @@ class AgentOptions:
         some_text(self.model, "model")
         if self.resume is None:
             some_text(self.task, "task")
+        servers = checked_mcp_servers(self.mcp_servers)
         for spec in self.tools:
-            if not isinstance(spec, str) or not spec.startswith("python:"):
+            if not isinstance(spec, str) or not re.fullmatch(TOOL_SPEC_PATTERN, spec):
                 raise InvalidValueError(
-                    "tools", f"{spec!r}: an agent's tools are python:MODULE:FUNCTION specs "
-                    "(mcp: tools need a plan that declares mcp_servers)"
+                    "tools", f"{spec!r}: a tool is python:MODULE:FUNCTION, mcp:SERVER or "
+                    "mcp:SERVER/TOOL"
                 )  # fmt: skip
+            server = spec[4:].split("/", 1)[0] if spec.startswith("mcp:") else None
+            if server is not None and server not in servers:
+                known = ", ".join(sorted(servers)) or "none"
+                raise InvalidValueError(
+                    "tools", f"{spec!r} names MCP server {server!r}, which is not declared "
+                    f"(declare it with --mcp-server {server}=COMMAND; declared: {known})"
+                )  # fmt: skip
+
+
+def checked_mcp_servers(data: object) -> dict[str, dict[str, Any]]:
+    """``mcp_servers`` checked by the plan key's own model; the stored (JSON) form.
+
+    Raises:
+        InvalidValueError: Not a mapping, a bad server name, or a bad declaration.
+    """
+    if not isinstance(data, Mapping):
+        raise InvalidValueError("mcp_servers", f"{data!r} is not a mapping")
+    out: dict[str, dict[str, Any]] = {}
+    for name, spec in data.items():
+        if not isinstance(name, str) or not re.fullmatch(TOOL_NAME_PATTERN, name):
+            raise InvalidValueError("mcp_servers", f"{name!r} is not a server name")
+        try:
+            checked = McpServerSpec.model_validate(spec)
+        except ValidationError as exc:
+            why = "; ".join(e["msg"] for e in exc.errors())
+            raise InvalidValueError(f"mcp_servers.{name}", why) from None
+        out[name] = checked.model_dump(exclude_none=True, exclude_defaults=True)
+    return out
 
 
 @dataclass

@@ -13,9 +13,19 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
-from steerflow.errors import CheckpointRecoveryError, FlowResumeError, SteerflowError
+from steerflow.errors import (
+    CheckpointRecoveryError,
+    FlowResumeError,
+    InvalidValueError,
+    SteerflowError,
+)
 from steerflow.executor import Caps
-from steerflow.orchestrate._agent_options import DEFAULT_MAX_TURNS, AgentSeed, TurnOutcome
+from steerflow.orchestrate._agent_options import (
+    DEFAULT_MAX_TURNS,
+    AgentSeed,
+    TurnOutcome,
+    checked_mcp_servers,
+)
 from steerflow.orchestrate._agent_state import (
     AGENT_CONTEXT_KEY,
     AGENT_KIND,
@@ -165,9 +175,20 @@ def _prepare(
         in_flight=state.in_flight,
         doubt=doubt,
         tools=tuple(str(t) for t in state.config.get("tools") or ()),
+        mcp_servers=_mcp_servers(state.config.get("mcp_servers")),
         steps=state.steps,
         tool_decisions=tool_calls,
     )
+
+
+def _mcp_servers(stored: object) -> dict[str, dict[str, Any]]:
+    """The source's ``--mcp-server`` declarations; a malformed record refuses the resume."""
+    if stored is None:
+        return {}
+    try:
+        return checked_mcp_servers(stored)
+    except InvalidValueError as exc:
+        raise FlowResumeError(f"checkpoint config.mcp_servers is malformed: {exc}") from None
 
 
 def _caps(stored: object) -> Caps:
