@@ -18,7 +18,10 @@ call again (``write_file`` is a side effect; ``read_file`` and ``run_pytest`` ar
 idempotent, so one a crash interrupted simply runs again).
 
 ``steerflow show RUN fix`` lists the steps; ``steerflow show RUN fix --follow`` streams
-them while the agent works.
+them while the agent works. With ``--ask-before-pytest`` each ``run_pytest`` call waits
+for an operator: ``steerflow approvals`` lists it, ``steerflow ctl approve RUN REQUEST_ID``
+(from any terminal) lets it run, ``steerflow ctl deny RUN REQUEST_ID --reason TEXT`` tells
+the model why not.
 """
 
 from __future__ import annotations
@@ -109,8 +112,12 @@ def run_pytest() -> str:
     return f"{verdict}\n{done.stdout[-4000:]}{done.stderr[-1000:]}"
 
 
-def fix_plan() -> Plan:
-    """One agent node that may read, write and test the project."""
+def fix_plan(ask_before_pytest: bool = False) -> Plan:
+    """One agent node that may read, write and test the project.
+
+    ``ask_before_pytest``: every ``run_pytest`` call (it runs code) waits for an operator's
+    ``steerflow ctl approve RUN REQUEST_ID`` (or ``deny``) first (docs/approvals.md).
+    """
     # The functions as the module ``coding_agent`` holds them, not as ``__main__`` does:
     # a resume in another process imports that name (``Op`` refuses ``__main__``'s).
     from coding_agent import read_file, run_pytest, write_file
@@ -126,7 +133,11 @@ def fix_plan() -> Plan:
                 max_steps=12,
             )
         ],
-        tool_options={"read_file": {"idempotent": True}, "run_pytest": {"idempotent": True}},
+        tool_options={
+            "read_file": {"idempotent": True},
+            "run_pytest": {"idempotent": True}
+            | ({"approval": "required"} if ask_before_pytest else {}),
+        },
     )
 
 
@@ -146,6 +157,11 @@ def main() -> int:
     parser.add_argument("--workdir", help="the project (made, with the failing test, if new)")
     parser.add_argument("--model", default=f"script:{SCRIPT}", help="the agent's model")
     parser.add_argument("--resume", metavar="RUN", help="continue this run instead")
+    parser.add_argument(
+        "--ask-before-pytest",
+        action="store_true",
+        help="each run_pytest call waits for `steerflow ctl approve RUN REQUEST_ID`",
+    )
     args = parser.parse_args()
 
     # steerflow imports the tools as the module coding_agent from sys.path.
@@ -158,7 +174,8 @@ def main() -> int:
     if args.resume is not None:
         options = steerflow.FlowOptions(resume=steerflow.prepare_resume(home, args.resume))
     else:
-        options = steerflow.FlowOptions(plan=fix_plan(), model=args.model, allow_python=True)
+        plan = fix_plan(args.ask_before_pytest)
+        options = steerflow.FlowOptions(plan=plan, model=args.model, allow_python=True)
     result = asyncio.run(steerflow.run_flow(options, home=home))
     print(f"run {result.run_id}: {result.status}")
     print(f"project: {os.environ[WORKDIR_ENV]}")
