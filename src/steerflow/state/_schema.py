@@ -175,56 +175,21 @@ _STATUS_CHECK_V1 = "'timed_out', 'interrupted')"
 _STATUS_CHECK_V3 = "'timed_out', 'interrupted', 'stopped')"
 
 
-def _allow_stopped_status(tx: StateTransaction) -> None:
-    """Widen ``sessions.status``'s CHECK by ``stopped`` (the status of ``ctl stop``).
+def _widen_checks(tx: StateTransaction, edits: tuple[tuple[str, str, str], ...], what: str) -> None:
+    """Replace ``old`` by ``new`` in each ``(table, old, new)``'s stored CHECK, in place.
 
-    SQLite cannot alter a CHECK, and rebuilding ``sessions`` would cascade-delete
-    every child row while foreign keys are on (they cannot be turned off inside
-    the migration's transaction). A widened CHECK accepts every stored row, so the
-    stored DDL is edited in place, the documented procedure for loosening a
-    constraint; bumping ``schema_version`` makes every connection re-read it.
-    A PostgreSQL backend would drop and re-add the constraint instead.
+    SQLite cannot alter a CHECK, and rebuilding a table would cascade-delete every child
+    row while foreign keys are on (they cannot be turned off inside the migration's
+    transaction). A widened CHECK accepts every stored row, so the stored DDL is edited
+    in place, the documented procedure for loosening a constraint; bumping
+    ``schema_version`` makes every connection re-read it. A definition edited by hand is
+    refused (the transaction rolls back) rather than a migration recorded whose CHECK
+    would still refuse the new values. PostgreSQL drops and re-adds the constraint.
     """
     version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
     tx.execute("PRAGMA writable_schema = ON")
     try:
-        tx.execute(
-            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
-            " AND name = 'sessions'",
-            (_STATUS_CHECK_V1, _STATUS_CHECK_V3),
-        )
-        stored = tx.query(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'sessions'"
-        )
-        if not stored or _STATUS_CHECK_V3 not in str(stored[0]["sql"]):
-            # A definition edited by hand: refuse (the transaction rolls back) rather than
-            # record a migration whose CHECK would still refuse 'stopped'.
-            raise RefusedError(
-                "state database: the sessions table's status CHECK has an unexpected"
-                " definition; cannot add 'stopped' (schema migration 3)"
-            )
-        tx.execute(f"PRAGMA schema_version = {version + 1}")
-    finally:
-        tx.execute("PRAGMA writable_schema = OFF")
-
-
-_STATUS_CHECK_V5 = "'timed_out', 'interrupted', 'stopped', 'budget_exhausted')"
-_VERB_CHECK_V1 = "('pause', 'resume', 'message', 'stop')"
-_VERB_CHECK_V5 = "('pause', 'resume', 'message', 'stop', 'budget')"
-
-
-def _allow_budget(tx: StateTransaction) -> None:
-    """Widen ``sessions.status`` by ``budget_exhausted`` and the control verbs by ``budget``.
-
-    The same in-place edit of the stored DDL as migration 3, for the same reasons.
-    """
-    version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
-    tx.execute("PRAGMA writable_schema = ON")
-    try:
-        for table, old, new in (
-            ("sessions", _STATUS_CHECK_V3, _STATUS_CHECK_V5),
-            ("session_controls", _VERB_CHECK_V1, _VERB_CHECK_V5),
-        ):
+        for table, old, new in edits:
             tx.execute(
                 "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
                 " AND name = ?",
@@ -236,11 +201,31 @@ def _allow_budget(tx: StateTransaction) -> None:
             if not stored or new not in str(stored[0]["sql"]):
                 raise RefusedError(
                     f"state database: the {table} table's CHECK has an unexpected"
-                    " definition; cannot widen it for budgets (schema migration 6)"
+                    f" definition; cannot {what}"
                 )
         tx.execute(f"PRAGMA schema_version = {version + 1}")
     finally:
         tx.execute("PRAGMA writable_schema = OFF")
+
+
+def _allow_stopped_status(tx: StateTransaction) -> None:
+    """Widen ``sessions.status``'s CHECK by ``stopped`` (the status of ``ctl stop``)."""
+    edit = ("sessions", _STATUS_CHECK_V1, _STATUS_CHECK_V3)
+    _widen_checks(tx, (edit,), "add 'stopped' (schema migration 3)")
+
+
+_STATUS_CHECK_V5 = "'timed_out', 'interrupted', 'stopped', 'budget_exhausted')"
+_VERB_CHECK_V1 = "('pause', 'resume', 'message', 'stop')"
+_VERB_CHECK_V5 = "('pause', 'resume', 'message', 'stop', 'budget')"
+
+
+def _allow_budget(tx: StateTransaction) -> None:
+    """Widen ``sessions.status`` by ``budget_exhausted`` and the control verbs by ``budget``."""
+    edits = (
+        ("sessions", _STATUS_CHECK_V3, _STATUS_CHECK_V5),
+        ("session_controls", _VERB_CHECK_V1, _VERB_CHECK_V5),
+    )
+    _widen_checks(tx, edits, "widen it for budgets (schema migration 6)")
 
 
 _VERB_CHECK_V8 = "('pause', 'resume', 'message', 'stop', 'budget', 'approve', 'deny')"
@@ -248,25 +233,8 @@ _VERB_CHECK_V8 = "('pause', 'resume', 'message', 'stop', 'budget', 'approve', 'd
 
 def _allow_approvals(tx: StateTransaction) -> None:
     """Widen the control verbs by ``approve`` and ``deny`` (issue 41), as migration 6 did."""
-    version = int(tx.query("PRAGMA schema_version")[0]["schema_version"])
-    tx.execute("PRAGMA writable_schema = ON")
-    try:
-        tx.execute(
-            "UPDATE sqlite_master SET sql = replace(sql, ?, ?) WHERE type = 'table'"
-            " AND name = 'session_controls'",
-            (_VERB_CHECK_V5, _VERB_CHECK_V8),
-        )
-        stored = tx.query(
-            "SELECT sql FROM sqlite_master WHERE type = 'table' AND name = 'session_controls'"
-        )
-        if not stored or _VERB_CHECK_V8 not in str(stored[0]["sql"]):
-            raise RefusedError(
-                "state database: the session_controls table's CHECK has an unexpected"
-                " definition; cannot widen it for approvals (schema migration 8)"
-            )
-        tx.execute(f"PRAGMA schema_version = {version + 1}")
-    finally:
-        tx.execute("PRAGMA writable_schema = OFF")
+    edit = ("session_controls", _VERB_CHECK_V5, _VERB_CHECK_V8)
+    _widen_checks(tx, (edit,), "widen it for approvals (schema migration 8)")
 
 
 # The session's lease (docs/decisions.md, decision 120): the fencing token its owner holds,
