@@ -9,11 +9,11 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
-import time
 
 from pydantic import BaseModel
 
 from steerflow import NodeCall
+from waiting import loop_turn
 
 #: Every NodeCall ``record`` received, in call order.
 SEEN: list[NodeCall] = []
@@ -38,7 +38,7 @@ def record(call: NodeCall) -> str:
 
 async def record_async(call: NodeCall) -> str:
     SEEN.append(call)
-    await asyncio.sleep(0)
+    await loop_turn()
     return f"async fn {call.node_id}"
 
 
@@ -91,14 +91,14 @@ def prints(call: NodeCall) -> str:
     """Prints its node id, a line at a time, between yields to the other nodes' threads."""
     for n in range(int(os.environ.get("FN_NODES_PRINTS", "3"))):
         print(f"print {n} from {call.node_id}")
-        time.sleep(0)
+        os.sched_yield()  # let the other nodes' threads print in between
     return f"printed {call.node_id}"
 
 
 async def prints_async(call: NodeCall) -> str:
     for n in range(int(os.environ.get("FN_NODES_PRINTS", "3"))):
         print(f"print {n} from {call.node_id}")
-        await asyncio.sleep(0)
+        await loop_turn()
     return f"printed {call.node_id}"
 
 
@@ -106,7 +106,7 @@ def sleeps_an_hour(call: NodeCall) -> str:
     """A hung plain function: only the process's exit ends its thread."""
     with open(os.environ["FN_NODES_LOG"], "a", encoding="utf-8") as log:
         log.write(call.node_id + "\n")
-    time.sleep(3600)
+    threading.Event().wait()  # nobody sets it: hung until the process exits
     return "woke up"
 
 

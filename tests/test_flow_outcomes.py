@@ -25,6 +25,7 @@ from steerflow.checkpoint import load_checkpoint
 from steerflow.errors import PlanValidationError, UnknownIdError, UsageError
 from steerflow.orchestrate import FlowOptions, FlowResult, FlowRun, NodeCompleted, RunEvent
 from steerflow.plan import Op, Plan, Role
+from waiting import wait_until_async
 
 HOLD_S = 30.0
 
@@ -138,7 +139,7 @@ async def test_events_opened_while_the_run_is_under_way_are_refused(tmp_path: Pa
                   home=tmp_path / "h")  # fmt: skip
     async with asyncio.timeout(HOLD_S), asyncio.TaskGroup() as tasks:
         task = tasks.create_task(run.run())
-        await asyncio.sleep(0)  # run() has begun: its first step ran
+        await wait_until_async(lambda: run._begun, timeout=5, what="run() to begin")
         with pytest.raises(UsageError, match=r"called after run\(\) began"):
             run.events()
     assert task.result().status == "completed"

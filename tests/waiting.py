@@ -35,6 +35,19 @@ def wait_until(
         time.sleep(interval)
 
 
+async def loop_turn() -> None:
+    """One full turn of the event loop: every callback already scheduled runs first.
+
+    Not a sleep: a future resolved by ``call_soon`` completes after exactly the callbacks
+    queued before it (the loop runs them in order), so a task started just before has
+    taken its first step, and a stray cancel already scheduled has landed.
+    """
+    loop = asyncio.get_running_loop()
+    turned: asyncio.Future[None] = loop.create_future()
+    loop.call_soon(turned.set_result, None)
+    await turned
+
+
 async def wait_until_async(
     probe: Callable[[], T | None],
     *,

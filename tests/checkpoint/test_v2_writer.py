@@ -121,7 +121,8 @@ async def test_live_context_mutation_after_record_is_not_persisted(tmp_path: Pat
     pending = asyncio.ensure_future(
         w.record("research", status="completed", response="r", flow_context=ctx)
     )
-    await asyncio.sleep(0)  # the call has started: it was admitted synchronously
+    # The call has started: it was admitted synchronously at its first step.
+    await wait_until_async(lambda: w.records_admitted >= 1, timeout=5, what="admission")
     ctx["items"].append(2)  # type: ignore[attr-defined]
     await pending
     await w.close()

@@ -168,10 +168,11 @@ async def test_admission_order_is_persistence_order(tmp_path: Path) -> None:
 async def test_cancelled_caller_still_persisted_in_order(tmp_path: Path) -> None:
     w = make_writer(tmp_path, version=3)
     await w.flush()
+    admitted = w.records_admitted + 5
     tasks = [
         asyncio.ensure_future(w.record(f"op-{i}", status="completed", response=i)) for i in range(5)
     ]
-    await asyncio.sleep(0)
+    await wait_until_async(lambda: w.records_admitted == admitted, timeout=5, what="admission")
     tasks[1].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     await w.close()
@@ -401,7 +402,8 @@ async def test_nested_mutation_during_persistence(tmp_path: Path) -> None:
     w = make_writer(tmp_path, version=3, max_records=2)
     ctx: dict[str, Any] = {"a": {"b": [1]}}
     first = asyncio.ensure_future(w.record("x", status="completed", response=1, flow_context=ctx))
-    await asyncio.sleep(0)
+    admitted = w.records_admitted + 1
+    await wait_until_async(lambda: w.records_admitted == admitted, timeout=5, what="admission")
     ctx["a"]["b"].append(2)  # after admission: belongs to the next record only
     ctx["a"]["c"] = {"d": None}
     await first

@@ -19,6 +19,7 @@ from steerflow.cli import main as cli_main
 from steerflow.cli._progress import BURST, INTERVAL, PER_NODE_NODES, Progress
 from steerflow.executor import EventBus, FlowEvent
 from steerflow.orchestrate import FlowOptions, FlowRun
+from waiting import wait_until_async
 
 
 class Clock:
@@ -198,7 +199,7 @@ def test_a_real_run_announces_each_pause_and_resume_the_steering_applies(tmp_pat
         run.steering.pause()  # what the poller calls; the run waits at the gate
         async with asyncio.TaskGroup() as tasks:
             finished = tasks.create_task(run.run())
-            await asyncio.sleep(0)
+            await wait_until_async(lambda: run._begun, timeout=5, what="run() to begin")
             run.steering.resume()
         return finished.result().status
 

@@ -152,7 +152,11 @@ async def test_concurrent_callers_cancellation_and_loader(tmp_path: Path, compac
                 tasks[-1].cancel()  # before it runs: never admitted
                 cancelled_early += 1
             if i % WAVE == WAVE - 1:
-                await asyncio.sleep(0)  # let this wave admit and start persisting
+                # Let this wave admit (each caller admits at its first step) and persist.
+                admitted = i + 1 - cancelled_early
+                await wait_until_async(
+                    lambda n=admitted: len(script.order) >= n, timeout=10, what="admission"
+                )
                 for t in tasks[-10:-7]:
                     if not t.done() and t.cancel():
                         cancelled_late += 1  # admitted, now waiting on persistence

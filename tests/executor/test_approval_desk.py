@@ -11,6 +11,7 @@ import pytest
 
 from steerflow.executor import ApprovalDesk
 from steerflow.executor._approvals import TIMEOUT_SENDER, ApprovalHeld
+from waiting import wait_until_async
 
 REQUEST: dict[str, Any] = {"request_id": "apr_1", "tool": "post", "args": {"m": "hi"}}
 
@@ -25,7 +26,7 @@ async def test_the_first_decision_is_taken_and_a_second_is_rejected_naming_it() 
     await desk.register({**REQUEST, "requested_at": 0.0}, "a")
     assert published == [["apr_1"]]  # published before anyone is told it waits
     waiting = asyncio.create_task(desk.wait(REQUEST, "a"))
-    await asyncio.sleep(0)
+    await wait_until_async(lambda: desk.waiting("apr_1"), timeout=5, what="the wait to start")
     first = desk.decide("approve", "apr_1", {"args": {"m": "edited"}}, control_id="c1",
                         sender="cli:op@h:1")  # fmt: skip
     assert first is None  # taken: stamped applied once journaled
@@ -76,7 +77,7 @@ async def test_closing_admission_ends_every_wait_held() -> None:
     desk = ApprovalDesk()
     await desk.register(REQUEST, "a")
     waiting = asyncio.create_task(desk.wait(REQUEST, "a"))
-    await asyncio.sleep(0)
+    await wait_until_async(lambda: desk.waiting("apr_1"), timeout=5, what="the wait to start")
     desk.close("stopped by operator")
     with pytest.raises(ApprovalHeld, match="stopped by operator"):
         await waiting

@@ -9,7 +9,7 @@ import pytest
 
 from steerflow.executor import CallScope, FlowExecutor, Graph, Operation
 from steerflow.providers import PlanRequest, Provider, ProviderRequest, ProviderResponse
-from waiting import wait_until_async
+from waiting import loop_turn, wait_until_async
 
 
 class _Held(Provider):
@@ -102,5 +102,5 @@ async def test_cancel_outside_the_block_does_nothing() -> None:
     with scope:
         pass
     assert scope.cancel("SIGINT") is False  # already left: the task must not be hit
-    await asyncio.sleep(0)  # a stray cancel would land here
+    await loop_turn()  # a stray cancel would land here
     assert scope.cancelled_by is None

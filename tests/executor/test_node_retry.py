@@ -24,12 +24,12 @@ pytestmark = pytest.mark.timeout(30)
 
 
 class Flaky(Provider):
-    """Fails its first ``failures`` calls (``error`` raised), then answers; ``stall`` s each."""
+    """Fails its first ``failures`` calls (``error`` raised), then answers (``stall``: never)."""
 
     spec = "flaky"
 
     def __init__(
-        self, failures: int, *, stall: float = 0.0, error: type[ProviderError] = ProviderError
+        self, failures: int, *, stall: bool = False, error: type[ProviderError] = ProviderError
     ) -> None:
         self.calls: list[str] = []
         self.failures = failures
@@ -38,8 +38,8 @@ class Flaky(Provider):
 
     async def invoke(self, request: ProviderRequest) -> ProviderResponse:
         self.calls.append(request.node_key)
-        if self.stall:
-            await asyncio.sleep(self.stall)
+        if self.stall:  # stalled: only its timeout_s (a cancellation) ends the call
+            await asyncio.Event().wait()
         if len(self.calls) <= self.failures:
             raise self.error(f"try {len(self.calls)} failed")
         return ProviderResponse(text=f"answer {len(self.calls)}")
@@ -145,7 +145,7 @@ async def test_a_stop_during_the_backoff_sends_no_further_try(tmp_path: Path) ->
 
 
 async def test_a_call_longer_than_timeout_s_fails_and_is_retried(tmp_path: Path) -> None:
-    provider = Flaky(failures=0, stall=30)
+    provider = Flaky(failures=0, stall=True)
     graph = graph_of(
         [*_one(timeout_s=0.2, retry={"attempts": 1}), {"agent_id": "b", "instruction": "y"}]
     )
@@ -166,7 +166,7 @@ async def test_a_call_longer_than_timeout_s_fails_and_is_retried(tmp_path: Path)
 
 
 async def test_a_signal_during_a_limited_call_still_stops_the_node(tmp_path: Path) -> None:
-    provider = Flaky(failures=0, stall=30)
+    provider = Flaky(failures=0, stall=True)
     graph = graph_of(_one(timeout_s=20, retry={"attempts": 2}))
     ex = executor(graph, provider, tmp_path)
     run = asyncio.create_task(ex.run())

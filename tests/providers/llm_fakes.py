@@ -432,7 +432,10 @@ def _sse(flavour: Flavour, event: dict[str, Any]) -> bytes:
 
 _AGENT_SCRIPT = r'''#!{python}
 """Fake agent CLI for steerflow tests (config: {config})."""
-import json, os, pathlib, signal, subprocess, sys, time
+import json, os, pathlib, signal, subprocess, sys
+
+sys.path.insert(0, {tests!r})
+from waiting import wait_until  # bounded waits on a condition, as the tests use
 
 cfg = json.loads(pathlib.Path({config!r}).read_text())
 stdin = sys.stdin.read()
@@ -456,17 +459,13 @@ if cfg.get("grandchild"):
 with open({log!r}, "a") as fh:
     fh.write(json.dumps(record) + "\n")
 if cfg.get("wait_for"):  # held until the test creates this file (at most 60 s)
-    due = time.monotonic() + 60
-    while not os.path.exists(cfg["wait_for"]) and time.monotonic() < due:
-        time.sleep(0.02)
+    wait_until(lambda: os.path.exists(cfg["wait_for"]), timeout=60, what=cfg["wait_for"])
 if cfg.get("hang"):
     while True:  # hung until a signal kills it (pause returns after a handled one)
         signal.pause()
 for index, line in enumerate(cfg.get("lines", [])):  # printed one by one, flushed
     if cfg.get("hold_file") and index == cfg.get("hold_after", 1):
-        due = time.monotonic() + 60
-        while not os.path.exists(cfg["hold_file"]) and time.monotonic() < due:
-            time.sleep(0.02)
+        wait_until(lambda: os.path.exists(cfg["hold_file"]), timeout=60, what=cfg["hold_file"])
     sys.stdout.write(line + "\n")
     sys.stdout.flush()
 sys.stdout.write(cfg.get("stdout", ""))
@@ -505,7 +504,12 @@ def write_fake_agent(directory: Path, name: str) -> FakeAgent:
     agent = FakeAgent(path=path, config=directory / f"{name}.json", log=directory / f"{name}.log")
     agent.configure()
     path.write_text(
-        _AGENT_SCRIPT.format(python=sys.executable, config=str(agent.config), log=str(agent.log))
+        _AGENT_SCRIPT.format(
+            python=sys.executable,
+            config=str(agent.config),
+            log=str(agent.log),
+            tests=str(Path(__file__).resolve().parents[1]),
+        )
     )
     path.chmod(0o755)
     return agent

@@ -256,7 +256,11 @@ async def test_prints_go_to_the_calls_live_sink_and_stdout_is_put_back(
     ]
     print("steerflow's own line")  # before: straight to stdout
     await asyncio.gather(*(provider.invoke(r) for r in requests))
-    await asyncio.sleep(0)  # the sinks' callbacks, queued from the threads, have run
+    expected = {key: "".join(f"print {n} from {key}\n" for n in range(3)) for key in sinks}
+    # The sinks' callbacks are queued onto the loop from the threads: wait until they ran.
+    await wait_until_async(
+        lambda: all("".join(sinks[k]) == expected[k] for k in sinks), timeout=5, what="sinks"
+    )
     assert sys.stdout is before
     for key, chunks in sinks.items():
         assert "".join(chunks) == "".join(f"print {n} from {key}\n" for n in range(3))

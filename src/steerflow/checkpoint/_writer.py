@@ -113,6 +113,8 @@ class CheckpointWriter:
         self.persisted = True
         self.error: str | None = None
         self.records_acknowledged = 0
+        #: Records admitted so far (synchronously, in call order), acknowledged or not.
+        self.records_admitted = 0
         self.on_saved = on_saved
         meta: dict[str, JSON] = {
             "session_id": session_id,
@@ -381,6 +383,7 @@ class CheckpointWriter:
         self._ctx = context
         ticket = Ticket(Item(kind, key, entry, patch, context))
         self._queue.append(ticket)
+        self.records_admitted += 1
         return ticket
 
     async def _settle(self, ticket: Ticket, kind: str, key: str) -> None:

@@ -139,6 +139,10 @@ class ApprovalDesk:
         finally:
             self._waits.pop(request_id, None)
 
+    def waiting(self, request_id: str) -> bool:
+        """Whether a :meth:`wait` for ``request_id`` is under way now."""
+        return request_id in self._waits
+
     async def journaled(self, request_id: str, control_id: str | None) -> None:
         """The decision's record is durable: the request no longer waits; stamp its row."""
         self.pending.pop(request_id, None)
