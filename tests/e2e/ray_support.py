@@ -112,14 +112,13 @@ class RayTestCluster:
         wait_until(started, timeout=_START_TIMEOUT_S, what="the Ray side node")
         # The flow refuses a role no alive node can place: wait until the GCS lists it.
         probe = (
-            "import ray,sys,time\n"
+            "import ray, sys\n"
+            f"sys.path.insert(0, {str(Path(__file__).resolve().parents[1])!r})\n"
+            "from waiting import wait_until\n"
             f"ray.init(address={self.address!r}, logging_level='ERROR', log_to_driver=False)\n"
-            "end = time.monotonic() + 60\n"
-            "while time.monotonic() < end:\n"
-            "    if any(n['Alive'] and n['Resources'].get('side') for n in ray.nodes()):\n"
-            "        sys.exit(0)\n"
-            "    time.sleep(0.1)\n"
-            "sys.exit(1)\n"
+            "wait_until(lambda: any(n['Alive'] and n['Resources'].get('side')\n"
+            "                       for n in ray.nodes()), timeout=60, interval=0.1,\n"
+            "           what='the side node in the GCS')\n"
         )
         subprocess.run(
             [sys.executable, "-c", probe], env=cluster_env(self.path), check=True, timeout=90

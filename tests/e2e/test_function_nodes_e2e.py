@@ -299,8 +299,8 @@ def test_a_functions_print_goes_to_its_node_output_never_to_stdout(
 
 
 def test_a_hung_plain_function_is_cancelled_after_the_deadlines_grace(tmp_path: Path) -> None:
-    """``time.sleep(3600)`` in a plain function: ``--timeout 2`` still ends the run (124),
-    the node cancelled by the deadline and left for a resume, its thread abandoned."""
+    """A plain function hung for good: ``--timeout 2`` still ends the run (124), the node
+    cancelled by the deadline and left for a resume, its thread abandoned."""
     home, log = tmp_path / "home", tmp_path / "calls.log"
     plan = write_yaml(tmp_path / "plan.yaml", {"plan": [{"agent_id": "a", "instruction": "x"}]})
     started = time.monotonic()
