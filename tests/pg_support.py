@@ -113,7 +113,13 @@ class PgRaw:
 
 
 def _start(
-    bin_dir: Path, data: Path, base: Path, log: Path, listen: Sequence[str], run_as: str | None
+    bin_dir: Path,
+    data: Path,
+    base: Path,
+    log: Path,
+    listen: Sequence[str],
+    run_as: str | None,
+    max_connections: int,
 ) -> int:
     """``pg_ctl start`` on a free port; the port it listens on.
 
@@ -126,7 +132,8 @@ def _start(
         port = _free_port()
         options = (
             f"-p {port} -k {base} -c listen_addresses={','.join(listen)} -c fsync=off"
-            " -c synchronous_commit=off -c full_page_writes=off -c max_connections=200"
+            " -c synchronous_commit=off -c full_page_writes=off"
+            f" -c max_connections={max_connections}"
         )
         log.unlink(missing_ok=True)
         try:
@@ -150,7 +157,10 @@ def _as_owner(argv: Sequence[str], user: str | None) -> list[str]:
 
 @contextlib.contextmanager
 def pg_server(
-    *, listen: Sequence[str] = ("127.0.0.1",), trust_networks: Sequence[str] = ()
+    *,
+    listen: Sequence[str] = ("127.0.0.1",),
+    trust_networks: Sequence[str] = (),
+    max_connections: int = 200,
 ) -> Iterator[PgServer]:
     """Start a throw-away server; stop it and remove its files on exit.
 
@@ -158,6 +168,9 @@ def pg_server(
         listen: Addresses the server listens on (they must exist when it starts).
         trust_networks: CIDR networks also admitted without a password (``pg_hba``
             ``host`` lines), for clients in other network namespaces.
+        max_connections: The server's ``max_connections`` (its
+            ``superuser_reserved_connections``, 3, count against it): the fleet tests
+            start a small server to see what a full one does to real flows.
     """
     bin_dir = find_pg_bin()
     root = os.geteuid() == 0
@@ -181,7 +194,7 @@ def pg_server(
         if trust_networks:
             with open(data / "pg_hba.conf", "a", encoding="utf-8") as hba:
                 hba.writelines(f"host all all {net} trust\n" for net in trust_networks)
-        port = _start(bin_dir, data, base, log, listen, run_as)
+        port = _start(bin_dir, data, base, log, listen, run_as, max_connections)
     except subprocess.CalledProcessError as exc:
         detail = log.read_text() if log.exists() else ""
         shutil.rmtree(base, ignore_errors=True)

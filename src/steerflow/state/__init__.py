@@ -27,6 +27,7 @@ from steerflow.state._owner import (
     process_start_time,
     this_host,
 )
+from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV
 from steerflow.state._schema import (
     SCHEMA_VERSION,
     ControlRow,
@@ -47,6 +48,7 @@ from steerflow.state._schema import (
 
 __all__ = [
     "BUSY_TIMEOUT_S",
+    "DB_CONNECT_TIMEOUT_ENV",
     "DEFAULT_LEASE_S",
     "HEARTBEAT_STALE_S",
     "HOST_ID_ENV",

@@ -12,20 +12,26 @@ backend (``?`` placeholders are rewritten to ``%s``) and keeps the same guarante
   transaction-scoped advisory lock per ``(scope, key)``: the control inserts and status
   changes of one session, the resume claims of one source run, the migrations.
 * An insert into ``session_controls`` fires a ``NOTIFY`` (see
-  :mod:`steerflow.state._pg_schema`); :meth:`watch_controls` ``LISTEN``s on a second
-  connection in a daemon thread and calls back on each notification for its session,
-  so the flow's poller is woken by the insert instead of polling for it.
+  :mod:`steerflow.state._pg_schema`); :meth:`watch_controls` ``LISTEN``s on the same
+  connection and calls back on each notification for its session, so the flow's
+  poller is woken by the insert instead of polling for it.
 
-One :class:`PostgresBackend` holds one autocommit connection guarded by a lock, so the
-synchronous :class:`~steerflow.state.StateDB` methods may be called from worker threads.
-A connection the server dropped is replaced on the next call.
+Every :class:`PostgresBackend` of a process with the same URL and settings shares one
+autocommit connection guarded by one lock (:mod:`steerflow.state._pg_link`, decision
+360), so a flow holds one server connection and the synchronous
+:class:`~steerflow.state.StateDB` methods may be called from worker threads. A
+connection the server dropped is replaced on the next call, with backoff.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
+import math
+import os
+import random
 import re
-import threading
+import time
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -33,12 +39,14 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from steerflow.errors import (
     DatabaseBusyError,
+    InvalidValueError,
     RefusedError,
     StateDBLostError,
     SteerflowError,
     UsageError,
     quote_input,
 )
+from steerflow.state._pg_link import Link, acquire, link_key, release
 from steerflow.state._pg_schema import CONTROLS_CHANNEL, PG_MIGRATIONS, PG_SCHEMA_VERSION_DDL
 from steerflow.state._schema import Migration, StateTransaction
 
@@ -46,10 +54,13 @@ if TYPE_CHECKING:
     import psycopg
 
 __all__ = [
+    "DB_CONNECT_TIMEOUT_ENV",
+    "DEFAULT_DB_CONNECT_TIMEOUT_S",
     "PG_SCHEMES",
     "PostgresBackend",
     "PostgresTransaction",
     "check_postgres_url",
+    "connect_timeout_s",
     "is_postgres_url",
     "redact",
 ]
@@ -62,8 +73,15 @@ _MISSING_EXTRA = (
 _BUSY_STATES = {"55P03", "57014", "40P01", "40001"}  # lock timeout, cancelled, deadlock, serial
 _READ_ONLY_STATE = "25006"
 _UNDEFINED_TABLE = "42P01"
-_LISTEN_SLICE_S = 0.5  # how soon a closed backend's listener thread notices and exits
-_RECONNECT_S = 1.0
+_ADMIT_FIRST_S = 0.25
+_ADMIT_MAX_S = 2.0
+_MAX_CONNECT_TIMEOUT_S = 3600.0
+_log = logging.getLogger("steerflow.state")
+
+DB_CONNECT_TIMEOUT_ENV = "STEERFLOW_DB_CONNECT_TIMEOUT_S"
+"""How long a process waits for a full (or starting) server to admit it (decision 361)."""
+
+DEFAULT_DB_CONNECT_TIMEOUT_S = 60.0
 _MIGRATION_LOCK = "schema-migration"
 
 
@@ -182,7 +200,11 @@ class PostgresTransaction:
 
 
 class PostgresBackend:
-    """One psycopg 3 connection to a PostgreSQL state database.
+    """A handle on the process's one connection to a PostgreSQL state database.
+
+    Every backend of one process with the same URL and settings shares one
+    :class:`~steerflow.state._pg_link.Link` (decision 360); closing a handle closes the
+    connection only when it was the last.
 
     Attributes:
         url: The connection URL (with any password: never print it; see :attr:`location`).
@@ -196,26 +218,39 @@ class PostgresBackend:
         self.url = url
         self.read_only = read_only
         self.busy_timeout_s = busy_timeout_s
-        self._lock = threading.RLock()
         self._closed = False
-        self._conn: psycopg.Connection[Any] | None = None
-        self._listener: _Listener | None = None
-        self._listening = False  # the main connection LISTENs too, for data_version
-        self._notified = 0
+        self._key = link_key(url, read_only, busy_timeout_s)
+        self._link, self._fresh = acquire(
+            self._key, lambda: Link(self.location, CONTROLS_CHANNEL, self.connect, self._translate)
+        )
+        self._lock = self._link.lock
 
     @classmethod
     def open(cls, url: str, *, read_only: bool, busy_timeout_s: float) -> PostgresBackend:
-        """Connect to the database at ``url``.
+        """Connect to the database at ``url`` (or share this process's connection to it).
+
+        A server that does not admit a new connection (full, or starting up) is waited
+        for, up to ``STEERFLOW_DB_CONNECT_TIMEOUT_S`` (decision 361).
 
         Raises:
             UsageError: The URL is malformed (:func:`check_postgres_url`), or the
                 ``postgres`` extra (psycopg) is not installed.
-            SteerflowError: The server cannot be reached or refuses the login.
+            InvalidValueError: ``STEERFLOW_DB_CONNECT_TIMEOUT_S`` is not a number of seconds.
+            SteerflowError: The server cannot be reached, refuses the login, or did not
+                admit this process in time.
         """
         check_postgres_url(url)
+        timeout = connect_timeout_s()
         backend = cls(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
-        with backend._lock:
-            backend._connection()
+        try:
+            with backend._lock:
+                if backend._fresh:
+                    backend._link.first_connection(lambda: backend._connect_waiting(timeout))
+                else:
+                    backend._link.connection()
+        except BaseException:
+            backend.close()
+            raise
         return backend
 
     @property
@@ -237,6 +272,11 @@ class PostgresBackend:
     def schema_version_ddl(self) -> str:
         """The ``schema_version`` table in PostgreSQL's dialect."""
         return PG_SCHEMA_VERSION_DDL
+
+    @property
+    def reconnects(self) -> int:
+        """How often the shared connection came back after the server dropped it."""
+        return self._link.reconnects
 
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         """A new connection with this backend's settings (bounded lock waits, text JSON)."""
@@ -261,7 +301,8 @@ class PostgresBackend:
                 row_factory=dict_row,
                 options=options,
                 connect_timeout=max(2, int(self.busy_timeout_s)),
-                application_name="steerflow",
+                # The pid tells a process's connection apart in pg_stat_activity.
+                application_name=f"steerflow:{os.getpid()}",
             )
         except pg.Error as exc:
             raise SteerflowError(
@@ -272,24 +313,49 @@ class PostgresBackend:
             conn.adapters.register_loader(name, TextLoader)
         return conn
 
+    def _connect_waiting(self, timeout: float) -> psycopg.Connection[Any]:
+        """:meth:`connect`, waiting (bounded backoff) while the server does not admit us yet.
+
+        One progress line, not one per try. Only a refusal to admit is waited for (too
+        many clients, the server starting up): a wrong password, a missing database or
+        an unreachable host fail at once, as before.
+        """
+        deadline = time.monotonic() + timeout
+        delay = _ADMIT_FIRST_S
+        said = False
+        while True:
+            try:
+                return self.connect()
+            except SteerflowError as exc:
+                reason = _not_admitted(exc)
+                left = deadline - time.monotonic()
+                if reason is None:
+                    raise
+                if left <= 0:
+                    raise SteerflowError(
+                        f"cannot connect to the state database {self.location}: the server did"
+                        f" not admit this process within {timeout:g} s ({DB_CONNECT_TIMEOUT_ENV}):"
+                        f" {reason}"
+                    ) from exc
+                if not said:
+                    said = True
+                    _log.warning(
+                        "the state database %s does not admit this process yet (%s):"
+                        " waiting up to %g s (%s)",
+                        self.location,
+                        reason,
+                        timeout,
+                        DB_CONNECT_TIMEOUT_ENV,
+                    )
+                # Jittered, so a fleet refused together does not come back together.
+                time.sleep(min(left, delay * random.uniform(0.5, 1.0)))
+                delay = min(delay * 2, _ADMIT_MAX_S)
+
     def _connection(self) -> psycopg.Connection[Any]:
         if self._closed:
             raise SteerflowError(f"state database is closed: {self.location}")
-        conn = self._conn
-        if conn is None or conn.closed or conn.broken:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-            conn = self._conn = self.connect()
-            conn.add_notify_handler(self._on_notify)
-            if self._listening:
-                with self._translate():
-                    conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
-                self._notified += 1  # whatever was sent while disconnected: look again
-        return conn
-
-    def _on_notify(self, _note: object) -> None:
-        self._notified += 1
+        with self._translate():
+            return self._link.connection()
 
     @contextlib.contextmanager
     def _translate(self) -> Iterator[None]:
@@ -393,7 +459,7 @@ class PostgresBackend:
         return int(version) if version is not None else 0
 
     def data_version(self) -> int:
-        """How many control inserts this connection has been notified of.
+        """How many control inserts this process's connection has been notified of.
 
         It changes when any writer inserts a control row (the NOTIFY trigger). One
         round trip: PostgreSQL hands an idle listening connection every notification
@@ -401,119 +467,77 @@ class PostgresBackend:
         always been counted when it returns (the same promise as SQLite's pragma).
         """
         with self._lock:
-            conn = self._connection()
+            if self._closed:
+                raise SteerflowError(f"state database is closed: {self.location}")
             with self._translate():
-                if not self._listening:
-                    conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
-                    self._listening = True
-                conn.execute("SELECT 1")
-            return self._notified
+                self._link.listen()
+                self._link.connection().execute("SELECT 1")
+            return self._link.notified
 
     def watch_controls(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        """Call ``callback`` (from a daemon thread) on each control insert for ``session_id``.
+        """Call ``callback`` (from another thread) on each control insert for ``session_id``.
 
         ``LISTEN`` is in effect when this returns, so a row inserted afterwards is never
         missed. Returns the function that stops the calls.
         """
-        return self._ensure_listener().subscribe(session_id, callback)
-
-    def _ensure_listener(self) -> _Listener:
-        with self._lock:
-            if self._closed:
-                raise SteerflowError(f"state database is closed: {self.location}")
-            if self._listener is None:
-                listener = _Listener(self)
-                listener.start()
-                self._listener = listener
-            return self._listener
+        if self._closed:
+            raise SteerflowError(f"state database is closed: {self.location}")
+        with self._translate():
+            return self._link.subscribe(session_id, callback)
 
     def close(self) -> None:
-        """Close the connection and stop the listener. Closing twice is harmless."""
+        """Let go of the shared connection (closed with its last handle). Twice is harmless."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
-            if self._listener is not None:
-                self._listener.stop()
-            if self._conn is not None:
-                with contextlib.suppress(Exception):
-                    self._conn.close()
+        release(self._key, self._link)
+
+
+def connect_timeout_s() -> float:
+    """How long a new process waits to be admitted: ``STEERFLOW_DB_CONNECT_TIMEOUT_S``, else 60.
+
+    Raises:
+        InvalidValueError: The variable is not a number of seconds from 0 to 3600
+            (a usage error, exit 2).
+    """
+    raw = os.environ.get(DB_CONNECT_TIMEOUT_ENV, "").strip()
+    if not raw:
+        return DEFAULT_DB_CONNECT_TIMEOUT_S
+    try:
+        value = float(raw)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or not 0 <= value <= _MAX_CONNECT_TIMEOUT_S:
+        raise InvalidValueError(
+            DB_CONNECT_TIMEOUT_ENV,
+            f"must be a number of seconds from 0 to {_MAX_CONNECT_TIMEOUT_S:g},"
+            f" got {quote_input(raw)}",
+        )
+    return value
+
+
+# libpq reports a refused startup as text (no SQLSTATE reaches the client before the
+# session exists): these are the server's words for "not now" rather than "never".
+_NOT_ADMITTED = (
+    "too many clients",
+    "remaining connection slots are reserved",
+    "the database system is starting up",
+    "the database system is not yet accepting connections",
+    "the database system is not accepting connections",
+)
+
+
+def _not_admitted(exc: SteerflowError) -> str | None:
+    """The server's reason when ``exc`` is a refusal to admit a new connection now."""
+    text = str(exc.__cause__ or exc)
+    lowered = text.lower()
+    if not any(words in lowered for words in _NOT_ADMITTED):
+        return None
+    found = re.search(r"FATAL:\s*(.*)", text)
+    return (found.group(1) if found else _first_line(exc)).strip()
 
 
 def _first_line(exc: BaseException) -> str:
     text = str(exc).strip() or type(exc).__name__
     return text.splitlines()[0]
-
-
-class _Listener:
-    """A daemon thread holding a ``LISTEN`` connection; counts and dispatches notifications."""
-
-    def __init__(self, backend: PostgresBackend) -> None:
-        self._backend = backend
-        self._stop = threading.Event()
-        self._guard = threading.Lock()
-        self._subscribers: dict[int, tuple[str, Callable[[], None]]] = {}
-        self._next = 0
-        self._conn: psycopg.Connection[Any] | None = None
-        self._thread = threading.Thread(target=self._run, name="steerflow-pg-listen", daemon=True)
-
-    def start(self) -> None:
-        self._conn = self._listen()  # in effect before anyone relies on it
-        self._thread.start()
-
-    def _listen(self) -> psycopg.Connection[Any]:
-        conn = self._backend.connect()
-        with self._backend._translate():
-            conn.execute(f"LISTEN {CONTROLS_CHANNEL}")
-        return conn
-
-    def stop(self) -> None:
-        self._stop.set()
-
-    def subscribe(self, session_id: str, callback: Callable[[], None]) -> Callable[[], None]:
-        with self._guard:
-            token, self._next = self._next, self._next + 1
-            self._subscribers[token] = (session_id, callback)
-
-        def unsubscribe() -> None:
-            with self._guard:
-                self._subscribers.pop(token, None)
-
-        return unsubscribe
-
-    def _dispatch(self, session_id: str | None) -> None:
-        with self._guard:
-            callbacks = [cb for sid, cb in self._subscribers.values() if session_id in (None, sid)]
-        for callback in callbacks:
-            with contextlib.suppress(Exception):  # a subscriber's failure is its own
-                callback()
-
-    def _run(self) -> None:
-        conn = self._conn
-        try:
-            while not self._stop.is_set():
-                if conn is None or conn.closed or conn.broken:
-                    conn = self._reconnect(conn)
-                    continue
-                try:
-                    for note in conn.notifies(timeout=_LISTEN_SLICE_S):
-                        self._dispatch(note.payload)
-                except Exception:  # the server went away: reconnect, and re-list everything
-                    conn = self._reconnect(conn)
-        finally:
-            if conn is not None:
-                with contextlib.suppress(Exception):
-                    conn.close()
-
-    def _reconnect(self, old: psycopg.Connection[Any] | None) -> psycopg.Connection[Any] | None:
-        if old is not None:
-            with contextlib.suppress(Exception):
-                old.close()
-        if self._stop.wait(_RECONNECT_S):
-            return None
-        try:
-            conn = self._listen()
-        except SteerflowError:
-            return None
-        self._dispatch(None)  # rows may have arrived while nobody listened
-        return conn
