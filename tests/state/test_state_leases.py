@@ -195,7 +195,9 @@ def test_the_takeover_rechecks_a_lease_renewed_meanwhile(
     """
     url = pg.new_database()
     monkeypatch.setenv(STATE_DB_URL_ENV, url)
-    db, owner, raw = StateDB.open_url(url), StateDB.open_url(url), PgRaw(url)
+    # Two processes: the owner's connection is its own (decision 360).
+    db, owner = StateDB.open_url(url), StateDB.open_url(url, own_connection=True)
+    raw = PgRaw(url)
     outcome: dict[str, object] = {}
     try:
         source = _source(db)

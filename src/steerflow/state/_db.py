@@ -303,6 +303,7 @@ class StateDB:
         create: bool = True,
         read_only: bool = False,
         busy_timeout_s: float = BUSY_TIMEOUT_S,
+        own_connection: bool = False,
     ) -> StateDB:
         """Open the state database of a steerflow home.
 
@@ -314,6 +315,9 @@ class StateDB:
             read_only: Open without creating the home, the file or the tables, and
                 refuse every write (``RefusedError``).
             busy_timeout_s: Bound on every lock wait, in seconds.
+            own_connection: PostgreSQL: a connection of its own rather than the one
+                this process shares (decision 360); for a test standing in for a
+                second process in this one.
 
         Raises:
             RefusedError: ``no state database at <path>``, or the schema is newer
@@ -324,7 +328,11 @@ class StateDB:
         url = _postgres_url()
         if url is not None:
             return cls._open_postgres(
-                url, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+                url,
+                create=create,
+                read_only=read_only,
+                busy_timeout_s=busy_timeout_s,
+                own_connection=own_connection,
             )
         return cls._open_sqlite(
             db_path(home), create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
@@ -338,6 +346,7 @@ class StateDB:
         create: bool = True,
         read_only: bool = False,
         busy_timeout_s: float = BUSY_TIMEOUT_S,
+        own_connection: bool = False,
     ) -> StateDB:
         """Open the state database named by ``url``, whatever ``STEERFLOW_STATE_DB_URL`` says.
 
@@ -349,7 +358,11 @@ class StateDB:
         """
         if is_postgres_url(url):
             return cls._open_postgres(
-                url, create=create, read_only=read_only, busy_timeout_s=busy_timeout_s
+                url,
+                create=create,
+                read_only=read_only,
+                busy_timeout_s=busy_timeout_s,
+                own_connection=own_connection,
             )
         return cls._open_sqlite(
             sqlite_path_from_url(url),
@@ -376,9 +389,17 @@ class StateDB:
 
     @classmethod
     def _open_postgres(
-        cls, url: str, *, create: bool, read_only: bool, busy_timeout_s: float
+        cls,
+        url: str,
+        *,
+        create: bool,
+        read_only: bool,
+        busy_timeout_s: float,
+        own_connection: bool = False,
     ) -> StateDB:
-        backend = PostgresBackend.open(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
+        backend = PostgresBackend.open(
+            url, read_only=read_only, busy_timeout_s=busy_timeout_s, own=own_connection
+        )
         try:
             if not create and backend.schema_version() == 0:
                 # As a missing SQLite file: readers and ctl never create the tables.

@@ -24,6 +24,7 @@ woken, because inserts made while nobody listened sent their notifications to no
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
 import select
@@ -37,18 +38,19 @@ from steerflow.errors import SteerflowError
 if TYPE_CHECKING:
     import psycopg
 
-__all__ = ["Link", "LinkKey", "acquire", "release"]
+__all__ = ["Link", "LinkKey", "acquire", "link_key", "release"]
 
 _log = logging.getLogger("steerflow.state")
 
-LinkKey = tuple[int, str, bool, float]
-"""(pid, URL, read-only, busy timeout): what makes two backends share a connection."""
+LinkKey = tuple[int, str, bool, float, int]
+"""(pid, URL, read-only, busy timeout, 0 or a private number): what two shared backends share."""
 
 _BACKOFF_FIRST_S = 0.25
 _BACKOFF_MAX_S = 5.0
 _IDLE_SLICE_S = 0.5  # how soon a released link's waiter thread notices and exits
 
 _links: dict[LinkKey, Link] = {}
+_private = itertools.count(1)
 _links_guard = threading.Lock()
 
 
@@ -276,6 +278,6 @@ def release(key: LinkKey, link: Link) -> None:
     link.close()
 
 
-def link_key(url: str, read_only: bool, busy_timeout_s: float) -> LinkKey:
-    """The key a backend with these settings shares its connection under."""
-    return (os.getpid(), url, read_only, busy_timeout_s)
+def link_key(url: str, read_only: bool, busy_timeout_s: float, *, own: bool = False) -> LinkKey:
+    """The key a backend with these settings shares its connection under (``own``: none)."""
+    return (os.getpid(), url, read_only, busy_timeout_s, next(_private) if own else 0)

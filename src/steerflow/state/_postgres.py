@@ -212,25 +212,30 @@ class PostgresBackend:
         busy_timeout_s: Bound on every lock wait (``lock_timeout``).
     """
 
-    def __init__(self, url: str, *, read_only: bool, busy_timeout_s: float) -> None:
+    def __init__(
+        self, url: str, *, read_only: bool, busy_timeout_s: float, own: bool = False
+    ) -> None:
         if busy_timeout_s < 0:
             raise ValueError(f"busy_timeout_s must be >= 0, got {busy_timeout_s!r}")
         self.url = url
         self.read_only = read_only
         self.busy_timeout_s = busy_timeout_s
         self._closed = False
-        self._key = link_key(url, read_only, busy_timeout_s)
+        self._key = link_key(url, read_only, busy_timeout_s, own=own)
         self._link, self._fresh = acquire(
             self._key, lambda: Link(self.location, CONTROLS_CHANNEL, self.connect, self._translate)
         )
         self._lock = self._link.lock
 
     @classmethod
-    def open(cls, url: str, *, read_only: bool, busy_timeout_s: float) -> PostgresBackend:
+    def open(
+        cls, url: str, *, read_only: bool, busy_timeout_s: float, own: bool = False
+    ) -> PostgresBackend:
         """Connect to the database at ``url`` (or share this process's connection to it).
 
         A server that does not admit a new connection (full, or starting up) is waited
-        for, up to ``STEERFLOW_DB_CONNECT_TIMEOUT_S`` (decision 361).
+        for, up to ``STEERFLOW_DB_CONNECT_TIMEOUT_S`` (decision 361). ``own``: a
+        connection of its own, shared with no other backend (a test's second "process").
 
         Raises:
             UsageError: The URL is malformed (:func:`check_postgres_url`), or the
@@ -241,7 +246,7 @@ class PostgresBackend:
         """
         check_postgres_url(url)
         timeout = connect_timeout_s()
-        backend = cls(url, read_only=read_only, busy_timeout_s=busy_timeout_s)
+        backend = cls(url, read_only=read_only, busy_timeout_s=busy_timeout_s, own=own)
         try:
             with backend._lock:
                 if backend._fresh:
