@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from steerflow.cli._output import emit_json, emit_raw, emit_text, printable, warn
-from steerflow.errors import ExitCode, NoResponseError, SteerflowError
+from steerflow.errors import CheckpointRecoveryError, ExitCode, NoResponseError, SteerflowError
 
 __all__ = [
     "RESULT_TAIL_LINES",
@@ -301,10 +301,19 @@ def flow_result_text(home: Path, run_dir: str | None) -> str | None:
     """The result text of a run that just finished, or None when nothing can be read."""
     if not run_dir or not (Path(run_dir) / "checkpoint.json").is_file():
         return None  # a dry run, or a run stopped while planning: nothing ran
-    from steerflow.orchestrate._detail import read_run, result_of
+    from steerflow.orchestrate._detail import read_checkpoint_run, read_run, result_of
+    from steerflow.state import admission_wait
 
     try:
-        return str(result_of(read_run(home, run_dir))["text"])
+        with admission_wait(0):  # a full server: print from the checkpoint, do not wait
+            return str(result_of(read_run(home, run_dir))["text"])
+    except CheckpointRecoveryError as exc:
+        warn(f"result: cannot be read: {exc}")
+        return None
+    except SteerflowError:
+        pass  # the state DB cannot be read now: the checkpoint holds the result (issue 44)
+    try:
+        return str(result_of(read_checkpoint_run(Path(run_dir)))["text"])
     except SteerflowError as exc:
         warn(f"result: cannot be read: {exc}")
         return None

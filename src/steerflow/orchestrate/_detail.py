@@ -136,17 +136,30 @@ def read_run(home: Path, target: str, *, node: str | None = None) -> RunRecord:
         UnknownIdError, AmbiguousIdError: ``node`` names no node or several.
     """
     run = resolve_run_target(home, target)
+    record = read_checkpoint_run(run.run_dir, session_id=run.session_id)
+    if run.session_id is not None and db_exists(home):
+        with StateDB.open(home, create=False) as db:
+            _add_live(db, record, node)
+    return record
+
+
+def read_checkpoint_run(run_dir: Path, *, session_id: str | None = None) -> RunRecord:
+    """A run as its checkpoint alone records it (no state DB read).
+
+    A flow that finished while its state database could not be read prints its result
+    from here: the checkpoint is the truth about what completed (issue 44).
+    """
     state: CheckpointState | None = None
     report: dict[str, Any] | None = None
     error: CheckpointRecoveryError | None = None
     try:
-        state, report = load_state(run.run_dir / "checkpoint.json", v2_lenient=True)
+        state, report = load_state(run_dir / "checkpoint.json", v2_lenient=True)
     except CheckpointRecoveryError as exc:
         error, report = exc, exc.report
-    record = RunRecord(
-        run_id=run.run_id,
-        run_dir=run.run_dir,
-        session_id=run.session_id,
+    return RunRecord(
+        run_id=run_dir.name,
+        run_dir=run_dir,
+        session_id=session_id,
         status=None,
         phase=None,
         metadata={},
@@ -155,10 +168,6 @@ def read_run(home: Path, target: str, *, node: str | None = None) -> RunRecord:
         load_error=error,
         nodes=_checkpoint_nodes(state) if state is not None else [],
     )
-    if run.session_id is not None and db_exists(home):
-        with StateDB.open(home, create=False) as db:
-            _add_live(db, record, node)
-    return record
 
 
 def _conditions(

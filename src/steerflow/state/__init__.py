@@ -27,7 +27,7 @@ from steerflow.state._owner import (
     process_start_time,
     this_host,
 )
-from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV
+from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV, admission_wait
 from steerflow.state._schema import (
     SCHEMA_VERSION,
     ControlRow,
@@ -75,6 +75,7 @@ __all__ = [
     "StateBackend",
     "StateDB",
     "StateTransaction",
+    "admission_wait",
     "copy_state",
     "db_exists",
     "effective_status",

@@ -26,6 +26,7 @@ connection the server dropped is replaced on the next call, with backoff.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import logging
 import math
 import os
@@ -59,6 +60,7 @@ __all__ = [
     "PG_SCHEMES",
     "PostgresBackend",
     "PostgresTransaction",
+    "admission_wait",
     "check_postgres_url",
     "connect_timeout_s",
     "is_postgres_url",
@@ -499,6 +501,25 @@ class PostgresBackend:
         release(self._key, self._link)
 
 
+_admission_override: contextvars.ContextVar[float | None] = contextvars.ContextVar(
+    "steerflow_admission_wait", default=None
+)
+
+
+@contextlib.contextmanager
+def admission_wait(seconds: float) -> Iterator[None]:
+    """Within the block, wait at most ``seconds`` for a full server (0: do not wait).
+
+    A flow that has finished reads its result back with 0: its checkpoint holds the
+    result, so a full server is no reason to keep the operator waiting for it.
+    """
+    token = _admission_override.set(seconds)
+    try:
+        yield
+    finally:
+        _admission_override.reset(token)
+
+
 def connect_timeout_s() -> float:
     """How long a new process waits to be admitted: ``STEERFLOW_DB_CONNECT_TIMEOUT_S``, else 60.
 
@@ -506,6 +527,9 @@ def connect_timeout_s() -> float:
         InvalidValueError: The variable is not a number of seconds from 0 to 3600
             (a usage error, exit 2).
     """
+    override = _admission_override.get()
+    if override is not None:
+        return override
     raw = os.environ.get(DB_CONNECT_TIMEOUT_ENV, "").strip()
     if not raw:
         return DEFAULT_DB_CONNECT_TIMEOUT_S
