@@ -37,8 +37,12 @@ window. Server CPU: utime + stime of the postmaster and all its children
 (``/proc/<pid>/stat``) over the window, as a share of one core. Goal: 1,000 flows with
 control p99 < 200 ms on this 2-core machine; reported, never asserted.
 
+Real processes (issue 44, ``--real 90``): a row of real ``steerflow flow`` processes, one
+server connection each, on a server of its own at ``max_connections=100``; see
+benchmarks/_fleet_real.py. ``--flows ''`` leaves the simulated rows out.
+
 Usage: ``python benchmarks/fleet_pg.py [--flows 100,1000] [--procs 4] [--samples 40]
-[--window 40] [--no-baseline] [--postgres URL]``
+[--window 40] [--no-baseline] [--postgres URL] [--real 90] [--real-samples 40]``
 """
 
 from __future__ import annotations
@@ -508,6 +512,15 @@ def main() -> None:
     parser.add_argument("--warmup", type=float, default=10.0)
     parser.add_argument("--no-baseline", action="store_true")
     parser.add_argument("--postgres")
+    parser.add_argument(
+        "--real",
+        type=int,
+        default=0,
+        help="also a row of this many real `steerflow flow` processes (90)",
+    )
+    parser.add_argument(
+        "--real-samples", type=int, default=40, help="ctl pause+resume pairs in the real row"
+    )
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     for name in ("--url", "--mode", "--count", "--home", "--sessions"):
         parser.add_argument(name, help=argparse.SUPPRESS)
@@ -523,15 +536,28 @@ def main() -> None:
           f" {CALL_S[0]:g}-{CALL_S[1]:g} s, window {args.window:g} s after {args.warmup:g} s;"
           f" latency = real `steerflow ctl` exit -> applied_at")  # fmt: skip
     print(HEADER)
+    flows = [int(x) for x in args.flows.split(",") if x.strip() and int(x) > 0]
     with _server(args.postgres) as (url, data_dir):
         os.environ["STEERFLOW_STATE_DB_URL"] = url  # the library samples' writer
-        for n in (int(x) for x in args.flows.split(",")):
+        for n in flows:
             for mode in modes:
                 load = os.getloadavg()[0]
                 row = _run_row(args, url, data_dir, mode, n)
                 print(row.line(), flush=True)
                 print(f"         machine load average before the row: {load:.1f}", flush=True)
                 print(f"         writes by kind: {dict(row.writes)}", flush=True)
+    os.environ.pop("STEERFLOW_STATE_DB_URL", None)
+    if args.real:
+        sys.path.insert(0, str(ROOT / "tests"))
+        from _fleet_real import REAL_CALL_S, REAL_NODES, real_row
+
+        from pg_support import pg_server
+
+        print(f"real: {args.real} `steerflow flow` processes at once, {REAL_NODES} nodes each at"
+              f" concurrency 2, script calls {REAL_CALL_S[0]:g}-{REAL_CALL_S[1]:g} s; ctl p50/p99:"
+              " real `steerflow ctl pause|resume` exit -> applied_at (ms)")  # fmt: skip
+        for line in real_row(args.real, args.real_samples, pg_server, ROOT):
+            print(line, flush=True)
     print(LEGEND)
     print(f"goal: 1,000 flows, control p99 < {GOAL_P99_S * 1000:.0f} ms (reported, not asserted)")
 
