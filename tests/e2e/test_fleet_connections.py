@@ -30,7 +30,7 @@ from ctl_support import (
 )
 
 from pg_support import PgServer, pg_server
-from steerflow.state import DB_CONNECT_TIMEOUT_ENV, STATE_DB_URL_ENV
+from steerflow.state import DB_CONNECT_TIMEOUT_ENV, STATE_DB_URL_ENV, StateDB
 
 GATED = HERE / "gated_cli.py"
 FLOWS = 10
@@ -264,6 +264,38 @@ def test_a_flow_whose_connection_is_killed_reconnects_and_applies_the_queued_con
         assert err.count("reconnected to the state database") == 1, err
         assert control(flow.home, control_id).result == "applied"
         assert _steered(flow) == ["meanwhile"]  # once, not twice
+    finally:
+        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
+        admin.close()
+        _end(flow)
+
+
+@pytest.mark.timeout(120)
+def test_a_flow_runs_on_through_an_outage_and_writes_its_end_once_the_server_is_back(
+    tmp_path: Path, small_pg: SmallServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.admin_url)  # the test's own reads
+    flow = _start(tmp_path / "home", _plan(tmp_path), small_pg.url)
+    admin = psycopg.connect(small_pg.admin_url, autocommit=True)
+    try:
+        wait_for((flow.home / "started-a").exists, timeout=60, what="a in flight", alive=flow.proc)
+        admin.execute(f"ALTER ROLE {ROLE} NOLOGIN")
+        admin.execute(
+            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+            (f"steerflow:{flow.proc.pid}",),
+        )
+        (flow.home / "release-a").touch()
+        # Both nodes run and are checkpointed while the server keeps it out.
+        wait_for(lambda: "node completed b" in flow.stderr(), timeout=60,
+                 what="b completed during the outage", alive=flow.proc)  # fmt: skip
+        assert flow.proc.poll() is None  # waiting to write its end, not failed
+        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
+        assert flow.finish(timeout=60) == 0, flow.stderr()
+        assert flow.result()["status"] == "completed"
+        with StateDB.open(flow.home, create=False) as db:
+            row = db.get_session(flow.result()["session_id"])
+        assert row is not None and row.status == "completed"
+        assert flow.stderr().count("lost the connection to the state database") == 1
     finally:
         admin.execute(f"ALTER ROLE {ROLE} LOGIN")
         admin.close()

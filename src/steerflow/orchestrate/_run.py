@@ -18,6 +18,7 @@ from steerflow.checkpoint import CheckpointWriter
 from steerflow.control import ControlPoller
 from steerflow.control._queue import UNENFORCEABLE_KEY
 from steerflow.errors import (
+    DatabaseBusyError,
     ExitCode,
     FlowResumeError,
     LeaseLostError,
@@ -99,7 +100,7 @@ from steerflow.plan import (
 from steerflow.providers import PlanRequest, ProviderCache, Usage
 from steerflow.providers._plugins import planning_failure
 from steerflow.providers._pricing import PriceTable
-from steerflow.state import SessionRow, StateDB
+from steerflow.state import SessionRow, StateDB, connect_timeout_s
 
 if TYPE_CHECKING:
     from steerflow.cluster import RayCluster
@@ -114,6 +115,8 @@ CHECKPOINT_LOST = "checkpoint-failed"
 STOP_REASON = "stop"
 #: Bound on waiting for the poller to take re-queued messages before the first operation.
 _CATCH_UP_S = 10.0
+_FINISH_RETRY_S = 0.25  # the end-of-run writes, while a PostgreSQL server is away
+_FINISH_RETRY_MAX_S = 2.0
 
 
 @dataclass(frozen=True)
@@ -1183,10 +1186,27 @@ class FlowRun:
             s.db.update_node_metadata(s.session_id, meta, epoch=epoch)
             s.db.set_session_status(s.session_id, status, epoch=epoch)
 
-        try:
-            await asyncio.to_thread(finish)
-        except (LeaseLostError, StateDBLostError) as exc:
-            s.lease.fenced(exc)
+        # A PostgreSQL server away at the end (issue 44): the run's work is in its
+        # checkpoint; its row is written once the connection is back, waiting as long as
+        # a new process would wait to be admitted (decision 362).
+        deadline = time.monotonic() + (connect_timeout_s() if s.db.path is None else 0.0)
+        delay = _FINISH_RETRY_S
+        while True:
+            try:
+                await asyncio.to_thread(finish)
+                return
+            except (LeaseLostError, StateDBLostError) as exc:
+                s.lease.fenced(exc)
+                return
+            except DatabaseBusyError:
+                raise  # a lock held too long: as before, not a server away
+            except SteerflowError:
+                if self.lease_loss is not None:
+                    return  # the keeper gave up on the server meanwhile: its error is the run's
+                if time.monotonic() + delay > deadline:
+                    raise
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, _FINISH_RETRY_MAX_S)
 
     def _result(
         self, s: _Session, graph: Graph, status: EndStatus, checkpoint: CheckpointOutcome

@@ -27,7 +27,7 @@ from steerflow.state._owner import (
     process_start_time,
     this_host,
 )
-from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV, admission_wait
+from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV, admission_wait, connect_timeout_s
 from steerflow.state._schema import (
     SCHEMA_VERSION,
     ControlRow,
@@ -76,6 +76,7 @@ __all__ = [
     "StateDB",
     "StateTransaction",
     "admission_wait",
+    "connect_timeout_s",
     "copy_state",
     "db_exists",
     "effective_status",
