@@ -9,11 +9,16 @@ ordinary role (the server keeps 3 slots for superusers, so 17 are theirs).
 
 from __future__ import annotations
 
+import contextlib
+import io
+import logging
+import os
 import subprocess
 import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
@@ -23,14 +28,18 @@ from ctl_support import (
     clean_env,
     control,
     live_flow,
-    run_cli,
     steer_lines,
     wait_for,
     write_yaml,
 )
+from flow_support import cli_in_process
 
 from pg_support import PgServer, pg_server
+from steerflow.cli import main as cli_main
 from steerflow.state import DB_CONNECT_TIMEOUT_ENV, STATE_DB_URL_ENV, StateDB
+
+# One server for the module: its tests run on one xdist worker (``--dist loadgroup``).
+pytestmark = pytest.mark.xdist_group("fleet_small_pg")
 
 GATED = HERE / "gated_cli.py"
 FLOWS = 10
@@ -125,36 +134,118 @@ def _ctl_many(url: str, commands: list[tuple[Path, list[str]]]) -> list[str]:
     return ids
 
 
-@pytest.mark.timeout(120)
-def test_a_flow_process_holds_one_server_connection(
-    tmp_path: Path, pg: PgServer, monkeypatch: pytest.MonkeyPatch
+def _kill_connection(admin: psycopg.Connection[Any], flow: LiveFlow) -> None:
+    """Keep the flows' role out, then end the flow's connection (as a server restart would)."""
+    admin.execute(f"ALTER ROLE {ROLE} NOLOGIN")
+    killed = admin.execute(
+        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
+        (f"steerflow:{flow.proc.pid}",),
+    ).fetchall()
+    assert killed == [(True,)]
+
+
+@pytest.mark.timeout(150)
+def test_a_flow_holds_one_connection_and_runs_on_through_two_outages(
+    tmp_path: Path, small_pg: SmallServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    url = pg.new_database()
-    monkeypatch.setenv(STATE_DB_URL_ENV, url)  # the test's own reads
-    flow = _start(tmp_path / "home", _plan(tmp_path), url)
+    monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.admin_url)  # the test's own reads
+    flow = _start(tmp_path / "home", _plan(tmp_path), small_pg.url)
+    admin = psycopg.connect(small_pg.admin_url, autocommit=True)
+    lost = "lost the connection to the state database"
     try:
         wait_for((flow.home / "started-a").exists, timeout=60, what="a in flight", alive=flow.proc)
-        wait_for(_run_id(flow).__len__, what="the run directory", alive=flow.proc)
-        # The poller is active (it LISTENs) before the executor starts a: a control now
-        # is taken on its notification, over the same connection.
-        (control_id,) = _ctl_many(url, [(flow.home, ["msg", _run_id(flow), "one connection"])])
-        mine = f"steerflow:{flow.proc.pid}"
-        # The runner, the poller, its LISTEN, the lease keeper and the node publisher.
-        assert _connections(pg.url())[mine] == 1
-        status = run_cli(flow.home, "runs", "--json", env={STATE_DB_URL_ENV: url})
-        assert status.returncode == 0, status.stderr
-        shown = run_cli(flow.home, "show", _run_id(flow), "--json", env={STATE_DB_URL_ENV: url})
-        assert shown.returncode == 0, shown.stderr
-        # runs, show and ctl closed theirs on exit: only the flow's is left.
-        assert {k: v for k, v in _connections(pg.url()).items() if k.startswith("steerflow")} == {
-            mine: 1
-        }
+        run_id, mine = _run_id(flow), f"steerflow:{flow.proc.pid}"
+        # The runner, its poller, the LISTEN, the lease keeper, the node publisher: one.
+        assert _connections(small_pg.admin_url)[mine] == 1
+        # runs and show (here in this process) open one and close it.
+        assert cli_in_process(flow.home, "runs", "--json")[0] == 0
+        assert cli_in_process(flow.home, "show", run_id, "--json")[0] == 0
+        assert f"steerflow:{os.getpid()}" not in _connections(small_pg.admin_url)
+
+        # Outage 1, while a runs: a control queued meanwhile is applied once it is back.
+        _kill_connection(admin, flow)
+        wait_for(lambda: lost in flow.stderr(), timeout=30, what="the flow to say so",
+                 alive=flow.proc)  # fmt: skip
+        (control_id,) = _ctl_many(small_pg.admin_url, [(flow.home, ["msg", run_id, "meanwhile"])])
+        assert control(flow.home, control_id).result is None  # nobody could take it
+        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
+        # Claimed once it is back (a message is stamped when b takes it, after a ends).
+        wait_for(lambda: control(flow.home, control_id).result, timeout=60,
+                 what="the control claimed after the reconnect", alive=flow.proc)  # fmt: skip
+        assert _connections(small_pg.admin_url)[mine] == 1
+
+        # Outage 2, through the end: a and b finish on the checkpoint, the end is written
+        # once the server lets it back in.
+        _kill_connection(admin, flow)
         (flow.home / "release-a").touch()
+        wait_for(lambda: "node completed b" in flow.stderr(), timeout=60,
+                 what="b completed during the outage", alive=flow.proc)  # fmt: skip
+        assert flow.proc.poll() is None  # waiting to write its end, not failed
+        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
         assert flow.finish(timeout=60) == 0, flow.stderr()
-        assert _steered(flow) == ["one connection"]
+        err = flow.stderr()
+        assert err.count(lost) == 2, err  # once per outage, not once per try
+        assert err.count("reconnected to the state database") == 2, err
         assert control(flow.home, control_id).result == "applied"
+        assert _steered(flow) == ["meanwhile"]  # once, not twice
+        with StateDB.open(flow.home, create=False) as db:
+            row = db.get_session(flow.result()["session_id"])
+        assert row is not None and row.status == "completed"
     finally:
+        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
+        admin.close()
         _end(flow)
+
+
+@pytest.mark.timeout(120)
+def test_a_full_server_is_waited_for_and_a_refusal_names_the_reason(
+    tmp_path: Path,
+    small_pg: SmallServer,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    fillers: list[psycopg.Connection[Any]] = []
+    try:
+        while True:  # take every slot an ordinary role may have
+            try:
+                fillers.append(psycopg.connect(small_pg.url, autocommit=True))
+            except psycopg.OperationalError:
+                break
+        args = _plan(tmp_path)
+        # Never admitted (here in this process): it exits 1 before anything is paid,
+        # naming the server's reason.
+        home = tmp_path / "refused"
+        monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.url)
+        monkeypatch.setenv(DB_CONNECT_TIMEOUT_ENV, "0.5")
+        out, err = io.StringIO(), io.StringIO()
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            code = cli_main(["--home", str(home), "flow", *args])
+        assert code == 1, err.getvalue()
+        lines = [ln for ln in err.getvalue().splitlines() if ln.strip()]
+        assert len(lines) == 1, lines
+        assert "did not admit this process within 0.5 s" in lines[0], lines
+        assert "remaining connection slots are reserved" in lines[0], lines
+        said = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+        assert len(said) == 1, said  # one progress line, not one per try
+        assert "does not admit this process yet" in said[0], said
+        assert not (home / "script-invocations.jsonl").exists()
+        # Admitted late (a real flow process): one progress line, then the run as usual.
+        monkeypatch.delenv(DB_CONNECT_TIMEOUT_ENV)
+        waiting = _start(tmp_path / "waiting", args, small_pg.url, **{DB_CONNECT_TIMEOUT_ENV: "60"})
+        try:
+            wait_for(lambda: "does not admit this process yet" in waiting.stderr(), timeout=60,
+                     what="the progress line", alive=waiting.proc)  # fmt: skip
+            fillers.pop().close()
+            wait_for((waiting.home / "started-a").exists, timeout=60, what="a in flight",
+                     alive=waiting.proc)  # fmt: skip
+            (waiting.home / "release-a").touch()
+            assert waiting.finish(timeout=60) == 0, waiting.stderr()
+            assert waiting.stderr().count("does not admit this process yet") == 1
+        finally:
+            _end(waiting)
+    finally:
+        for conn in fillers:
+            conn.close()
 
 
 @pytest.mark.slow  # 10 flow processes and 10 ctl on 2 cores: ~25 s (docs/testing.md)
@@ -186,117 +277,3 @@ def test_ten_flows_on_a_twenty_connection_server_all_complete_and_steer(
     finally:
         for flow in flows:
             _end(flow)
-
-
-@pytest.mark.timeout(120)
-def test_a_full_server_is_waited_for_and_a_refusal_names_the_reason(
-    tmp_path: Path, small_pg: SmallServer
-) -> None:
-    fillers: list[psycopg.Connection[object]] = []
-    try:
-        while True:  # take every slot an ordinary role may have
-            try:
-                fillers.append(psycopg.connect(small_pg.url, autocommit=True))
-            except psycopg.OperationalError:
-                break
-        args = _plan(tmp_path)
-        # Never admitted: it exits before anything is paid, with the server's reason.
-        refused = _start(tmp_path / "refused", args, small_pg.url, **{DB_CONNECT_TIMEOUT_ENV: "1"})
-        try:
-            assert refused.finish(timeout=60) == 1
-            err = refused.stderr()
-            assert "did not admit this process within 1 s" in err, err
-            assert "remaining connection slots are reserved" in err or "too many clients" in err
-            assert not (refused.home / "script-invocations.jsonl").exists()
-            assert not (refused.home / "started-a").exists()
-        finally:
-            _end(refused)
-        # Admitted late: one progress line, then the run as usual.
-        waiting = _start(tmp_path / "waiting", args, small_pg.url, **{DB_CONNECT_TIMEOUT_ENV: "60"})
-        try:
-            wait_for(lambda: "does not admit this process yet" in waiting.stderr(), timeout=60,
-                     what="the progress line", alive=waiting.proc)  # fmt: skip
-            fillers.pop().close()
-            wait_for((waiting.home / "started-a").exists, timeout=60, what="a in flight",
-                     alive=waiting.proc)  # fmt: skip
-            (waiting.home / "release-a").touch()
-            assert waiting.finish(timeout=60) == 0, waiting.stderr()
-            assert waiting.stderr().count("does not admit this process yet") == 1
-        finally:
-            _end(waiting)
-    finally:
-        for conn in fillers:
-            conn.close()
-
-
-@pytest.mark.timeout(120)
-def test_a_flow_whose_connection_is_killed_reconnects_and_applies_the_queued_control_once(
-    tmp_path: Path, small_pg: SmallServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.admin_url)  # the test's own reads
-    flow = _start(tmp_path / "home", _plan(tmp_path), small_pg.url)
-    admin = psycopg.connect(small_pg.admin_url, autocommit=True)
-    try:
-        wait_for((flow.home / "started-a").exists, timeout=60, what="a in flight", alive=flow.proc)
-        run_id = _run_id(flow)
-        # Its connection goes, and it may not log in again until the control is queued.
-        admin.execute(f"ALTER ROLE {ROLE} NOLOGIN")
-        killed = admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            (f"steerflow:{flow.proc.pid}",),
-        ).fetchall()
-        assert killed == [(True,)]
-        said = "lost the connection to the state database"
-        wait_for(lambda: said in flow.stderr(), timeout=30, what="the flow to say so",
-                 alive=flow.proc)  # fmt: skip
-        (control_id,) = _ctl_many(small_pg.admin_url, [(flow.home, ["msg", run_id, "meanwhile"])])
-        assert flow.proc.poll() is None  # still running, on its checkpoint
-        assert control(flow.home, control_id).result is None  # nobody could take it
-        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
-        # Claimed once it is back (a message is stamped when b takes it, after a ends).
-        wait_for(lambda: control(flow.home, control_id).result, timeout=60,
-                 what="the control claimed after the reconnect", alive=flow.proc)  # fmt: skip
-        assert _connections(small_pg.admin_url)[f"steerflow:{flow.proc.pid}"] == 1
-        (flow.home / "release-a").touch()
-        assert flow.finish(timeout=60) == 0, flow.stderr()
-        err = flow.stderr()
-        assert err.count("lost the connection to the state database") == 1, err
-        assert err.count("reconnected to the state database") == 1, err
-        assert control(flow.home, control_id).result == "applied"
-        assert _steered(flow) == ["meanwhile"]  # once, not twice
-    finally:
-        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
-        admin.close()
-        _end(flow)
-
-
-@pytest.mark.timeout(120)
-def test_a_flow_runs_on_through_an_outage_and_writes_its_end_once_the_server_is_back(
-    tmp_path: Path, small_pg: SmallServer, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.admin_url)  # the test's own reads
-    flow = _start(tmp_path / "home", _plan(tmp_path), small_pg.url)
-    admin = psycopg.connect(small_pg.admin_url, autocommit=True)
-    try:
-        wait_for((flow.home / "started-a").exists, timeout=60, what="a in flight", alive=flow.proc)
-        admin.execute(f"ALTER ROLE {ROLE} NOLOGIN")
-        admin.execute(
-            "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE application_name = %s",
-            (f"steerflow:{flow.proc.pid}",),
-        )
-        (flow.home / "release-a").touch()
-        # Both nodes run and are checkpointed while the server keeps it out.
-        wait_for(lambda: "node completed b" in flow.stderr(), timeout=60,
-                 what="b completed during the outage", alive=flow.proc)  # fmt: skip
-        assert flow.proc.poll() is None  # waiting to write its end, not failed
-        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
-        assert flow.finish(timeout=60) == 0, flow.stderr()
-        assert flow.result()["status"] == "completed"
-        with StateDB.open(flow.home, create=False) as db:
-            row = db.get_session(flow.result()["session_id"])
-        assert row is not None and row.status == "completed"
-        assert flow.stderr().count("lost the connection to the state database") == 1
-    finally:
-        admin.execute(f"ALTER ROLE {ROLE} LOGIN")
-        admin.close()
-        _end(flow)

@@ -550,6 +550,7 @@ def connect_timeout_s() -> float:
 # session exists): these are the server's words for "not now" rather than "never".
 _NOT_ADMITTED = (
     "too many clients",
+    "too many connections for",  # a role's or a database's CONNECTION LIMIT
     "remaining connection slots are reserved",
     "the database system is starting up",
     "the database system is not yet accepting connections",
