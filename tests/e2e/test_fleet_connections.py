@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import json
 import logging
 import os
 import subprocess
@@ -36,6 +37,7 @@ from flow_support import cli_in_process
 
 from pg_support import PgServer, pg_server
 from steerflow.cli import main as cli_main
+from steerflow.cli._reading import flow_result_text
 from steerflow.state import DB_CONNECT_TIMEOUT_ENV, STATE_DB_URL_ENV, StateDB
 
 # One server for the module: its tests run on one xdist worker (``--dist loadgroup``).
@@ -204,6 +206,12 @@ def test_a_full_server_is_waited_for_and_a_refusal_names_the_reason(
     monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
+    args = _plan(tmp_path)
+    monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.url)
+    done = tmp_path / "done"  # a flow that finished before the server filled up
+    code, out = cli_in_process(done, "flow", *args, "--json")
+    assert code == 0, out
+    finished = json.loads(out)
     fillers: list[psycopg.Connection[Any]] = []
     try:
         while True:  # take every slot an ordinary role may have
@@ -211,11 +219,14 @@ def test_a_full_server_is_waited_for_and_a_refusal_names_the_reason(
                 fillers.append(psycopg.connect(small_pg.url, autocommit=True))
             except psycopg.OperationalError:
                 break
-        args = _plan(tmp_path)
+        # Its result is read back from the checkpoint: no wait, no "cannot be read".
+        err = io.StringIO()
+        with contextlib.redirect_stderr(err):
+            text = flow_result_text(done, finished["run_dir"])
+        assert text == finished["result"] and err.getvalue() == ""
         # Never admitted (here in this process): it exits 1 before anything is paid,
         # naming the server's reason.
         home = tmp_path / "refused"
-        monkeypatch.setenv(STATE_DB_URL_ENV, small_pg.url)
         monkeypatch.setenv(DB_CONNECT_TIMEOUT_ENV, "0.5")
         out, err = io.StringIO(), io.StringIO()
         with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
