@@ -232,16 +232,42 @@ class Link:
                 self._closed.wait(_BACKOFF_FIRST_S)
                 continue
             if not readable:
+                self._drain_parsed(conn)
                 continue
             with self.lock:
                 if self._closed.is_set() or conn is not self._conn:
                     continue
+                # Often the bytes were a statement's reply that its own thread has read
+                # since: look again, now that nobody else may read, and skip the round trip.
+                with contextlib.suppress(OSError, ValueError):
+                    if not select.select([conn.fileno()], [], [], 0)[0]:
+                        continue
                 # One round trip: psycopg reads whatever arrived and calls _on_notify.
                 # A connection the server closed fails here, and the next pass reconnects.
                 with contextlib.suppress(Exception):
                     conn.execute("SELECT 1")
                 if conn.broken:
                     self._drop(conn)
+
+    def _drain_parsed(self, conn: psycopg.Connection[Any]) -> None:
+        """Hand on notifications libpq parsed after a statement's last result.
+
+        A NOTIFY that reached the socket together with a statement's reply is read into
+        libpq's buffer by that statement but only handed out by the next one; the socket
+        is then not readable. Checked every idle slice, without a round trip.
+        """
+        if not self.lock.acquire(blocking=False):
+            return  # a statement runs: it hands them out itself
+        try:
+            if conn is not self._conn or conn.closed:
+                return
+            while (note := conn.pgconn.notifies()) is not None:
+                self.notified += 1
+                self._dispatch(note.extra.decode("utf-8", "replace"))
+        except Exception:  # a broken connection is found by the next pass
+            pass
+        finally:
+            self.lock.release()
 
     def close(self) -> None:
         """Close the connection and end the waiter thread (the last handle was closed)."""
