@@ -85,6 +85,7 @@ DB_CONNECT_TIMEOUT_ENV = "STEERFLOW_DB_CONNECT_TIMEOUT_S"
 
 DEFAULT_DB_CONNECT_TIMEOUT_S = 60.0
 _MIGRATION_LOCK = "schema-migration"
+_IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg at module load
 
 
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
@@ -421,6 +422,13 @@ class PostgresBackend:
         with self._lock:
             with self._translate():
                 conn = self._connection()
+                if conn.info.transaction_status != _IDLE:
+                    # The lock is re-entrant: this thread is inside another handle's
+                    # transaction on the shared connection, whose COMMIT this one's would be.
+                    raise RuntimeError(
+                        "a state DB transaction inside another on the same connection"
+                        " (open this one with own_connection=True)"
+                    )
                 conn.execute("BEGIN")
             try:
                 yield PostgresTransaction(self, conn)
