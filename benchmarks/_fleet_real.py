@@ -1,9 +1,12 @@
 """The real-process row of fleet_pg.py (issue 44): N real ``steerflow flow`` processes.
 
-Each process is a real flow (``python -m steerflow flow``) of ``REAL_NODES`` independent
+Each process is a real flow (steerflow's CLI, ``flow``) of ``REAL_NODES`` independent
 nodes at concurrency 2 on the ``script:`` model, every call 5-15 s (a delay drawn per
 node), on a server started with ``max_connections=100`` (the default) whose flows log in
-as an ordinary role, so the 3 superuser slots are not theirs: 97 are. Control: a real
+as an ordinary role, so the 3 superuser slots are not theirs: 97 are. The calls wait for
+one start line (``_fleet_flow.py``) until every flow is running, each holding its
+connection: on a loaded 2-core machine the first flows would otherwise end before the
+last had started, and "N at once" would not be true. Control: a real
 ``steerflow ctl pause`` then ``ctl resume`` process on a random running flow, one at a
 time; latency is the row's ``applied_at`` minus the moment this process saw ``ctl`` exit
 (one host, one clock). The server's client connections are sampled every 0.5 s (peak
@@ -24,7 +27,9 @@ from pathlib import Path
 
 import yaml
 
-REAL_NODES = 8  # at concurrency 2 and 10 s a call: ~40 s of work per flow
+HERE = Path(__file__).resolve().parent
+
+REAL_NODES = 12  # at concurrency 2 and 10 s a call: ~60 s of work per flow
 REAL_CALL_S = (5.0, 15.0)
 ROLE = "fleet"
 
@@ -102,6 +107,7 @@ def real_row(count: int, samples: int, pg_server: Callable[..., object], root: P
         plan.write_text(yaml.safe_dump({"plan": [
             {"agent_id": k, "instruction": f"task {k}"} for k in keys]}))  # fmt: skip
         procs = []
+        barrier = base / "go"
         started = time.monotonic()
         for i in range(count):
             home = base / f"h{i:03d}"
@@ -109,7 +115,8 @@ def real_row(count: int, samples: int, pg_server: Callable[..., object], root: P
             script = base / f"script{i:03d}.yaml"
             script.write_text(yaml.safe_dump(
                 {k: {"delay": round(random.uniform(*REAL_CALL_S), 2)} for k in keys}))  # fmt: skip
-            argv = [sys.executable, "-m", "steerflow", "--home", str(home), "flow", "--plan",
+            argv = [sys.executable, str(HERE / "_fleet_flow.py"), str(barrier), "--home",
+                    str(home), "flow", "--plan",
                     str(plan), "--model", f"script:{script}", "--concurrency", "2"]  # fmt: skip
             err = open(base / f"flow{i:03d}.err", "w")  # noqa: SIM115
             procs.append(subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=err, env=env))
@@ -117,12 +124,17 @@ def real_row(count: int, samples: int, pg_server: Callable[..., object], root: P
         seen_running = 0
         latencies: list[float] = []
         try:
-            # The samples start once most flows run (the others are still importing).
-            while len(running := _running(admin_url)) < count * 0.8:
+            # Every flow running (its session row, its one connection) before any call.
+            while len(running := _running(admin_url)) < count:
                 peak = max(peak, _connections(admin_url))
-                if time.monotonic() - started > 300:
+                if time.monotonic() - started > 900 or any(p.poll() is not None for p in procs):
                     raise RuntimeError(f"only {len(running)} of {count} flows started")
                 time.sleep(0.5)
+            all_up = time.monotonic() - started
+            at_once = _connections(admin_url)
+            peak = max(peak, at_once)
+            seen_running = count
+            barrier.touch()
             for _ in range(samples):
                 running = _running(admin_url)
                 seen_running = max(seen_running, len(running))
@@ -158,7 +170,9 @@ def real_row(count: int, samples: int, pg_server: Callable[..., object], root: P
         return [
             f"{'real':<8} {count:>6} {len(latencies):>5} {p50:>8.1f}"
             f" {_p(latencies, 0.99):>8.1f}   completed {done}/{count} (exit codes"
-            f" {sorted(set(codes))}), {elapsed:.0f} s",
+            f" {sorted(set(codes))}), {elapsed:.0f} s ({all_up:.0f} s until all were running)",
+            f"         with all {count} running: client connections {at_once[0]} (steerflow"
+            f" {at_once[1]}, at most {at_once[2]} per flow process)",
             f"         server max_connections=100 (97 for the flows' role): peak client"
             f" connections {peak[0]} (steerflow {peak[1]}, at most {peak[2]} per flow process);"
             f" flows running at once (peak) {seen_running}; waited for admission {waited};"
