@@ -76,7 +76,6 @@ class Link:
         self.lock = threading.RLock()
         self.users = 0
         self.notified = 0
-        self.reconnects = 0
         self._channel = channel
         self._connect = connect
         self._translate = translate
@@ -158,7 +157,6 @@ class Link:
             return
         away = time.monotonic() - self._lost_at
         self._lost_at = None
-        self.reconnects += 1
         _log.warning("reconnected to the state database %s after %.1f s", self.location, away)
         # Inserts made while nobody listened notified nobody: look at everything again.
         self.notified += 1

@@ -281,11 +281,6 @@ class PostgresBackend:
         """The ``schema_version`` table in PostgreSQL's dialect."""
         return PG_SCHEMA_VERSION_DDL
 
-    @property
-    def reconnects(self) -> int:
-        """How often the shared connection came back after the server dropped it."""
-        return self._link.reconnects
-
     def connect(self, *, autocommit: bool = True) -> psycopg.Connection[Any]:
         """A new connection with this backend's settings (bounded lock waits, text JSON)."""
         pg = _psycopg()
