@@ -87,6 +87,7 @@ from steerflow.orchestrate._resume import (
 )
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._tracing import close_trace, open_trace
 from steerflow.orchestrate._tries import TRIES_KEY, chain_tries, tries_member
 from steerflow.plan import (
     CODE_SOURCE,
@@ -102,6 +103,7 @@ from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
 
 if TYPE_CHECKING:
+    from steerflow.tracing._run import RunTracer
     from steerflow.cluster import RayCluster
     from steerflow.orchestrate._stream import EventStream
     from steerflow.tools import ToolRuntime
@@ -181,6 +183,8 @@ class FlowRun:
         self.budget_hit = False
         #: Cap -> why this run's models cannot enforce it (``ctl budget`` is refused then).
         self._unenforceable: dict[str, str] = {}
+        #: The run's OpenTelemetry spans (issue 45), while it runs with tracing on.
+        self._trace: RunTracer | None = None
         #: The run's session and run id, once its session row exists (for the ctl writers).
         self.session_id: str | None = None
         self.run_id: str | None = None
@@ -323,10 +327,34 @@ class FlowRun:
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
         self._begun = True
+        seed = self.options.resume
+        self._trace = await open_trace(
+            self.options.otel,
+            home=self.home,
+            kind=self.options.kind if seed is None else "resume",
+            resumed_from=seed.resumed_from if seed is not None else None,
+            source_run_id=seed.source_run_id if seed is not None else None,
+        )
+        if self._trace is not None:
+            self.bus.subscribe(self._trace.on_event)
+        result: FlowResult | None = None
+        failure: BaseException | None = None
         try:
-            return await self._run()
+            result = await self._run()
+            return result
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self._end_streams()
+            if self._trace is not None:
+                await close_trace(
+                    self._trace,
+                    status=result.status if result is not None else "error",
+                    exit_code=int(result.exit_code) if result is not None else None,
+                    usage=result.usage if result is not None else None,
+                    error=failure,
+                )
 
     async def _run(self) -> FlowResult:
         opts = self.options
@@ -642,6 +670,14 @@ class FlowRun:
         lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
         lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.steering)
+        if self._trace is not None:
+            trace = self._trace
+            await asyncio.to_thread(
+                lambda: trace.session(
+                    run_id=run_dir.run_id, session_id=session_id, name=name, run_dir=run_dir.path
+                )
+            )
+            poller.on_stamped.append(trace.on_control)
         self.context.on_delivered.append(
             lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
         )
@@ -1068,6 +1104,9 @@ class FlowRun:
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.meter = self.meter
         executor.before_call = recorder.record_call
+        if self._trace is not None:
+            executor.before_call = self._trace.wrap_intent(recorder.record_call)
+            self._trace.watch_graph(graph.ops.get)
         executor.on_step = recorder.record_step
         executor.tool_runtime = self.tool_runtime
         executor.approvals = self.steering.approvals
