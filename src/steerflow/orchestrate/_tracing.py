@@ -48,13 +48,19 @@ async def open_trace(
     """The run's tracer, or None when tracing is off (then nothing was imported)."""
     if not tracing_requested(flag):
         return None
-    tracer_class = _import_tracer()
-    source_root = None
-    if source_run_id is not None and is_run_id(source_run_id):
-        from steerflow.tracing._context import read_root
 
-        source_root = await asyncio.to_thread(read_root, home / "runs" / source_run_id)
-    return tracer_class.begin(kind=kind, resumed_from=resumed_from, source_root=source_root)
+    def begin() -> RunTracer:
+        # In a thread: the SDK's import and the source's trace file are disk reads. The
+        # thread runs in a copy of this context, so an application's current span is seen.
+        tracer_class = _import_tracer()
+        source_root = None
+        if source_run_id is not None and is_run_id(source_run_id):
+            from steerflow.tracing._context import read_root
+
+            source_root = read_root(home / "runs" / source_run_id)
+        return tracer_class.begin(kind=kind, resumed_from=resumed_from, source_root=source_root)
+
+    return await asyncio.to_thread(begin)
 
 
 async def close_trace(

@@ -131,12 +131,9 @@ _own: TracerProvider | None = None
 
 
 def _version() -> str:
-    from importlib.metadata import PackageNotFoundError, version
+    from steerflow import __version__
 
-    try:
-        return version("steerflow")
-    except PackageNotFoundError:  # a source tree without metadata
-        return "0"
+    return __version__
 
 
 def _build_provider() -> TracerProvider:
