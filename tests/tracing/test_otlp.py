@@ -81,7 +81,9 @@ def test_a_resumed_chain_reaches_a_real_otlp_receiver_as_one_linked_trace(
         by_parent.setdefault(s["parent"], []).append(s["name"])
     # the first run's nodes, and the resume's root (its child in the chain's trace)
     assert sorted(by_parent[first_root["span_id"]]) == ["node a", "node b", "run traced"]
-    node_a = next(s for s in spans if s["name"] == "node a" and s["parent"] == first_root["span_id"])
+    node_a = next(
+        s for s in spans if s["name"] == "node a" and s["parent"] == first_root["span_id"]
+    )
     [request] = [s for s in spans if s["parent"] == node_a["span_id"]]
     attrs: dict[str, Any] = request["attributes"]
     assert (attrs["gen_ai.operation.name"], attrs["gen_ai.provider.name"],
@@ -121,7 +123,8 @@ from steerflow import run_flow
 from steerflow.orchestrate import FlowOptions
 from steerflow.plan import Op, Plan
 {block}
-result = asyncio.run(run_flow(FlowOptions(plan=Plan([Op("a", "x")]), model="echo"), home=Path({home!r})))
+options = FlowOptions(plan=Plan([Op("a", "x")]), model="echo")
+result = asyncio.run(run_flow(options, home=Path({home!r})))
 print(result.status, sorted(m for m in sys.modules if m.startswith("opentelemetry")))
 """
 

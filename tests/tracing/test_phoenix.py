@@ -22,6 +22,7 @@ from typing import Any
 
 import pytest
 from test_otlp import _cli, _files
+
 from waiting import wait_until
 
 START_S = 120.0  # Phoenix's first start migrates its database: slow on a loaded machine
@@ -43,7 +44,7 @@ def _port() -> int:
 
 
 def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as reply:  # noqa: S310 (loopback)
+    with urllib.request.urlopen(url, timeout=5) as reply:
         return json.loads(reply.read())
 
 
@@ -87,9 +88,7 @@ def test_a_resumed_chain_is_one_trace_in_phoenix(tmp_path: Path, phoenix: str) -
     assert second.returncode == 0, second.stderr
 
     def all_spans() -> list[dict[str, Any]] | None:
-        spans: list[dict[str, Any]] = _get(f"{phoenix}/v1/projects/default/spans?limit=100")[
-            "data"
-        ]
+        spans: list[dict[str, Any]] = _get(f"{phoenix}/v1/projects/default/spans?limit=100")["data"]
         return spans if len(spans) >= 9 else None  # 2 roots, 4 nodes, 3 requests
 
     spans = wait_until(all_spans, timeout=30, what="the chain's spans in Phoenix", interval=0.2)

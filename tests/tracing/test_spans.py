@@ -82,7 +82,10 @@ async def test_a_run_is_a_tree_of_run_node_request_and_tool_spans(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:
     (tmp_path / "release").touch()
-    nodes = {"a": TOOL_NODE, "b": {"response": "B", "usage": {"input_tokens": 5, "output_tokens": 2}}}
+    nodes = {
+        "a": TOOL_NODE,
+        "b": {"response": "B", "usage": {"input_tokens": 5, "output_tokens": 2}},
+    }
     model = _script(tmp_path, nodes)
     options = FlowOptions(plan=_plan(), model=model, allow_python=True, otel=True)
     result = await _run(tmp_path, options)
@@ -116,8 +119,9 @@ async def test_a_run_is_a_tree_of_run_node_request_and_tool_spans(
     assert [(_attrs(s)["gen_ai.usage.input_tokens"], _attrs(s)["gen_ai.usage.output_tokens"])
             for s in under_a] == [(10, 3), (12, 4)]  # fmt: skip
     first = _attrs(under_a[0])
-    assert (first["gen_ai.operation.name"], first["gen_ai.provider.name"],
-            first["gen_ai.request.model"]) == ("chat", "script", model.removeprefix("script:"))  # fmt: skip
+    said = (first["gen_ai.operation.name"], first["gen_ai.provider.name"],
+            first["gen_ai.request.model"])  # fmt: skip
+    assert said == ("chat", "script", model.removeprefix("script:"))
     [under_b] = [s for s in requests if _parent(s) == node_b.context.span_id]
     assert _attrs(under_b)["gen_ai.usage.input_tokens"] == 5
     [tool] = named["execute_tool lookup"]
@@ -185,7 +189,9 @@ async def test_an_applications_current_span_is_the_runs_parent(
 ) -> None:
     model = _script(tmp_path, {"a": {"response": "A"}})
     with trace.get_tracer("app").start_as_current_span("app request") as app:
-        result = await _run(tmp_path, FlowOptions(plan=Plan([Op("a", "x")]), model=model, otel=True))
+        result = await _run(
+            tmp_path, FlowOptions(plan=Plan([Op("a", "x")]), model=model, otel=True)
+        )
     assert result.status == "completed"
     [root] = [s for s in spans.get_finished_spans() if s.name.startswith("run ")]
     assert root.parent is not None and root.parent.span_id == app.get_span_context().span_id
@@ -214,3 +220,30 @@ async def test_a_control_is_a_span_event_with_its_sender(
     assert attributes["steerflow.control.sender"] not in ("", "unknown")
     [node] = [s for s in spans.get_finished_spans() if s.name == "node a"]
     assert _attrs(node)["steerflow.node.status"] in ("withheld", "unfinished")
+
+
+async def test_an_agent_run_is_a_trace_of_its_turns(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    from steerflow.orchestrate._agent import run_agent
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    model = _script(tmp_path, {"turn-1": {"response": "R", "usage": {"input_tokens": 3}}})
+    async with asyncio.timeout(TIMEOUT_S):
+        result = await run_agent(
+            AgentOptions(task="the task", model=model, otel=True), home=tmp_path / "home"
+        )
+    assert result.status == "completed"
+    finished = spans.get_finished_spans()
+    [root] = [s for s in finished if s.parent is None]
+    assert root.name == "run the task"
+    assert (_attrs(root)["steerflow.run.kind"], _attrs(root)["steerflow.run.id"]) == (
+        "agent", result.run_id)  # fmt: skip
+    [turn] = [s for s in finished if s.name == "node turn-1"]
+    assert _parent(turn) == root.context.span_id
+    t = _attrs(turn)
+    assert (t["steerflow.node.kind"], t["steerflow.node.status"]) == ("turn", "completed")
+    [call] = [s for s in finished if _parent(s) == turn.context.span_id]
+    c = _attrs(call)
+    assert (c["gen_ai.provider.name"], c["gen_ai.usage.input_tokens"], c["steerflow.call.attempt"]) == (
+        "script", 3, 1)  # fmt: skip

@@ -103,10 +103,10 @@ from steerflow.providers._pricing import PriceTable
 from steerflow.state import SessionRow, StateDB
 
 if TYPE_CHECKING:
-    from steerflow.tracing._run import RunTracer
     from steerflow.cluster import RayCluster
     from steerflow.orchestrate._stream import EventStream
     from steerflow.tools import ToolRuntime
+    from steerflow.tracing._run import RunTracer
 
 __all__ = ["FlowRun", "run_flow"]
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 from opentelemetry import trace
 from opentelemetry.trace import Link, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
-from steerflow.tracing import _attrs as A
+from steerflow.tracing import _attrs as attr
 from steerflow.tracing._context import write_root
 from steerflow.tracing._setup import TracerHandle, tracer_handle
 
@@ -50,9 +50,9 @@ def _usage_attrs(usage: Mapping[str, Any] | None) -> dict[str, Any]:
         return {}
     out: dict[str, Any] = {}
     for key, name in (
-        ("input_tokens", A.INPUT_TOKENS),
-        ("output_tokens", A.OUTPUT_TOKENS),
-        ("cost_usd", A.COST),
+        ("input_tokens", attr.INPUT_TOKENS),
+        ("output_tokens", attr.OUTPUT_TOKENS),
+        ("cost_usd", attr.COST),
     ):
         value = usage.get(key)
         if isinstance(value, int | float) and not isinstance(value, bool):
@@ -73,12 +73,12 @@ class RunTracer:
     ) -> None:
         self.handle = handle
         self.tracer = handle.tracer
-        self.capture = A.capture_content()
+        self.capture = attr.capture_content()
         links: list[Link] = []
         context = None  # the current context: an application's span is the parent
-        attributes: dict[str, Any] = {A.RUN_KIND: kind, A.OPENINFERENCE_KIND: "CHAIN"}
+        attributes: dict[str, Any] = {attr.RUN_KIND: kind, attr.OPENINFERENCE_KIND: "CHAIN"}
         if resumed_from is not None:
-            attributes[A.RESUMED_FROM] = resumed_from
+            attributes[attr.RESUMED_FROM] = resumed_from
         if source_root is not None:
             source = SpanContext(
                 trace_id=source_root[0],
@@ -86,7 +86,7 @@ class RunTracer:
                 is_remote=True,
                 trace_flags=TraceFlags(TraceFlags.SAMPLED),
             )
-            links.append(Link(source, {A.LINK_KIND: "resumed_from"}))
+            links.append(Link(source, {attr.LINK_KIND: "resumed_from"}))
             if not trace.get_current_span().get_span_context().is_valid:
                 # No application span around the resume: it continues the source's trace,
                 # so a chain reads as one trace (decision 383).
@@ -117,13 +117,13 @@ class RunTracer:
 
     # -- what the runner tells it ------------------------------------------------------
 
-    def session(self, *, run_id: str, session_id: str, name: str, run_dir: Path) -> None:
+    def session(self, *, run_id: str, session_id: str, name: str | None, run_dir: Path) -> None:
         """The run's session exists: name the root span and record it for a resume."""
         name = name or run_id
         self.root.update_name(f"run {name}")
         self.root.set_attributes(
-            {A.RUN_ID: run_id, A.SESSION_ID: session_id, A.RUN_NAME: name,
-             A.CONVERSATION_ID: session_id}
+            {attr.RUN_ID: run_id, attr.SESSION_ID: session_id, attr.RUN_NAME: name,
+             attr.CONVERSATION_ID: session_id}
         )  # fmt: skip
         ctx = self.root.get_span_context()
         if ctx.is_valid:
@@ -148,23 +148,41 @@ class RunTracer:
 
     def request_started(self, op: Operation, intent: CallIntent) -> None:
         """A model request leaves now (its intent is durable)."""
-        self._end_request(op.node_id, "retried", error=True)
-        parent = self._node_context(op)
-        model = intent.model or op.model
+        if op.node_id not in self._nodes:
+            self._open_node(op.node_id, None, restart=False)
+        prompt = op.rendered_instruction or "" if not op.tools else None
+        self.model_request(
+            op.node_id, key=op.key, model=intent.model or op.model, call_id=intent.call_id,
+            attempt=intent.attempt, started_at=intent.started_at, prompt=prompt,
+        )  # fmt: skip
+
+    def model_request(
+        self,
+        node_id: str,
+        *,
+        key: str,
+        model: str | None,
+        call_id: str,
+        attempt: int,
+        started_at: float,
+        prompt: str | None = None,
+    ) -> None:
+        """A model request of node ``node_id`` leaves (an agent's turn says it directly)."""
+        self._end_request(node_id, "retried", error=True)
         attributes: dict[str, Any] = {
-            A.OPERATION: "chat",
-            A.PROVIDER: A.provider_of(model),
-            A.REQUEST_MODEL: A.model_of(model),
-            A.CALL_ID: intent.call_id,
-            A.CALL_ATTEMPT: intent.attempt,
-            A.NODE_KEY: op.key,
-            A.OPENINFERENCE_KIND: "LLM",
+            attr.OPERATION: "chat",
+            attr.PROVIDER: attr.provider_of(model),
+            attr.REQUEST_MODEL: attr.model_of(model),
+            attr.CALL_ID: call_id,
+            attr.CALL_ATTEMPT: attempt,
+            attr.NODE_KEY: key,
+            attr.OPENINFERENCE_KIND: "LLM",
         }
-        if self.capture and not op.tools:
-            attributes[A.INPUT_MESSAGES] = A.content_json("user", op.rendered_instruction or "")
-        self._requests[op.node_id] = self.tracer.start_span(
-            f"chat {A.model_of(model)}", context=parent, kind=SpanKind.CLIENT,
-            attributes=attributes, start_time=_ns(intent.started_at),
+        if self.capture and prompt is not None:
+            attributes[attr.INPUT_MESSAGES] = attr.content_json("user", prompt)
+        self._requests[node_id] = self.tracer.start_span(
+            f"chat {attr.model_of(model)}", context=self._node_ctx.get(node_id, self._root_ctx),
+            kind=SpanKind.CLIENT, attributes=attributes, start_time=_ns(started_at),
         )  # fmt: skip
 
     def on_event(self, event: FlowEvent) -> None:
@@ -173,7 +191,7 @@ class RunTracer:
             return
         try:
             self._on_event(event)
-        except Exception:  # tracing never fails a run  # noqa: BLE001
+        except Exception:  # tracing never fails a run
             return
 
     def on_control(self, verb: str, control_id: str, sender: str | None, result: str) -> None:
@@ -202,16 +220,16 @@ class RunTracer:
         for node_id in list(self._requests):
             self._end_request(node_id, "unfinished", error=True)
         for span, _start in self._tools.values():
-            span.set_attribute(A.TOOL_OUTCOME, "unfinished")
+            span.set_attribute(attr.TOOL_OUTCOME, "unfinished")
             span.end()
         self._tools.clear()
         for node_id, span in list(self._nodes.items()):
-            span.set_attribute(A.NODE_STATUS, "unfinished")
+            span.set_attribute(attr.NODE_STATUS, "unfinished")
             span.end()
             del self._nodes[node_id]
-        self.root.set_attribute(A.RUN_STATUS, status)
+        self.root.set_attribute(attr.RUN_STATUS, status)
         if exit_code is not None:
-            self.root.set_attribute(A.EXIT_CODE, exit_code)
+            self.root.set_attribute(attr.EXIT_CODE, exit_code)
         self.root.set_attributes(_usage_attrs(usage))
         if error is not None:
             self.root.record_exception(error)
@@ -254,11 +272,6 @@ class RunTracer:
             target = span if span is not None else self.root
             target.add_event(kind.replace("_", " "), _plain(event), _ns(event.ts))
 
-    def _node_context(self, op: Operation) -> Any:
-        if op.node_id not in self._nodes:
-            self._open_node(op.node_id, None, restart=False)
-        return self._node_ctx.get(op.node_id, self._root_ctx)
-
     def _open_node(self, node_id: str, event: FlowEvent | None, *, restart: bool) -> trace.Span:
         if node_id in self._nodes:
             if not restart:
@@ -266,19 +279,21 @@ class RunTracer:
             self._nodes.pop(node_id).end()  # a node started again (not expected)
         op = self._ops(node_id)
         attributes: dict[str, Any] = {
-            A.NODE_ID: node_id,
-            A.NODE_ATTEMPT: self._attempts.get(node_id, 1),
-            A.OPENINFERENCE_KIND: "AGENT",
+            attr.NODE_ID: node_id,
+            attr.NODE_ATTEMPT: self._attempts.get(node_id, 1),
+            attr.OPENINFERENCE_KIND: "AGENT",
         }
         key = event.node_key if event is not None else None
+        if event is not None and isinstance(event.data.get("kind"), str):
+            attributes[attr.NODE_KIND] = event.data["kind"]  # an agent's turn
         if op is not None:
             key = op.key
-            attributes[A.NODE_KIND] = op.kind
+            attributes[attr.NODE_KIND] = op.kind
             if op.assignee:
-                attributes[A.NODE_ASSIGNEE] = op.assignee
-                attributes[A.AGENT_NAME] = op.assignee
+                attributes[attr.NODE_ASSIGNEE] = op.assignee
+                attributes[attr.AGENT_NAME] = op.assignee
         if key:
-            attributes[A.NODE_KEY] = key
+            attributes[attr.NODE_KEY] = key
         start = _ns(event.ts if event is not None else None)
         span = self.tracer.start_span(
             f"node {key or node_id}", context=self._root_ctx, attributes=attributes,
@@ -292,18 +307,24 @@ class RunTracer:
         span = self._nodes.get(node_id) or self._open_node(node_id, event, restart=False)
         op = self._ops(node_id)
         failed = status == "failed"
-        usage = op.usage.to_json() if op is not None and op.usage is not None else None
+        if op is not None:
+            usage = op.usage.to_json() if op.usage is not None else None
+            reply = op.response if not op.tools else None
+            error = op.error
+        else:  # an agent's turn: what it says in the event
+            given = event.data.get("usage")
+            usage = dict(given) if isinstance(given, Mapping) else None
+            reply, error = event.data.get("response"), _str(event.data.get("error"))
         if node_id in self._requests:
-            reply = op.response if op is not None and not op.tools else None
             self._end_request(node_id, status, error=failed, usage=usage, reply=reply)
-        span.set_attribute(A.NODE_STATUS, status)
+        span.set_attribute(attr.NODE_STATUS, status)
         span.set_attributes(_usage_attrs(usage))
         reason = event.data.get("reason")
         if reason is not None:
             span.set_attribute("steerflow.node.reason", str(reason))
         if failed:
-            error = (op.error if op is not None else None) or "failed"
-            span.set_attribute(A.NODE_ERROR, error)
+            error = error or "failed"
+            span.set_attribute(attr.NODE_ERROR, error)
             span.set_status(Status(StatusCode.ERROR, error))
         span.end(_ns(event.ts))
         del self._nodes[node_id]
@@ -320,10 +341,10 @@ class RunTracer:
         span = self._requests.pop(node_id, None)
         if span is None:
             return
-        span.set_attribute(A.CALL_OUTCOME, outcome)
+        span.set_attribute(attr.CALL_OUTCOME, outcome)
         span.set_attributes(_usage_attrs(usage if isinstance(usage, Mapping) else None))
         if self.capture and reply is not None:
-            span.set_attribute(A.OUTPUT_MESSAGES, A.content_json("assistant", reply))
+            span.set_attribute(attr.OUTPUT_MESSAGES, attr.content_json("assistant", reply))
         if error:
             span.set_status(Status(StatusCode.ERROR, outcome))
         span.end()
@@ -332,13 +353,13 @@ class RunTracer:
         d = event.data
         call_id, tool = str(d.get("call_id")), str(d.get("tool"))
         attributes: dict[str, Any] = {
-            A.OPERATION: "execute_tool",
-            A.TOOL_NAME: tool,
-            A.TOOL_CALL_ID: call_id,
-            A.OPENINFERENCE_KIND: "TOOL",
+            attr.OPERATION: "execute_tool",
+            attr.TOOL_NAME: tool,
+            attr.TOOL_CALL_ID: call_id,
+            attr.OPENINFERENCE_KIND: "TOOL",
         }
         if self.capture:
-            attributes[A.TOOL_ARGS] = json.dumps(d.get("args") or {}, default=str)
+            attributes[attr.TOOL_ARGS] = json.dumps(d.get("args") or {}, default=str)
         parent = self._node_ctx.get(node_id, self._root_ctx)
         span = self.tracer.start_span(
             f"execute_tool {tool}", context=parent, kind=SpanKind.INTERNAL,
@@ -354,21 +375,25 @@ class RunTracer:
             opened = self._tools.pop((node_id, call_id))
         span, started = opened
         outcome = str(event.data.get("status"))
-        span.set_attribute(A.TOOL_OUTCOME, outcome)
-        span.set_attribute(A.TOOL_DURATION, max(0.0, event.ts - started))
+        span.set_attribute(attr.TOOL_OUTCOME, outcome)
+        span.set_attribute(attr.TOOL_DURATION, max(0.0, event.ts - started))
         if outcome == "failed":
             span.set_status(Status(StatusCode.ERROR, "tool call failed"))
         span.end(_ns(event.ts))
+
+
+def _str(value: object) -> str | None:
+    return None if value is None else str(value)
 
 
 def _plain(event: FlowEvent) -> dict[str, Any]:
     """An event's scalar data as span-event attributes (content-free members only)."""
     out: dict[str, Any] = {}
     for key, value in event.data.items():
-        if key in ("args", "text", "instruction"):
+        if key in ("args", "text", "instruction", "response", "usage"):
             continue
         if isinstance(value, str | int | float | bool):
             out[f"steerflow.{key}"] = value
     if event.node_key:
-        out[A.NODE_KEY] = event.node_key
+        out[attr.NODE_KEY] = event.node_key
     return out

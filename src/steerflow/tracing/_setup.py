@@ -40,7 +40,7 @@ _MARK = "steerflow-otlp-unreachable"
 FLUSH_TIMEOUT_MS = 5000
 
 
-class _Unreachable(RuntimeError):
+class _UnreachableError(RuntimeError):
     """Raised by the session instead of a connection error: the SDK does not retry it."""
 
 
@@ -56,16 +56,20 @@ class _OneShotSession(requests.Session):
         super().__init__()
         self.unreachable: str | None = None
 
-    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kw: Any) -> Any:  # type: ignore[override]
+    def request(self, method: str | bytes, url: str | bytes, *args: Any, **kw: Any) -> Any:
         if self.unreachable is not None:
-            raise _Unreachable(_MARK)
+            raise _UnreachableError(_MARK)
         for attempt in (1, 2):
             try:
-                return super().request(method, url, *args, **kw)
+                return super().request(_text(method), _text(url), *args, **kw)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == 2:
                     self.unreachable = f"{url!s}: {type(exc).__name__}"
-        raise _Unreachable(_MARK)
+        raise _UnreachableError(_MARK)
+
+
+def _text(value: str | bytes) -> str:
+    return value.decode() if isinstance(value, bytes) else value
 
 
 class _QuietFilter(logging.Filter):
@@ -131,9 +135,13 @@ _own: TracerProvider | None = None
 
 
 def _version() -> str:
-    from steerflow import __version__
+    # Called in a thread (the run's tracer is built off the loop): metadata is a disk read.
+    from importlib.metadata import PackageNotFoundError, version
 
-    return __version__
+    try:
+        return version("steerflow")
+    except PackageNotFoundError:  # a source tree without metadata
+        return "0"
 
 
 def _build_provider() -> TracerProvider:
