@@ -247,3 +247,22 @@ async def test_an_agent_run_is_a_trace_of_its_turns(
     c = _attrs(call)
     said = (c["gen_ai.provider.name"], c["gen_ai.usage.input_tokens"], c["steerflow.call.attempt"])
     assert said == ("script", 3, 1)
+
+
+async def test_a_retried_call_is_two_requests_under_one_node(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    model = _script(tmp_path, {"a": {"fail_once": "flaky", "response": "A"}})
+    plan = Plan([Op("a", "x", retry={"attempts": 1})])
+    result = await _run(tmp_path, FlowOptions(plan=plan, model=model, otel=True))
+    assert result.status == "completed"
+    finished = spans.get_finished_spans()
+    [node] = [s for s in finished if s.name == "node a"]
+    assert _attrs(node)["steerflow.node.attempt"] == 2
+    calls = sorted((s for s in finished if _parent(s) == node.context.span_id),
+                   key=lambda s: s.start_time or 0)  # fmt: skip
+    said = [
+        (_attrs(s)["steerflow.call.attempt"], _attrs(s)["steerflow.call.outcome"]) for s in calls
+    ]
+    assert said == [(1, "retried"), (2, "completed")]
+    assert calls[0].status.status_code == trace.StatusCode.ERROR

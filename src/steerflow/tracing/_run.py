@@ -154,6 +154,8 @@ class RunTracer:
         self.model_request(
             op.node_id, key=op.key, model=intent.model or op.model, call_id=intent.call_id,
             attempt=intent.attempt, started_at=intent.started_at, prompt=prompt,
+            # a tool node's intents number its loop's steps, not tries of the node
+            node_attempt=not op.tools,
         )  # fmt: skip
 
     def model_request(
@@ -166,9 +168,14 @@ class RunTracer:
         attempt: int,
         started_at: float,
         prompt: str | None = None,
+        node_attempt: bool = True,
     ) -> None:
         """A model request of node ``node_id`` leaves (an agent's turn says it directly)."""
         self._end_request(node_id, "retried", error=True)
+        node = self._nodes.get(node_id)
+        if node is not None and node_attempt and attempt > 1:
+            # The chain's call count (a retry, or a resume's rerun): the node's attempt.
+            node.set_attribute(attr.NODE_ATTEMPT, attempt)
         attributes: dict[str, Any] = {
             attr.OPERATION: "chat",
             attr.PROVIDER: attr.provider_of(model),
@@ -276,7 +283,9 @@ class RunTracer:
         if node_id in self._nodes:
             if not restart:
                 return self._nodes[node_id]
-            self._nodes.pop(node_id).end()  # a node started again (not expected)
+            again = self._nodes.pop(node_id)  # a node's call started again: a new attempt
+            again.set_attribute(attr.NODE_STATUS, "retried")
+            again.end()
         op = self._ops(node_id)
         attributes: dict[str, Any] = {
             attr.NODE_ID: node_id,
