@@ -105,6 +105,7 @@ def test_an_unreachable_endpoint_changes_nothing_but_one_warning(tmp_path: Path)
     traced = _cli(tmp_path, "flow", "--plan", str(plan), "--model", model, "--otel", env=env)
     plain = _cli(tmp_path, "flow", "--plan", str(plan), "--model", model, env={}, home="h2")
     assert traced.returncode == plain.returncode == 1
+
     def outcome(out: subprocess.CompletedProcess[str]) -> tuple[Any, ...]:
         result = json.loads(out.stdout)
         nodes = sorted((n.get("agent_id") or n.get("id"), n["status"]) for n in result["nodes"])
