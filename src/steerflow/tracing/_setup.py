@@ -152,7 +152,9 @@ def _build_provider() -> TracerProvider:
         "OTEL_RESOURCE_ATTRIBUTES", ""
     ):
         attributes[SERVICE_NAME] = "steerflow"  # the SDK's default is unknown_service
-    provider = TracerProvider(resource=Resource.create(attributes))
+    # No shutdown at exit: each run flushed its spans when it ended (bounded), and the SDK's
+    # exit hook would wait out a request to an endpoint that never answers (decision 382).
+    provider = TracerProvider(resource=Resource.create(attributes), shutdown_on_exit=False)
     session = _OneShotSession()
     for name in _EXPORTER_LOGGERS:
         logging.getLogger(name).addFilter(_QuietFilter())
