@@ -64,7 +64,7 @@ class _OneShotSession(requests.Session):
                 return super().request(_text(method), _text(url), *args, **kw)
             except (requests.ConnectionError, requests.Timeout) as exc:
                 if attempt == 2:
-                    self.unreachable = f"{url!s}: {type(exc).__name__}"
+                    self.unreachable = f"{_text(url)} cannot be reached ({type(exc).__name__})"
         raise _UnreachableError(_MARK)
 
 
@@ -98,8 +98,8 @@ class _GuardedExporter(SpanExporter):
             if not self.warned:
                 self.warned = True
                 _log.warning(
-                    "steerflow: traces: the OTLP endpoint %s cannot be reached; this "
-                    "process's spans are dropped (the run goes on)",
+                    "steerflow: traces: the OTLP endpoint %s; this process's spans are "
+                    "dropped (the run goes on)",
                     self.session.unreachable,
                 )
         return result
