@@ -266,3 +266,21 @@ async def test_a_retried_call_is_two_requests_under_one_node(
     ]
     assert said == [(1, "retried"), (2, "completed")]
     assert calls[0].status.status_code == trace.StatusCode.ERROR
+
+
+async def test_the_planners_request_is_a_span_of_the_run(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    result = await _run(tmp_path, FlowOptions(prompt="plan something", model="echo", otel=True))
+    assert result.status == "completed"
+    finished = spans.get_finished_spans()
+    [root] = [s for s in finished if s.parent is None]
+    [planner] = [s for s in finished if _attrs(s).get("steerflow.node.key") == "planner"]
+    assert _parent(planner) == root.context.span_id
+    p = _attrs(planner)
+    said = (p["gen_ai.provider.name"], p["steerflow.call.attempt"], p["steerflow.call.outcome"])
+    assert said == ("echo", 1, "completed")
+    assert planner.end_time is not None and root.end_time is not None
+    assert planner.end_time <= min(
+        s.start_time or 0 for s in finished if s.name.startswith("node ")
+    )

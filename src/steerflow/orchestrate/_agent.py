@@ -702,10 +702,7 @@ class AgentRun:
         )
         self.turns.append(outcome)
         self.in_flight = None
-        self._turn_event(
-            "node_failed" if error is not None else "node_completed", key,
-            usage=used, error=error, response=outcome.response,
-        )  # fmt: skip
+        self._trace_turn(key, outcome)
         if not await self._may_record(s):
             return None  # the run is another session's now: not recorded as its turn
         await s.writer.record(
@@ -770,6 +767,10 @@ class AgentRun:
                 key, key=key, model=self.model, call_id=call_id, attempt=attempt,
                 started_at=started, prompt=self._turn_prompt,
             )  # fmt: skip
+
+    def _trace_turn(self, key: str, turn: TurnOutcome) -> None:
+        kind: EventType = "node_failed" if turn.error is not None else "node_completed"
+        self._turn_event(kind, key, usage=turn.usage, error=turn.error, response=turn.response)
 
     def _turn_event(self, kind: EventType, key: str, **data: object) -> None:
         """A turn as the tracer reads a node (the agent kind has no event bus)."""

@@ -110,6 +110,8 @@ if TYPE_CHECKING:
 
 __all__ = ["FlowRun", "run_flow"]
 
+#: The planner's request in a trace (it belongs to no node).
+PLANNER = "planner"
 #: ``admission_reason`` once an outcome could not be persisted (decision 35).
 CHECKPOINT_LOST = "checkpoint-failed"
 #: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
@@ -885,17 +887,32 @@ class FlowRun:
             return None
         self._planning = scope = CallScope()
 
+        trace = self._trace
+
         async def intent(attempt: int) -> None:
             await self._planner_intent(s, model, attempt)
+            if trace is not None:  # the planner's request: a span under the run's
+                started = time.time()
+                trace.model_request(
+                    PLANNER, key=PLANNER, model=model, call_id=PLANNER, attempt=attempt,
+                    started_at=started, prompt=prompt,
+                )  # fmt: skip
 
+        outcome = "cancelled"
         try:
             with scope:
-                return await self._plan_with_model(prompt, model, intent)
+                plan = await self._plan_with_model(prompt, model, intent)
+                outcome = "completed"
+                return plan
         except SteerflowError as exc:
+            outcome = "failed"
             await self._finish_session(s, "failed", {"error": str(exc)})
             raise
         finally:
             self._planning = None
+            if trace is not None:
+                used = self.planner_usage[-1].to_json() if self.planner_usage else None
+                trace.end_request(PLANNER, outcome, usage=used)
             with contextlib.suppress(SteerflowError):  # a lost lease or DB: nothing to clear
                 await self._planner_intent(s, None, 0)
         # The scope caught the cancellation of request_stop or request_operator_stop.

@@ -192,6 +192,10 @@ class RunTracer:
             kind=SpanKind.CLIENT, attributes=attributes, start_time=_ns(started_at),
         )  # fmt: skip
 
+    def end_request(self, node_id: str, outcome: str, *, usage: object = None) -> None:
+        """The model request open for ``node_id`` ended (the planner's: no node closes it)."""
+        self._end_request(node_id, outcome, error=outcome != "completed", usage=usage)
+
     def on_event(self, event: FlowEvent) -> None:
         """An event-bus subscriber (it never blocks: spans are only recorded)."""
         if self.ended:
