@@ -20,6 +20,12 @@ steerflow from source again, which is not start-up but a missing cache. Target:
 every ``ctl``, ``runs`` and ``show`` row under 150 ms wall on an idle machine (compare the
 ``python -c pass`` row: what the machine's load adds shows there too). Nothing is
 asserted; exit 0.
+
+``--otel`` (issue 45) adds a ``play demo`` row (a whole run, one process), and after every
+row its twin ``ROW [otel]``: the same command with ``STEERFLOW_OTEL=1`` and
+``OTEL_EXPORTER_OTLP_ENDPOINT`` at a loopback OTLP/HTTP sink this script runs. The read
+and control commands never trace (their twins show the switch costs them nothing);
+``play demo [otel]`` imports the SDK and sends its spans.
 """
 
 from __future__ import annotations
@@ -47,11 +53,13 @@ def _cpu_children() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def timed(argv: list[str]) -> tuple[float, float, int]:
+def timed(argv: list[str], env: dict[str, str] | None = None) -> tuple[float, float, int]:
     """(wall s, CPU s, exit code) of one process."""
     cpu0 = _cpu_children()
     t0 = time.perf_counter()
-    proc = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    proc = subprocess.run(
+        argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False, env=env
+    )
     wall = time.perf_counter() - t0
     return wall, _cpu_children() - cpu0, proc.returncode
 
@@ -96,7 +104,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=7, help="processes per command (default 7)")
     parser.add_argument("--home", type=Path, help="home to create the run in (default: a temp dir)")
+    parser.add_argument(
+        "--otel", action="store_true", help="also each row traced, and a play demo row"
+    )
     args = parser.parse_args()
+    if args.otel:
+        from executor_scale import _otlp_sink
+
+        with _otlp_sink() as endpoint:
+            return _main(args, endpoint)
+    return _main(args, None)
+
+
+def _main(args: argparse.Namespace, endpoint: str | None) -> int:
     compileall.compile_dir(Path(steerflow.__file__).parent, quiet=1)
     with tempfile.TemporaryDirectory(prefix="sf-cli-start-") as tmp:
         home = args.home or Path(tmp) / "home"
@@ -104,14 +124,25 @@ def main() -> int:
         try:
             run_id, session = make_run(home)
             rows = commands(home, run_id, session)
+            envs: dict[str, dict[str, str] | None] = {}
+            if endpoint is not None:
+                rows.append(
+                    ("play demo", [PY, "-m", "steerflow", "--home", str(home), "play", "demo"])
+                )
+                traced = {k: v for k, v in os.environ.items() if not k.startswith("OTEL_")}
+                traced |= {"STEERFLOW_OTEL": "1", "OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
+                plain = {k: v for k, v in os.environ.items() if k != "STEERFLOW_OTEL"}
+                twins = [(f"{name} [otel]", argv) for name, argv in rows]
+                rows = [row for pair in zip(rows, twins, strict=True) for row in pair]
+                envs = {name: traced if name.endswith("[otel]") else plain for name, _ in rows}
             walls: dict[str, list[float]] = {name: [] for name, _ in rows}
             cpus: dict[str, list[float]] = {name: [] for name, _ in rows}
             codes: dict[str, set[int]] = {name: set() for name, _ in rows}
-            for _name, argv in rows:  # one warm-up each: the page cache
-                timed(argv)
+            for name, argv in rows:  # one warm-up each: the page cache
+                timed(argv, envs.get(name))
             for _ in range(args.runs):
                 for name, argv in rows:
-                    wall, cpu, code = timed(argv)
+                    wall, cpu, code = timed(argv, envs.get(name))
                     walls[name].append(wall)
                     cpus[name].append(cpu)
                     codes[name].add(code)

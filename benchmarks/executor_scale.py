@@ -33,6 +33,12 @@ wrote during the run (``wchar`` of ``/proc/self/io``: base, journal, compactions
 files). The last column is the log-log slope of CPU against nodes between the smallest
 and largest size (1.0 = linear). Figures only; nothing is asserted.
 
+``--otel`` adds a ``ROW+otel`` line after each steerflow row: the same run traced (issue 45),
+its tracer subscribed to the executor's events as a run's is, every call's intent opening a
+model-request span (the row also pays for the intent object, which a real run always does),
+exported over OTLP/HTTP to a loopback sink the parent runs (or ``OTEL_EXPORTER_OTLP_ENDPOINT``)
+and flushed inside the timed run.
+
 Run ``PYTHONPATH=/path/to/other/src python benchmarks/executor_scale.py`` to measure
 another tree with the same script; a row whose API that tree lacks is skipped with a note.
 """
@@ -41,12 +47,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import math
 import os
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -241,6 +249,7 @@ def prepare_steerflow(
         concurrency=CONCURRENCY,
         context=context,
     )
+    traced = _trace(executor, graph) if os.environ.get("STEERFLOW_BENCH_OTEL") else None
     if not checkpoint:
         fence = _lease_keeper(home) if lease else None
         executor.fence = fence
@@ -256,6 +265,8 @@ def prepare_steerflow(
                     await fence.hold()
                 await executor.run()
                 stop.set()
+            if traced is not None:
+                await _end_trace(traced)
             return {"completed": sum(op.status == "completed" for op in graph)}
 
         return run_plain
@@ -292,6 +303,8 @@ def prepare_steerflow(
             await executor.run()
             outcome = await recorder.close()
             stop.set()
+        if traced is not None:
+            await _end_trace(traced)
         if not outcome.persisted:
             raise RuntimeError(f"checkpoint not persisted: {outcome.error}")
         counted = getattr(writer, "bytes_written", None)
@@ -301,6 +314,51 @@ def prepare_steerflow(
         }
 
     return run_v3
+
+
+def _trace(executor: Any, graph: Any) -> Any:
+    """The run's tracer wired as ``FlowRun`` wires it (``--otel`` rows)."""
+    from steerflow.tracing._run import RunTracer
+
+    tracer = RunTracer.begin(kind="flow")
+    executor.events.subscribe(tracer.on_event)
+    tracer.watch_graph(graph.ops.get)
+
+    async def allow(op: Any, intent: Any) -> bool:
+        return True
+
+    executor.before_call = tracer.wrap_intent(allow)
+    return tracer
+
+
+async def _end_trace(tracer: Any) -> None:
+    tracer.end(status="completed")
+    await asyncio.to_thread(tracer.flush)
+
+
+@contextlib.contextmanager
+def _otlp_sink() -> Any:
+    """A loopback OTLP/HTTP endpoint that takes every request (what a collector costs us)."""
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Sink(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            self.send_response(200)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+
+        def log_message(self, *args: Any) -> None:
+            return
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Sink)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def _lease_keeper(home: Path) -> Any:
@@ -358,8 +416,15 @@ def child(row: str, count: int) -> None:
 
 
 def measure(row: str, count: int) -> dict[str, Any]:
+    traced = row.endswith("+otel")
+    row = row.removesuffix("+otel")
     argv = [sys.executable, os.path.abspath(__file__), "--child", row, str(count)]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    env = {k: v for k, v in os.environ.items() if k != "STEERFLOW_BENCH_OTEL"}
+    if traced:
+        env["STEERFLOW_BENCH_OTEL"] = "1"
+    proc = subprocess.Popen(
+        argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     stdout, stderr = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
@@ -382,16 +447,31 @@ def main() -> int:
     parser.add_argument("--nodes", default="1000,10000", help="comma-separated sizes")
     parser.add_argument("--quick", action="store_true", help="1,000 nodes only")
     parser.add_argument("--rows", default=",".join(ROWS), help=f"subset of {','.join(ROWS)}")
+    parser.add_argument(
+        "--otel",
+        action="store_true",
+        help="after each steerflow row, the same run traced (extra otel): ROW+otel",
+    )
     parser.add_argument("--child", nargs=2, metavar=("ROW", "NODES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(args.child[0], int(args.child[1]))
         return 0
+    if args.otel and not os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT"):
+        with _otlp_sink() as endpoint:
+            os.environ["OTEL_EXPORTER_OTLP_ENDPOINT"] = endpoint
+            return _main(args, parser)
+    return _main(args, parser)
+
+
+def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     sizes = [1000] if args.quick else [int(n) for n in args.nodes.split(",")]
     rows = [r for r in args.rows.split(",") if r]
     unknown = set(rows) - set(ROWS)
     if unknown:
         parser.error(f"unknown rows {sorted(unknown)}")
+    if args.otel:
+        rows = [r for row in rows for r in ((row, f"{row}+otel") if "steerflow" in row else (row,))]
     import platform
 
     try:

@@ -236,6 +236,7 @@ EXPECTED: dict[str, set[str]] = {
         "cli_exit",
         "main",
     },
+    "steerflow.tracing": {"OTEL_ENV", "tracing_requested"},
     "steerflow.tools": {
         "DEFAULT_TOOL_TIMEOUT_S",
         "Tool",

@@ -1,7 +1,7 @@
 """Layering: a lower layer never imports a higher one (imports found by walking the source).
 
 Lowest first; packages in one group may import each other:
-errors, home, plan; state, checkpoint, providers, artifacts; control, resume; executor;
+errors, home, plan; state, checkpoint, providers, artifacts; control, resume; executor, tracing;
 orchestrate; views; cli, mcp, studio.
 """
 
@@ -24,7 +24,7 @@ LAYERS: list[set[str]] = [
     {"errors", "home", "plan", "_faults", "_lazy", "_live", "_usage", "_values"},
     {"state", "checkpoint", "providers", "artifacts"},
     {"control", "resume", "cluster", "tools"},  # cluster: Ray; tools: the step loop
-    {"executor"},
+    {"executor", "tracing"},  # tracing: a run's spans from the executor's events (issue 45)
     {"orchestrate"},
     {"views"},  # the typed readers the CLI, the MCP server and the Studio share
     {"cli", "__main__", "mcp", "studio"},

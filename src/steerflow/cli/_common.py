@@ -252,7 +252,15 @@ def _compact_limit(key: str) -> click.ParamType:  # type: ignore[type-arg]
 
 
 def executor_options(func: F) -> F:
-    """``--executor`` and ``--ray-address`` (flow, play, resume, agent)."""
+    """``--executor``, ``--ray-address`` and ``--otel`` (flow, play, resume, agent)."""
+    func = click.option(
+        "--otel",
+        is_flag=True,
+        default=None,
+        help="Send the run as an OpenTelemetry trace (extra 'otel'): run, nodes, model "
+        "requests, tool calls; configured by the standard OTEL_* variables "
+        "(OTEL_EXPORTER_OTLP_ENDPOINT...). Env: STEERFLOW_OTEL=1. See docs/tracing.md.",
+    )(func)
     func = click.option(
         "--ray-address",
         metavar="ADDR",
@@ -273,7 +281,12 @@ def executor_options(func: F) -> F:
 
 def executor_kw(kw: dict[str, Any]) -> dict[str, Any]:
     """The FlowOptions/AgentOptions executor fields from the parsed flags."""
-    return {"executor": kw.get("executor") or "local", "ray_address": kw.get("ray_address")}
+    return {
+        "executor": kw.get("executor") or "local",
+        "ray_address": kw.get("ray_address"),
+        # None unless --otel: then STEERFLOW_OTEL decides (issue 45)
+        "otel": True if kw.get("otel") else None,
+    }
 
 
 def compact_options(func: F) -> F:

@@ -270,6 +270,9 @@ class ControlPoller:
         self.ticks = 0
         self.listings = 0
         self.open_failures = 0
+        #: ``(verb, control_id, sender, result)`` once this poller stamped a row (traces:
+        #: a span event per control, with its sender; decision 384). Must not block.
+        self.on_stamped: list[Callable[[str, str, str | None, str], None]] = []
 
     # -- what the runner sees -------------------------------------------------------------
 
@@ -702,6 +705,9 @@ class ControlPoller:
             entry: dict[str, Any] = {"id": row.id, "verb": row.verb, "result": result, "at": now}
             if not changed:
                 entry["result"] = "stamped-elsewhere"
+            else:
+                for callback in list(self.on_stamped):
+                    callback(row.verb, row.id, row.sender, result)
             self._log.append(entry)
             del self._log[:-CONTROL_LOG_MAX]
             self._log_dirty = True

@@ -49,6 +49,8 @@ from steerflow.executor import (
     PARAMETER_NAMES,
     CallScope,
     Caps,
+    EventType,
+    FlowEvent,
     Meter,
     enforceable,
     render_steer,
@@ -68,6 +70,7 @@ from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import EndStatus, exit_code_for
 from steerflow.orchestrate._resume import IN_FLIGHT_KEY
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._tracing import close_trace, open_trace
 from steerflow.providers import (
     Message,
     Provider,
@@ -83,6 +86,7 @@ from steerflow.tools._loop import LoopHeld
 
 if TYPE_CHECKING:
     from steerflow.tools import ToolRuntime
+    from steerflow.tracing._run import RunTracer
 
 __all__ = ["MAX_TURNS_RESULT", "AgentRun", "AgentTarget", "run_agent"]
 
@@ -225,6 +229,9 @@ class AgentRun:
         self._provider: Provider | None = provider
         #: What a tool turn's steps cost, replayed ones included (its recorded usage).
         self.loop_usage: Usage | None = None
+        #: The run's OpenTelemetry spans (issue 45), while it runs with tracing on.
+        self._trace: RunTracer | None = None
+        self._turn_prompt: str | None = None  # the turn in flight's prompt (traced content)
 
     # -- stopping --------------------------------------------------------------------------
 
@@ -275,6 +282,34 @@ class AgentRun:
 
     async def run(self) -> AgentResult:
         """Open the session, run the turns, persist; return the result."""
+        seed = self.options.resume
+        self._trace = await open_trace(
+            self.options.otel,
+            home=self.home,
+            kind="agent",
+            resumed_from=seed.resumed_from if seed is not None else None,
+            source_run_id=seed.source_run_id if seed is not None else None,
+        )
+        if self._trace is None:
+            return await self._run_untraced()
+        result: AgentResult | None = None
+        failure: BaseException | None = None
+        try:
+            result = await self._run_untraced()
+            return result
+        except BaseException as exc:
+            failure = exc
+            raise
+        finally:
+            await close_trace(
+                self._trace,
+                status=result.status if result is not None else "error",
+                exit_code=int(result.exit_code) if result is not None else None,
+                usage=result.usage if result is not None else None,
+                error=failure,
+            )
+
+    async def _run_untraced(self) -> AgentResult:
         cluster = None
         if self.options.executor == "ray":
             from steerflow.cluster import connect_stopped, join_ray
@@ -352,6 +387,15 @@ class AgentRun:
         poller = ControlPoller(self.home, session_id, self.target)
         # ``applying:<claimant>`` names the executor that holds a message.
         poller.claimant = f"{this_host()}:{os.getpid()}:agent-executor:{session_id[:12]}"
+        if self._trace is not None:
+            trace = self._trace
+            await asyncio.to_thread(
+                lambda: trace.session(
+                    run_id=run_dir.run_id, session_id=session_id, name=self.task[:80],
+                    run_dir=run_dir.path,
+                )
+            )  # fmt: skip
+            poller.on_stamped.append(trace.on_control)
         stop_heartbeat = asyncio.Event()
         result: AgentResult | None = None
         error: Exception | None = None
@@ -597,6 +641,7 @@ class AgentRun:
         """Run one turn and record it; ``None`` when it was cancelled (not recorded)."""
         number = self._next_number()
         key = turn_key(number)
+        self._turn_prompt = prompt
         request = self._request(s, provider, number, prompt)
         if provider.needs_artifact_dir:
             await asyncio.to_thread(make_private_dirs, request.artifact_dir)
@@ -606,6 +651,7 @@ class AgentRun:
             detail["steers"] = list(controls)  # the control ids, as a flow node's
         await self._publish(s, key, "running", detail)
         await self._set_meta(s, turn=number)
+        self._turn_event("node_started", key)
         self.progress(f"turn {number} started")
         # The turn's admission, after every await above: past the lease's local deadline
         # it asks the state DB (decision 121).
@@ -656,6 +702,7 @@ class AgentRun:
         )
         self.turns.append(outcome)
         self.in_flight = None
+        self._trace_turn(key, outcome)
         if not await self._may_record(s):
             return None  # the run is another session's now: not recorded as its turn
         await s.writer.record(
@@ -699,17 +746,37 @@ class AgentRun:
         """The turn call's write-ahead intent, closed by the turn's entry."""
         cost, tokens = self.meter.reservation()
         prior = self.options.resume.in_flight if self.options.resume is not None else ()
-        await s.writer.record_call(
+        call_id, attempt, started = (
             uuid.uuid4().hex,
+            1 + sum(c.node == key for c in prior),
+            time.time(),
+        )
+        await s.writer.record_call(
+            call_id,
             node=key,
             record="op",
             key=key,
-            attempt=1 + sum(call.node == key for call in prior),
+            attempt=attempt,
             model=self.model,
-            started_at=time.time(),
+            started_at=started,
             reserved_cost_usd=cost,
             reserved_tokens=tokens,
         )
+        if self._trace is not None:
+            self._trace.model_request(
+                key, key=key, model=self.model, call_id=call_id, attempt=attempt,
+                started_at=started, prompt=self._turn_prompt,
+            )  # fmt: skip
+
+    def _trace_turn(self, key: str, turn: TurnOutcome) -> None:
+        kind: EventType = "node_failed" if turn.error is not None else "node_completed"
+        self._turn_event(kind, key, usage=turn.usage, error=turn.error, response=turn.response)
+
+    def _turn_event(self, kind: EventType, key: str, **data: object) -> None:
+        """A turn as the tracer reads a node (the agent kind has no event bus)."""
+        if self._trace is not None:
+            self._trace.on_event(FlowEvent(kind, node_key=key, node_id=key,
+                                           data={"kind": "turn", **data}))  # fmt: skip
 
     async def _cut_short(
         self, s: _Live, key: str, number: int, detail: dict[str, Any], reason: str
@@ -717,6 +784,7 @@ class AgentRun:
         """A turn cancelled, or never started: not recorded; it reruns on resume."""
         self.cut_short = True
         detail["cancelled"] = reason
+        self._turn_event("node_withheld", key, reason=reason)
         await self._publish(s, key, "pending", detail)
         self.progress(f"turn {number} cancelled ({reason}); it reruns on resume")
 

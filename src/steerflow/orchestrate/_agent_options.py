@@ -127,6 +127,9 @@ class AgentOptions:
     # Where each turn's call runs, as for a flow (``--executor``, ``--ray-address``).
     executor: str = "local"
     ray_address: str | None = None
+    # OpenTelemetry traces (issue 45, extra ``otel``): True/False, or None for the
+    # environment's ``STEERFLOW_OTEL``. Not recorded: a resume says again whether it is traced.
+    otel: bool | None = None
     #: ``--tool SPEC`` (``python:MODULE:FUNCTION``): each turn runs a tool loop; naming a
     #: tool here is its own consent (issue 39 item 1).
     tools: Sequence[str] = ()

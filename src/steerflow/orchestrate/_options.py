@@ -198,6 +198,9 @@ class FlowOptions:
     # resume says again where its calls run.
     executor: str = "local"
     ray_address: str | None = None
+    # OpenTelemetry traces (issue 45, extra ``otel``): True/False, or None for the
+    # environment's ``STEERFLOW_OTEL``. Not recorded: a resume says again whether it is traced.
+    otel: bool | None = None
 
     def __post_init__(self) -> None:
         self.check()

@@ -88,6 +88,7 @@ from steerflow.orchestrate._resume import (
 )
 from steerflow.orchestrate._settings import RunSettings
 from steerflow.orchestrate._stranded import redeliver_stranded
+from steerflow.orchestrate._tracing import close_trace, open_trace
 from steerflow.orchestrate._tries import TRIES_KEY, chain_tries, tries_member
 from steerflow.plan import (
     CODE_SOURCE,
@@ -106,9 +107,12 @@ if TYPE_CHECKING:
     from steerflow.cluster import RayCluster
     from steerflow.orchestrate._stream import EventStream
     from steerflow.tools import ToolRuntime
+    from steerflow.tracing._run import RunTracer
 
 __all__ = ["FlowRun", "run_flow"]
 
+#: The planner's request in a trace (it belongs to no node).
+PLANNER = "planner"
 #: ``admission_reason`` once an outcome could not be persisted (decision 35).
 CHECKPOINT_LOST = "checkpoint-failed"
 #: The canceller a ``ctl stop`` records on admission and on the calls it cancels.
@@ -184,6 +188,8 @@ class FlowRun:
         self.budget_hit = False
         #: Cap -> why this run's models cannot enforce it (``ctl budget`` is refused then).
         self._unenforceable: dict[str, str] = {}
+        #: The run's OpenTelemetry spans (issue 45), while it runs with tracing on.
+        self._trace: RunTracer | None = None
         #: The run's session and run id, once its session row exists (for the ctl writers).
         self.session_id: str | None = None
         self.run_id: str | None = None
@@ -326,10 +332,34 @@ class FlowRun:
     async def run(self) -> FlowResult:
         """Plan (unless given), run, persist; return the result."""
         self._begun = True
+        seed = self.options.resume
+        self._trace = await open_trace(
+            self.options.otel,
+            home=self.home,
+            kind=self.options.kind if seed is None else "resume",
+            resumed_from=seed.resumed_from if seed is not None else None,
+            source_run_id=seed.source_run_id if seed is not None else None,
+        )
+        if self._trace is not None:
+            self.bus.subscribe(self._trace.on_event)
+        result: FlowResult | None = None
+        failure: BaseException | None = None
         try:
-            return await self._run()
+            result = await self._run()
+            return result
+        except BaseException as exc:
+            failure = exc
+            raise
         finally:
             self._end_streams()
+            if self._trace is not None:
+                await close_trace(
+                    self._trace,
+                    status=result.status if result is not None else "error",
+                    exit_code=int(result.exit_code) if result is not None else None,
+                    usage=result.usage if result is not None else None,
+                    error=failure,
+                )
 
     async def _run(self) -> FlowResult:
         opts = self.options
@@ -645,6 +675,14 @@ class FlowRun:
         lease = self._lease = LeaseKeeper(db, session_id, row.lease_epoch)
         lease.on_lost.append(self._lease_lost)
         poller = ControlPoller(self.home, session_id, self.steering)
+        if self._trace is not None:
+            trace = self._trace
+            await asyncio.to_thread(
+                lambda: trace.session(
+                    run_id=run_dir.run_id, session_id=session_id, name=name, run_dir=run_dir.path
+                )
+            )
+            poller.on_stamped.append(trace.on_control)
         self.context.on_delivered.append(
             lambda messages: poller.messages_delivered([m.get("control_id") for m in messages])
         )
@@ -852,17 +890,32 @@ class FlowRun:
             return None
         self._planning = scope = CallScope()
 
+        trace = self._trace
+
         async def intent(attempt: int) -> None:
             await self._planner_intent(s, model, attempt)
+            if trace is not None:  # the planner's request: a span under the run's
+                started = time.time()
+                trace.model_request(
+                    PLANNER, key=PLANNER, model=model, call_id=PLANNER, attempt=attempt,
+                    started_at=started, prompt=prompt,
+                )  # fmt: skip
 
+        outcome = "cancelled"
         try:
             with scope:
-                return await self._plan_with_model(prompt, model, intent)
+                plan = await self._plan_with_model(prompt, model, intent)
+                outcome = "completed"
+                return plan
         except SteerflowError as exc:
+            outcome = "failed"
             await self._finish_session(s, "failed", {"error": str(exc)})
             raise
         finally:
             self._planning = None
+            if trace is not None:
+                used = self.planner_usage[-1].to_json() if self.planner_usage else None
+                trace.end_request(PLANNER, outcome, usage=used)
             with contextlib.suppress(SteerflowError):  # a lost lease or DB: nothing to clear
                 await self._planner_intent(s, None, 0)
         # The scope caught the cancellation of request_stop or request_operator_stop.
@@ -1071,6 +1124,9 @@ class FlowRun:
         executor.spawned_count = sum(1 for op in graph if op.kind == "spawned")
         executor.meter = self.meter
         executor.before_call = recorder.record_call
+        if self._trace is not None:
+            executor.before_call = self._trace.wrap_intent(recorder.record_call)
+            self._trace.watch_graph(graph.ops.get)
         executor.on_step = recorder.record_step
         executor.tool_runtime = self.tool_runtime
         executor.approvals = self.steering.approvals
