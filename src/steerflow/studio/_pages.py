@@ -277,19 +277,24 @@ def control_forms(
     )
 
 
-def _counts(progress: RunProgress | None) -> str:
-    """Settled of all published nodes, with the failed and running ones named."""
+def _counts(progress: RunProgress | None, status: str = "running") -> str:
+    """Settled of all published nodes, with the failed and running ones named.
+
+    A node still published ``running`` in a run that is not running any more was in
+    flight when the run died: it reads ``interrupted``, as on the run page (decision 200).
+    """
     if progress is None:
         return "-"
     text = f"{progress.done}/{progress.total}"
-    extra = [f"{progress.by_status[k]} {k}" for k in ("running", "failed")
-             if progress.by_status.get(k)]  # fmt: skip
+    in_flight = "running" if status == "running" else "interrupted"
+    extra = [f"{progress.by_status[k]} {in_flight if k == 'running' else k}"
+             for k in ("running", "failed") if progress.by_status.get(k)]  # fmt: skip
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
     run_id = run.run_id or ""
-    done = _counts(progress)
+    done = _counts(progress, run.status)
     model = progress.model if progress is not None else None
     status_class = run.status if run.status in STATUSES else "unknown"
     running = run.status == "running"
@@ -340,7 +345,7 @@ def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -
                 "run_id": run.run_id,
                 "status": run.status,
                 "phase": _phase(run),
-                "progress": _counts(done),
+                "progress": _counts(done, run.status),
                 "duration": duration(run.duration_s),
             }
         )

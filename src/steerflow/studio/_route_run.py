@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from steerflow import views
-from steerflow.errors import AmbiguousIdError, UnknownIdError, UsageError
+from steerflow.errors import AmbiguousIdError, SteerflowError, UnknownIdError, UsageError
 from steerflow.studio._actions import budget_confirm_page, stop_confirm_page
 from steerflow.studio._pages import error_page
 from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target, requested_caps
@@ -28,6 +30,7 @@ class RunPage(Page):
             graph = views.run_graph(self.home, target)
             control = views.control_status(self.home, view.session_id) if view.session_id else None
             recovery = None
+            result = _result_text(self.home, view) if view.status != "running" else None
             if view.status in RECOVERABLE:
                 recovery = (
                     views.checkpoint_report(self.home, target),
@@ -46,7 +49,10 @@ class RunPage(Page):
         if SESSION_ID.fullmatch(queued):
             # The page reloads itself once the flow stamps the row: say where to look.
             notice = f"queued control {queued}: the flow applies it (result in the control log)"
-        return HTMLResponse(run_page(view, graph, control, recovery, csrf=self.csrf, notice=notice))
+        page = run_page(
+            view, graph, control, recovery, csrf=self.csrf, notice=notice, result=result
+        )
+        return HTMLResponse(page)
 
     def live(self, request: Request) -> Response:
         target = request.path_params["target"]
@@ -90,6 +96,17 @@ class RunPage(Page):
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         return HTMLResponse(budget_confirm_page(view, control, caps, csrf=self.csrf))
+
+
+def _result_text(home: Path, view: views.RunView) -> str | None:
+    """The run's result (``steerflow result``), None when there is none to read."""
+    if not view.reachable or not view.checkpoint_exists:
+        return None
+    try:
+        found = views.run_result(home, view.run_id)
+    except SteerflowError:
+        return None  # no result yet or a refused checkpoint: the recovery section says why
+    return found.text or None
 
 
 def routes(state: StudioState) -> list[Route]:

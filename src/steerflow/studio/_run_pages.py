@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import html
 import time
+from dataclasses import replace
 from typing import Any
 from urllib.parse import quote
 
@@ -11,7 +12,6 @@ from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
 from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
 from steerflow.studio._pages import (
-    STATUSES,
     control_forms,
     duration,
     esc,
@@ -20,6 +20,7 @@ from steerflow.studio._pages import (
     run_href,
     when,
 )
+from steerflow.studio._run_header import failures, header, recovered_failures, title
 from steerflow.studio._steps import steps_section
 from steerflow.studio._svg import graph_svg
 from steerflow.studio._timeline import timeline_svg
@@ -31,6 +32,7 @@ from steerflow.views import (
     RunGraph,
     RunView,
 )
+from steerflow.views._runs import saved_at
 
 __all__ = [
     "RECOVERABLE",
@@ -44,12 +46,6 @@ __all__ = [
 
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped", "budget_exhausted")
-
-
-def _status(value: str | None) -> str:
-    shown = value or "unknown"
-    known = shown if shown in STATUSES else "unknown"
-    return f'<span class="status status-{known}" id="run-status">{esc(shown)}</span>'
 
 
 def _phase(view: RunView) -> str:
@@ -130,17 +126,50 @@ def _control_log(status: ControlStatus | None) -> str:
     )
 
 
-def _errors(view: RunView) -> str:
-    """The failed nodes and their errors, first thing under the facts (not a click away)."""
-    failed = [n for n in view.nodes if n.status == "failed"]
-    if not failed:
-        return ""
-    items = "".join(
-        f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
-        f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
-        for n in failed
+def _errors(view: RunView, graph: RunGraph) -> str:
+    """The failed nodes and their errors, first thing under the facts (not a click away).
+
+    A failed attempt that an escalation retry replaced, and whose chain completed, is not
+    the run's failure: it is listed as recovered, not in the red box.
+    """
+    recovered = recovered_failures(graph)
+    counted = set(failures(view, graph))
+    failed = [n for n in view.nodes if n.id in counted]
+    out = ""
+    if failed:
+        items = "".join(
+            f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
+            f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
+            for n in failed
+        )
+        out += (
+            f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+        )
+    if recovered:
+        items = "".join(
+            f'<li><a href="{esc(_node_href(view.run_id, k))}">{esc(k)}</a> failed; '
+            f'<a href="{esc(_node_href(view.run_id, v))}">{esc(v)}</a> completed it</li>'
+            for k, v in recovered.items()
+        )
+        out += (
+            f'<section id="recovered" class="notice"><h3>recovered by escalation</h3>'
+            f"<ul>{items}</ul></section>"
+        )
+    return out
+
+
+def with_view_statuses(graph: RunGraph, view: RunView) -> RunGraph:
+    """The graph with the view's node statuses: one word per node across the page.
+
+    The graph reads the published rows as they are; the view names a node that was in
+    flight when its run died ``interrupted`` (decision 200). The page draws the view's.
+    """
+    shown = {n.id: n.status for n in view.nodes}
+    nodes = tuple(
+        replace(n, status=shown[n.id]) if shown.get(n.id, n.status) != n.status else n
+        for n in graph.nodes
     )
-    return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+    return replace(graph, nodes=nodes)
 
 
 def sender_of(sender: str | None) -> str:
@@ -181,10 +210,8 @@ def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, s
                 (float(at), how, f"by run {item.get('run_id') or item.get('session_id')}")
             )
     if view.checkpoint_exists:
-        try:
-            saved = view.checkpoint_path.stat().st_mtime
-        except OSError:
-            saved = None
+        # The journal's time, not the base file's: completions are appended there.
+        saved = saved_at(view.checkpoint_path.parent)
         if saved is not None:
             events.append((saved, "checkpoint saved", f"v{view.checkpoint_version} (last save)"))
     return sorted(events, key=lambda e: e[0])
@@ -193,7 +220,7 @@ def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, s
 def history_table(view: RunView, control: ControlStatus | None) -> str:
     """The run's :func:`history` as a table."""
     rows = [
-        f'<tr><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
+        f'<tr data-at="{at:.3f}"><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
         f"<td>{esc(detail)}</td></tr>"
         for at, what, detail in history(view, control)
     ]
@@ -333,16 +360,21 @@ def run_page(
     *,
     csrf: str,
     notice: str | None = None,
+    result: str | None = None,
 ) -> str:
-    """One run: facts, controls while it runs, the DAG, the nodes, the control log, recovery."""
+    """One run: header (with controls while it runs), the DAG, nodes, logs, recovery."""
     summary = view.summary
-    body = [f"<h2>run {esc(view.run_id)}</h2>"]
+    graph = with_view_statuses(graph, view)
+    controls = ""
+    if view.status == "running" and view.session_id:
+        back = run_href(view.run_id)
+        controls = control_forms(view.session_id, csrf, back=back, target=view.run_id)
+    body = [header(view, graph, result, controls=controls)]
     if notice:
-        body.append(f'<p class="notice">{esc(notice)}</p>')
+        body.append(f'<p class="notice" id="page-notice">{esc(notice)}</p>')
     body.append(
         _facts(
             [
-                ("status", _status(view.status)),
                 # A phase is where a running flow is: a settled run has none left.
                 ("phase", f'<span id="run-phase">{esc(_phase(view))}</span>'),
                 ("kind", esc(view.kind or "-")),
@@ -353,7 +385,6 @@ def run_page(
                     f"{esc(summary.get('failed'))} failed, {esc(summary.get('running'))} "
                     f"running of {esc(summary.get('total'))}</span>",
                 ),
-                ("spent", esc(_usage(summary.get("usage")))),
                 ("resumes", _resume_links(view)),
                 (
                     "checkpoint",
@@ -369,12 +400,8 @@ def run_page(
             f"{'requests wait' if waiting != 1 else 'request waits'} for a decision: "
             '<a href="/approvals">approvals</a></p>'
         )
-    if view.status == "running" and view.session_id:
-        back = run_href(view.run_id)
-        forms = control_forms(view.session_id, csrf, back=back, target=view.run_id)
-        body.append(f"<p>{forms}</p>")
     nodes_base = run_href(view.run_id) + "/nodes/"
-    body.append(_errors(view))
+    body.append(_errors(view, graph))
     body.append('<h3>graph</h3><div class="graph">')
     body.append(graph_svg(graph, base=nodes_base))
     body.append('</div><h3>timeline</h3><div class="wide">')
@@ -392,7 +419,7 @@ def run_page(
         body.append(_recovery(view.run_id, *recovery, csrf=csrf))
         body.append("</section>")
     live = "/api/runs/" + quote(view.run_id, safe="")
-    return page(f"steerflow studio: run {view.run_id}", "\n".join(body), live=live)
+    return page(title(view), "\n".join(body), live=live)
 
 
 def steer_marked(instruction: str) -> str:
@@ -433,7 +460,10 @@ def _artifacts(items: tuple[object, ...], base: str) -> str:
 
 
 def _usage(usage: dict[str, object] | None) -> str:
-    if not usage:
+    """Tokens and cost; ``not reported`` when no call reported any (never "0 in / 0 out")."""
+    if not usage or all(
+        usage.get(k) is None for k in ("input_tokens", "output_tokens", "cost_usd")
+    ):
         return "not reported"
     cost = usage.get("cost_usd")
     text = f"{usage.get('input_tokens') or 0} in / {usage.get('output_tokens') or 0} out tokens"

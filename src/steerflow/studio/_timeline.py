@@ -13,7 +13,7 @@ import time
 from urllib.parse import quote
 
 from steerflow.studio._pages import duration, esc
-from steerflow.views import RunView
+from steerflow.views import NodeState, RunView
 
 __all__ = ["TIMELINE_W", "timeline_svg"]
 
@@ -31,10 +31,23 @@ def _times(detail: dict[str, object] | None) -> tuple[float | None, float | None
     )
 
 
+def _end_of(
+    node: NodeState, start: float | None, end: float | None
+) -> tuple[float | None, float | None]:
+    """A bar's start and end; a node that died in flight ends where the view stopped it.
+
+    Its start plus its duration, not "now": its bar must not grow on every reload of a
+    run that is long dead.
+    """
+    if start is not None and end is None and node.status != "running" and node.duration_s:
+        end = start + node.duration_s
+    return start, end
+
+
 def timeline_svg(view: RunView, *, base: str, now: float | None = None) -> str:
     """``<svg>`` of the nodes' call times; a node not started yet has a row and no bar."""
     now = time.time() if now is None else now
-    rows = [(n, *_times(n.detail)) for n in view.nodes]
+    rows = [(n, *_end_of(n, *_times(n.detail))) for n in view.nodes]
     starts = [s for _, s, _ in rows if s is not None]
     t0 = min(starts, default=now)
     t1 = max([e if e is not None else now for _, s, e in rows if s is not None], default=now)
