@@ -13,7 +13,7 @@ from steerflow.errors import AmbiguousIdError, SteerflowError, UnknownIdError, U
 from steerflow.studio._actions import budget_confirm_page, stop_confirm_page
 from steerflow.studio._pages import error_page
 from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target, requested_caps
-from steerflow.studio._run_pages import RECOVERABLE, run_page
+from steerflow.studio._run_pages import RECOVERABLE, readable_result, run_page
 
 __all__ = ["routes"]
 
@@ -30,12 +30,14 @@ class RunPage(Page):
             graph = views.run_graph(self.home, target)
             control = views.control_status(self.home, view.session_id) if view.session_id else None
             recovery = None
+            verdicts: dict[str, views.ResumePreflight] = {}
             result = _result_text(self.home, view) if view.status != "running" else None
             if view.status in RECOVERABLE:
                 recovery = (
                     views.checkpoint_report(self.home, target),
                     views.resume_preflight(self.home, target),
                 )
+                verdicts = _verdicts(self.home, target, recovery[1])
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         notice = None
@@ -47,10 +49,16 @@ class RunPage(Page):
             )
         queued = request.query_params.get("queued", "")
         if SESSION_ID.fullmatch(queued):
-            # The page reloads itself once the flow stamps the row: say where to look.
-            notice = f"queued control {queued}: the flow applies it (result in the control log)"
+            notice = _queued_notice(queued, control)
         page = run_page(
-            view, graph, control, recovery, csrf=self.csrf, notice=notice, result=result
+            view,
+            graph,
+            control,
+            recovery,
+            csrf=self.csrf,
+            notice=notice,
+            result=result,
+            verdicts=verdicts,
         )
         return HTMLResponse(page)
 
@@ -96,6 +104,35 @@ class RunPage(Page):
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         return HTMLResponse(budget_confirm_page(view, control, caps, csrf=self.csrf))
+
+
+def _verdicts(
+    home: Path, target: str, default: views.ResumePreflight
+) -> dict[str, views.ResumePreflight]:
+    """Each recovery mode's own dry run: the page offers only what the resume accepts."""
+    out = {"resume": default}
+    for mode in ("retry_failed", "fork", "rerun_unsettled"):
+        out[mode] = views.resume_preflight(
+            home,
+            target,
+            retry_failed=mode == "retry_failed",
+            fork=mode == "fork",
+            rerun_unsettled=mode == "rerun_unsettled",
+        )
+    return out
+
+
+def _queued_notice(control_id: str, control: views.ControlStatus | None) -> str:
+    """The "queued control" notice while the control waits; once applied, its result.
+
+    The page reloads itself when the flow stamps the row (and keeps its URL): the notice
+    must then stop saying "queued".
+    """
+    entry = next((c for c in (control.controls if control else ()) if c.id == control_id), None)
+    if entry is not None and entry.applied_at is not None and entry.result:
+        return f"control {control_id} {readable_result(entry.result)}"
+    # The page reloads itself once the flow stamps the row: say where to look.
+    return f"queued control {control_id}: the flow applies it (result in the control log)"
 
 
 def _result_text(home: Path, view: views.RunView) -> str | None:

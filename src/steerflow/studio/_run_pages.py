@@ -305,7 +305,14 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
 
 
-def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight, csrf: str) -> str:
+def _recovery(
+    view: RunView,
+    report: CheckpointReport,
+    preflight: ResumePreflight,
+    *,
+    verdicts: dict[str, ResumePreflight],
+) -> str:
+    run_id = view.run_id
     rec = report.report or {}
     lines = [
         "<h3>checkpoint</h3>",
@@ -338,18 +345,65 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
     lines += _stranded(preflight.stranded_messages)
     lines += in_flight_table(preflight.in_flight_calls, preflight.in_flight_line)
-    # Each mode confirms first: its own dry run, what it runs and what it pays again.
-    links = [
-        f'<a class="action" href="{esc(run_href(run_id) + "/resume?mode=" + mode)}">{label}…</a>'
-        for mode, label in (
-            ("resume", "Resume"),
-            ("retry_failed", "Retry failed"),
-            ("fork", "Fork"),
-            ("rerun_unsettled", "Rerun unsettled"),
-        )
-    ]
-    lines.append(f'<p id="recovery-actions">{" · ".join(links)}</p>')
+    lines.append(_actions(run_id, verdicts or {"resume": preflight}))
+    if view.status == "budget_exhausted" and (verdicts or {}).get("resume", preflight).allowed:
+        lines.append(_raise_cap_form(view))
     return "\n".join(lines)
+
+
+#: The run page's recovery modes, in the order they are offered.
+_MODES = (
+    ("resume", "Resume"),
+    ("retry_failed", "Retry failed"),
+    ("fork", "Fork"),
+    ("rerun_unsettled", "Rerun unsettled"),
+)
+
+
+def _actions(run_id: str, verdicts: dict[str, ResumePreflight]) -> str:
+    """The recovery modes: a link to each one's confirmation that its dry run accepts.
+
+    The others are shown disabled, with the dry run's reason: never an action the
+    resume would refuse.
+    """
+    items = []
+    for mode, label in _MODES:
+        verdict = verdicts.get(mode)
+        if verdict is None:
+            continue
+        if verdict.refusal is None:
+            href = esc(run_href(run_id) + "/resume?mode=" + mode)
+            items.append(f'<a class="action" data-mode="{mode}" href="{href}">{label}…</a>')
+        else:
+            why = f"{verdict.refusal.code}: {verdict.refusal.message}"
+            items.append(
+                f'<span class="action disabled" data-mode="{mode}" aria-disabled="true" '
+                f'title="{esc(why)}">{label}…</span> <small class="refused">(refused: '
+                f"{esc(verdict.refusal.code)})</small>"
+            )
+    return f'<p id="recovery-actions">{" · ".join(items)}</p>'
+
+
+def _raise_cap_form(view: RunView) -> str:
+    """Raise the cap and resume: the cap reached is shown, a higher one goes with the resume.
+
+    A GET to the resume confirmation (its dry run first); only that page's POST starts
+    ``steerflow resume RUN --max-cost USD --max-tokens N``.
+    """
+    caps = view.budget or {}
+    now = (
+        ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in caps.items() if v is not None)
+        or "none recorded"
+    )
+    return (
+        '<h3>raise the cap and resume</h3><form method="get" id="raise-cap" '
+        f'action="{esc(run_href(view.run_id) + "/resume")}">'
+        '<input type="hidden" name="mode" value="resume">'
+        f"<p>the cap in force: {esc(now)}; a resume with the same cap is exhausted at once.</p>"
+        '<label>max cost USD <input type="text" name="max_cost" maxlength="32"></label> '
+        '<label>max tokens <input type="text" name="max_tokens" maxlength="20"></label> '
+        "<button>Resume with this cap…</button></form>"
+    )
 
 
 def run_page(
@@ -361,6 +415,7 @@ def run_page(
     csrf: str,
     notice: str | None = None,
     result: str | None = None,
+    verdicts: dict[str, ResumePreflight] | None = None,
 ) -> str:
     """One run: header (with controls while it runs), the DAG, nodes, logs, recovery."""
     summary = view.summary
@@ -416,7 +471,7 @@ def run_page(
     body.append(history_table(view, control))
     if recovery is not None:
         body.append('<section id="recovery"><h2>recovery</h2>')
-        body.append(_recovery(view.run_id, *recovery, csrf=csrf))
+        body.append(_recovery(view, *recovery, verdicts=verdicts or {}))
         body.append("</section>")
     live = "/api/runs/" + quote(view.run_id, safe="")
     return page(title(view), "\n".join(body), live=live)
