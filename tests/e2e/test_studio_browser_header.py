@@ -185,3 +185,38 @@ def test_run_header_name_times_reason_chain_and_result(runs: Runs, watched: Watc
     expect(page.locator("#run-result")).to_contain_text("c")
     expect(page.locator("#run-end")).to_have_count(1)
     expect(page.locator("#run-reason")).to_have_count(0)
+
+
+def test_runs_list_controls_fit_1280_and_the_search_box_survives_the_reload(
+    runs: Runs, watched: Watched
+) -> None:
+    """Item 6: Pause and Stop in view at 1280 px; a typed search is not wiped by a reload."""
+    with state_db(runs.home) as db:  # a running run of this (live) process
+        live = db.create_session(kind="flow", run_id="20260102T000000-0000aa", phase="executing",
+                                 name="a long running run name " * 3)  # fmt: skip
+    page = watched.page()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    _open(page, runs, "/runs")
+    row = page.locator(f'tr[data-run="{live.id}"]')
+    expect(row.get_by_role("button", name="Pause")).to_be_visible()
+    width = page.evaluate("document.documentElement.scrollWidth")
+    assert width <= 1280, width
+    for name in ("Pause", "Resume"):
+        box = row.get_by_role("button", name=name).bounding_box()
+        assert box is not None and box["x"] + box["width"] <= 1280, (name, box)
+    stop = row.get_by_role("link", name="Stop…").bounding_box()
+    assert stop is not None and stop["x"] + stop["width"] <= 1280, stop
+    # Typed, not sent, then the operator looks elsewhere: a new run arrives meanwhile.
+    search = page.locator('input[name="q"]')
+    search.fill("nightly")
+    page.locator("h1").click()
+    page.evaluate("window.steerflowTest = 1")
+    with (
+        page.expect_response(lambda r: "/api/runs" in r.url and r.status == 200),
+        state_db(runs.home) as db,
+    ):
+        db.create_session(kind="flow", run_id="20260102T000000-0000bb", phase="executing")
+    with page.expect_request(lambda r: "/api/runs" in r.url):  # the answer was applied
+        pass
+    assert page.evaluate("window.steerflowTest === 1")  # no reload
+    expect(search).to_have_value("nightly")

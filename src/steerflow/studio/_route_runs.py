@@ -31,6 +31,7 @@ from steerflow.studio._routing import (
     read_form,
     requested_caps,
 )
+from steerflow.studio._runs_list import SINCE, SORTS, runs_of
 from steerflow.studio._security import same_secret
 from steerflow.views import ControlEntry
 
@@ -45,14 +46,7 @@ class RunsPage(Page):
 
     def runs(self, request: Request) -> Response:
         query = _runs_query(request)
-        listed = views.list_runs(
-            self.home,
-            limit=PAGE_SIZE + 1,
-            offset=query.page * PAGE_SIZE,
-            status=query.status,
-            text=query.text,
-        )
-        more, listed = len(listed) > PAGE_SIZE, listed[:PAGE_SIZE]
+        listed, more = runs_of(self.home, query, PAGE_SIZE)
         progress = views.run_progress(self.home, [r.session_id for r in listed])
         notice = None
         if SESSION_ID.fullmatch(request.query_params.get("queued", "")):
@@ -142,8 +136,12 @@ def _runs_query(request: Request) -> RunsQuery:
     """The Runs page's filters from its URL; an unknown status or a bad page is ignored."""
     wanted = request.query_params.get("status")
     page = request.query_params.get("page", "")
+    since = request.query_params.get("since", "")
+    sort = request.query_params.get("sort", "")
     return RunsQuery(
         status=wanted if wanted in STATUSES else None,
         text=request.query_params.get("q", "")[:200],
         page=min(int(page), 10**6) if page.isdigit() else 0,
+        since=since if since in SINCE else "",
+        sort=sort if sort in SORTS and sort != "newest" else "",
     )

@@ -96,10 +96,12 @@ def list_runs(
     status: str | None = None,
     offset: int = 0,
     text: str | None = None,
+    since: float | None = None,
 ) -> list[RunListing]:
     """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
 
-    ``text``: only runs whose name or run id contains it (case-insensitive).
+    ``text``: only runs whose name or run id contains it (case-insensitive); ``since``:
+    only runs started at or after that epoch.
 
     ``status`` filters on the effective status (a dead run reads as ``interrupted``)
     before ``limit`` cuts: the list holds ``limit`` rows whenever that many match.
@@ -118,13 +120,18 @@ def list_runs(
     if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
-        rows = _matching_sessions(db, status, limit, offset, text or None)
+        rows = _matching_sessions(db, status, limit, offset, text or None, since)
         by = db.resumed_by([r.run_id for r in rows if r.run_id])
         return [_listing(db, r, by, home) for r in rows]
 
 
 def _matching_sessions(
-    db: StateDB, status: str | None, limit: int | None, offset: int, text: str | None
+    db: StateDB,
+    status: str | None,
+    limit: int | None,
+    offset: int,
+    text: str | None,
+    since: float | None = None,
 ) -> list[SessionRow]:
     """Sessions whose effective status is ``status``, newest first, sliced in SQL if it can.
 
@@ -134,13 +141,13 @@ def _matching_sessions(
     """
     if status is None or status not in ("running", "interrupted"):
         stored = None if status is None else [status]
-        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text)
+        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text, since=since)
     wanted = None if limit is None else offset + limit
     out: list[SessionRow] = []
     start = 0
     while wanted is None or len(out) < wanted:
         batch = db.list_sessions(
-            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text
+            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text, since=since
         )
         out += [r for r in batch if db.effective_status(r) == status]
         if len(batch) < _BATCH:
