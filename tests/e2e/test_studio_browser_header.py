@@ -20,7 +20,7 @@ import pytest
 import test_studio_browser as shared
 from ctl_support import live_flow, run_cli, state_db, wait_for, write_yaml
 from playwright.sync_api import Page, expect
-from test_studio_browser import LIVE_MS, Studio, Watched, studio_process
+from test_studio_browser import LIVE_MS, Studio, Watched, _shot, studio_process
 
 browser = shared.browser
 watched = shared.watched
@@ -220,3 +220,18 @@ def test_runs_list_controls_fit_1280_and_the_search_box_survives_the_reload(
         pass
     assert page.evaluate("window.steerflowTest === 1")  # no reload
     expect(search).to_have_value("nightly")
+
+
+def test_event_log_filtered_to_one_node(runs: Runs, watched: Watched) -> None:
+    """Item 4: from the run page to its log, filtered to b with the form (no script)."""
+    page = watched.page()
+    _open(page, runs, f"/runs/{runs.crashed}")
+    page.locator("#events-link").click()
+    page.locator('select[name="node"]').select_option("b")
+    page.get_by_role("button", name="Filter").click()
+    expect(page).to_have_url(re.compile(r"/events\?node=b"))
+    rows = page.locator("#events tbody tr")
+    expect(rows).to_have_count(2)
+    assert rows.evaluate_all("rs => rs.map(r => r.getAttribute('data-node'))") == ["b", "b"]
+    expect(rows.nth(1)).to_contain_text("node interrupted")
+    _shot(page, runs.home.parent / "events-b.png")

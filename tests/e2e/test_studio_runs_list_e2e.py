@@ -16,7 +16,7 @@ from pathlib import Path
 from ctl_support import run_cli, write_yaml
 from test_studio_e2e import studio
 
-from steerflow.state import StateDB
+from steerflow.state import NodeUpdate, StateDB
 
 
 def _rows(page: str) -> list[str]:
@@ -83,3 +83,49 @@ def test_colour_codes_in_streamed_output_are_stripped(tmp_path: Path) -> None:
         assert "\x1b" not in page
         output = client.get(f"/api/runs/{run}/nodes/s/output").json()
         assert output["text"] == "red and green\ndone\n"
+
+
+def test_event_log_has_run_level_events_in_milliseconds_and_filters(tmp_path: Path) -> None:
+    """Item 4: stopped with its reason, paused, the run's end; by kind and by node."""
+    home = tmp_path / "home"
+    home.mkdir(mode=0o700)
+    run = "20260101T000000-0000ee"
+    (home / "runs" / run).mkdir(parents=True)
+    with StateDB.open(home) as db:
+        row = db.create_session(kind="flow", run_id=run, name="stopped one")
+        pause = db.insert_control(session_id=row.id, verb="pause", payload=None)
+        db.finalize_control(pause.id, "applied")
+        stop = db.insert_control(
+            session_id=row.id, verb="stop", payload={"now": False, "reason": "wrong input"}
+        )
+        db.finalize_control(stop.id, "applied")
+        db.upsert_nodes(row.id, [NodeUpdate("a", "planned", "completed", detail={
+            "started_at": time.time() - 2.5, "ended_at": time.time() - 2.0})])  # fmt: skip
+        db.update_node_metadata(
+            row.id,
+            {"finished_at": time.time(),
+             "stopped_by": {"control_id": stop.id, "reason": "wrong input", "now": False}},
+        )  # fmt: skip
+        db.set_session_status(row.id, "stopped")
+    with studio(home) as s, s.client() as client:
+        run_page = client.get(f"/runs/{run}").text
+        assert re.search(r'id="run-reason">stopped by an operator when idle \(control \w{8}\): '
+                         r"wrong input<", run_page)  # fmt: skip
+        assert f'href="/runs/{run}/events"' in run_page
+        log = client.get(f"/runs/{run}/events").text
+        times = re.findall(r'<td class="nowrap">([^<]+)</td>', log)
+        assert times and all(
+            re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\.\d{3}Z", t) for t in times
+        )
+        runs = client.get(f"/runs/{run}/events", params={"kind": "run"}).text
+        for what in ("run started", "stop requested", "run stopped"):
+            assert f"<td>{what}</td>" in runs, what
+        assert "wrong input" in runs and "<td>pause applied</td>" not in runs
+        controls = client.get(f"/runs/{run}/events", params={"kind": "control"}).text
+        assert "<td>pause applied</td>" in controls and "<td>run started</td>" not in controls
+        one = client.get(f"/runs/{run}/events", params={"node": "a"}).text
+        assert re.findall(r'data-node="(\w+)"', one) == ["a", "a"]
+        assert 'id="events-count">2 of ' in one
+        # An unknown node or kind filters nothing out (the form is shown off).
+        every = client.get(f"/runs/{run}/events", params={"node": "../x", "kind": "nope"}).text
+        assert every.count("<tr data-at=") == len(times)

@@ -11,6 +11,7 @@ from starlette.routing import Route
 from steerflow import views
 from steerflow.errors import AmbiguousIdError, SteerflowError, UnknownIdError, UsageError
 from steerflow.studio._actions import budget_confirm_page, stop_confirm_page
+from steerflow.studio._events import KINDS, events_page
 from steerflow.studio._pages import error_page
 from steerflow.studio._routing import SESSION_ID, Page, StudioState, is_target, requested_caps
 from steerflow.studio._run_pages import RECOVERABLE, readable_result, run_page
@@ -74,6 +75,28 @@ class RunPage(Page):
         except (UnknownIdError, AmbiguousIdError) as exc:
             return JSONResponse({"error": str(exc)}, 404)
         return Response(body, media_type="application/json", headers={"etag": tag} if tag else {})
+
+    def events(self, request: Request) -> Response:
+        """``/runs/{target}/events?node=N&kind=K``: the run's event log, filtered."""
+        target = request.path_params["target"]
+        if not is_target(target):
+            return HTMLResponse(error_page("not found", "no such run"), 404)
+        try:
+            view = views.show_run(self.home, target)
+            control = views.control_status(self.home, view.session_id) if view.session_id else None
+        except (UnknownIdError, AmbiguousIdError) as exc:
+            return HTMLResponse(error_page("not found", str(exc)), 404)
+        node = request.query_params.get("node") or None
+        kind = request.query_params.get("kind") or None
+        known = {n.id for n in view.nodes}
+        return HTMLResponse(
+            events_page(
+                view,
+                control,
+                node=node if node in known else None,
+                kind=kind if kind in KINDS else None,
+            )
+        )
 
     def confirm_stop(self, request: Request) -> Response:
         target = request.path_params["target"]
@@ -153,5 +176,6 @@ def routes(state: StudioState) -> list[Route]:
         Route("/runs/{target}", page.run, methods=["GET"]),
         Route("/api/runs/{target}", page.live, methods=["GET"]),
         Route("/runs/{target}/stop", page.confirm_stop, methods=["GET"]),
+        Route("/runs/{target}/events", page.events, methods=["GET"]),
         Route("/runs/{target}/budget", page.confirm_budget, methods=["GET"]),
     ]

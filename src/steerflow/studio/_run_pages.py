@@ -10,6 +10,7 @@ from urllib.parse import quote
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
+from steerflow.studio._events import events, events_href, events_table
 from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
 from steerflow.studio._pages import (
     control_forms,
@@ -32,15 +33,16 @@ from steerflow.views import (
     RunGraph,
     RunView,
 )
-from steerflow.views._runs import saved_at
 
 __all__ = [
     "RECOVERABLE",
     "history",
     "history_table",
     "node_page",
+    "payload_words",
     "readable_result",
     "run_page",
+    "sender_of",
     "steer_marked",
 ]
 
@@ -113,7 +115,7 @@ def _control_log(status: ControlStatus | None) -> str:
         return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.verb, c.payload))}</td>"
+        f"<td>{esc(payload_words(c.verb, c.payload))}</td>"
         f'<td class="sender">{esc(sender_of(c.sender))}</td><td>{esc(when(c.created_at))}</td>'
         f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
@@ -178,58 +180,17 @@ def sender_of(sender: str | None) -> str:
 
 
 def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
-    """``(when, what, detail)`` of the run's events, in time order.
-
-    Controls queued and applied (with the node that took each operator message), node
-    starts and ends, resumes and forks, and the checkpoint's last save.
-    """
-    events: list[tuple[float, str, str]] = []
-    took: dict[str, list[str]] = {}
-    for node in view.nodes:
-        detail = node.detail or {}
-        for control_id in detail.get("steers") or []:
-            took.setdefault(str(control_id), []).append(node.id)
-        start, end = detail.get("started_at"), detail.get("ended_at")
-        if isinstance(start, (int, float)):
-            events.append((float(start), "node started", node.id))
-        if isinstance(end, (int, float)):
-            events.append((float(end), f"node {node.status}", node.id))
-    for c in control.controls if control is not None else ():
-        what = f"{c.verb} {c.id[:8]}"
-        queued = f"{what}: {_payload(c.verb, c.payload)}; by {sender_of(c.sender)}"
-        events.append((c.created_at, "control queued", queued))
-        if c.applied_at is not None:
-            by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
-            result = readable_result(c.result or "")
-            events.append((c.applied_at, "control applied", f"{what}: {result}{by}"))
-    for item in view.resumed_by:
-        at = item.get("created_at")
-        if isinstance(at, (int, float)):
-            how = "forked" if item.get("fork") else "resumed"
-            events.append(
-                (float(at), how, f"by run {item.get('run_id') or item.get('session_id')}")
-            )
-    if view.checkpoint_exists:
-        # The journal's time, not the base file's: completions are appended there.
-        saved = saved_at(view.checkpoint_path.parent)
-        if saved is not None:
-            events.append((saved, "checkpoint saved", f"v{view.checkpoint_version} (last save)"))
-    return sorted(events, key=lambda e: e[0])
+    """``(when, what, detail)`` of the run's events, in time order (see ``_events``)."""
+    return [(e.at, e.what, e.detail) for e in events(view, control)]
 
 
 def history_table(view: RunView, control: ControlStatus | None) -> str:
-    """The run's :func:`history` as a table."""
-    rows = [
-        f'<tr data-at="{at:.3f}"><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
-        f"<td>{esc(detail)}</td></tr>"
-        for at, what, detail in history(view, control)
-    ]
-    if not rows:
-        return "<p>nothing recorded yet</p>"
-    return (
-        '<div class="wide"><table id="history"><thead><tr><th>when</th><th>event</th>'
-        "<th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
+    """The run's event log as a table, and a link to the filterable log page."""
+    link = (
+        f'<p><a id="events-link" href="{esc(events_href(view.run_id))}">'
+        "the event log, by node and kind</a></p>"
     )
+    return events_table(events(view, control)) + link
 
 
 def _result(result: str | None) -> str:
@@ -253,7 +214,7 @@ def readable_result(result: str) -> str:
     return result
 
 
-def _payload(verb: str, payload: object) -> str:
+def payload_words(verb: str, payload: object) -> str:
     """What the operator asked for, in words (never a Python repr of the stored row)."""
     if payload is None:
         return "-"
@@ -586,6 +547,13 @@ def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
         facts.append(("note", esc(detail.note)))
     if detail.checkpoint_error:
         facts.append(("checkpoint", esc(detail.checkpoint_error)))
+    facts.append(
+        (
+            "events",
+            f'<a id="node-events" href="{esc(events_href(run, node=detail.id))}">'
+            "this node in the event log</a>",
+        )
+    )
     body = [f"<h2>node {esc(detail.id)}</h2>", _facts(facts)]
     body.append("<h3>instruction (as the provider received it)</h3>")
     if detail.instruction is None:
