@@ -115,10 +115,10 @@ def test_set_cap_refused_up_front_and_queued_notice_cleared(tmp_path: Path) -> N
         assert "Set the new cap" in tokens and 'id="budget-refused"' not in tokens
 
         waiting = client.get(f"/runs/{RUN}", params={"queued": pause.id}).text
-        assert f"queued control {pause.id}" in waiting
+        assert f"queued control {pause.id}: the flow applies it" in waiting
         with StateDB.open(home) as db:
             db.finalize_control(pause.id, "applied")
         # The same URL (the page reloads itself in place) no longer says "queued".
         applied = client.get(f"/runs/{RUN}", params={"queued": pause.id}).text
-        assert f"queued control {pause.id}" not in applied
-        assert f"control {pause.id} applied" in applied
+        assert "the flow applies it" not in applied
+        assert f'id="page-notice">queued control {pause.id}: applied</p>' in applied

@@ -33,6 +33,7 @@ __all__ = [
     "run_href",
     "runs_live",
     "runs_page",
+    "server_timing",
     "visible",
     "when",
 ]
@@ -115,6 +116,9 @@ details.more[open] { flex-basis: 100%; }
 .run-header { border-bottom: 1px solid #ddd; padding: .3rem 0; }
 .run-header h2 { margin: .2rem 0; } .run-header .run-id { font-weight: normal; }
 #run-result { max-height: 12rem; overflow: auto; margin: 0; }
+svg.dag[data-zoom="fit"] { height: auto; max-width: 100%; }
+svg.dag .found rect { stroke: #e11d48; stroke-width: 3; }
+nav.graph-tools a.on { font-weight: bold; text-decoration: none; color: inherit; }
 input[type=search] { width: 14rem; max-width: 60vw; }
 svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
 @media (max-width: 700px) {
@@ -195,6 +199,11 @@ def page(
         + '<nav><a href="/runs">runs</a><a href="/approvals">approvals</a></nav></header>\n'
         + f"{body}\n</body></html>\n"
     )
+
+
+def server_timing(began: float) -> str:
+    """A ``Server-Timing`` header value: the milliseconds since ``began`` (perf_counter)."""
+    return f"render;dur={(time.perf_counter() - began) * 1000:.1f}"
 
 
 def when(epoch: float | None) -> str:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -21,7 +22,14 @@ from steerflow.errors import (
     UsageError,
 )
 from steerflow.studio._actions import already_queued_page, pending_control
-from steerflow.studio._pages import PAGE_SIZE, STATUSES, RunsQuery, error_page, runs_page
+from steerflow.studio._pages import (
+    PAGE_SIZE,
+    STATUSES,
+    RunsQuery,
+    error_page,
+    runs_page,
+    server_timing,
+)
 from steerflow.studio._routing import (
     SESSION_ID,
     VERBS,
@@ -45,6 +53,7 @@ class RunsPage(Page):
     """``/runs``, ``/api/runs`` and the control forms' POST."""
 
     def runs(self, request: Request) -> Response:
+        began = time.perf_counter()
         query = _runs_query(request)
         listed, more = runs_of(self.home, query, PAGE_SIZE)
         progress = views.run_progress(self.home, [r.session_id for r in listed])
@@ -56,7 +65,7 @@ class RunsPage(Page):
                 f"{request.query_params['queued']}: not yet applied (the flow applies it)"
             )
         page = runs_page(listed, progress, query=query, csrf=self.csrf, more=more, notice=notice)
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers={"server-timing": server_timing(began)})
 
     def runs_live(self, request: Request) -> Response:
         query = _runs_query(request)

@@ -6,7 +6,7 @@ import html
 import time
 from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
@@ -29,6 +29,7 @@ from steerflow.views import (
     CheckpointReport,
     ControlStatus,
     NodeDetail,
+    NodeState,
     ResumePreflight,
     RunGraph,
     RunView,
@@ -45,6 +46,9 @@ __all__ = [
     "sender_of",
     "steer_marked",
 ]
+
+#: Rows a table or the timeline shows before the rest folds (issue 42 item 3).
+ROWS = 50
 
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped", "budget_exhausted")
@@ -84,26 +88,67 @@ def _resume_links(view: RunView) -> str:
     )
 
 
-def _nodes_table(view: RunView) -> str:
-    rows = []
-    for node in view.nodes:
-        status = node.status if node.status else "unknown"
-        rows.append(
-            f'<tr data-node="{esc(node.id)}">'
-            f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
-            f"<td>{esc(node.kind)}</td>"
-            f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
-            f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
-            f'<td class="num" data-node-duration="{esc(node.id)}">'
-            f"{esc(duration(node.duration_s))}</td>"
-            f"<td>{esc(node.assignee or '-')}</td>"
-            f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
-        )
+def _node_row(view: RunView, node: NodeState) -> str:
+    status = node.status if node.status else "unknown"
     return (
-        '<div class="wide"><table><thead><tr><th>node</th><th>kind</th><th>status</th>'
-        "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
-        + "".join(rows)
+        f'<tr data-node="{esc(node.id)}">'
+        f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
+        f"<td>{esc(node.kind)}</td>"
+        f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
+        f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
+        f'<td class="num" data-node-duration="{esc(node.id)}">'
+        f"{esc(duration(node.duration_s))}</td>"
+        f"<td>{esc(node.assignee or '-')}</td>"
+        f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
+    )
+
+
+_NODES_HEAD = (
+    "<table><thead><tr><th>node</th><th>kind</th><th>status</th>"
+    "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
+)
+
+
+def _nodes_table(view: RunView) -> str:
+    """The nodes; past :data:`ROWS` the rest fold under a ``<details>`` (no script needed).
+
+    Failed and interrupted nodes come into the first part whatever their place: they are
+    what an operator opens a long run's page for.
+    """
+    urgent = [n for n in view.nodes if n.status in ("failed", "interrupted", "running")]
+    others = [n for n in view.nodes if n.status not in ("failed", "interrupted", "running")]
+    ordered = urgent + others if len(view.nodes) > ROWS else list(view.nodes)
+    head, tail = ordered[:ROWS], ordered[ROWS:]
+    out = (
+        '<div class="wide">'
+        + _NODES_HEAD
+        + "".join(_node_row(view, n) for n in head)
         + "</tbody></table></div>"
+    )
+    if tail:
+        out += (
+            f'<details id="nodes-more"><summary>{len(tail)} more nodes</summary>'
+            f'<div class="wide">{_NODES_HEAD}'
+            + "".join(_node_row(view, n) for n in tail)
+            + "</tbody></table></div></details>"
+        )
+    return out
+
+
+def graph_tools(run_id: str, zoom: str, find: str | None) -> str:
+    """Zoom links (fit, 50 %, 100 %, 200 %) and a find-a-node form: GETs, no script."""
+    base = run_href(run_id)
+    links = []
+    for value, label in (("fit", "fit"), ("50", "50 %"), ("100", "100 %"), ("200", "200 %")):
+        query = urlencode({"zoom": value, **({"found": find} if find else {})})
+        on = ' class="on"' if value == zoom else ""
+        links.append(f'<a{on} data-zoom="{value}" href="{esc(base + "?" + query)}">{label}</a>')
+    return (
+        f'<nav class="graph-tools" id="graph-tools">zoom: {" ".join(links)} '
+        f'<form class="inline" method="get" action="{esc(base)}" id="find-node">'
+        f'<input type="hidden" name="zoom" value="{esc(zoom)}">'
+        f'<input type="search" name="find" value="{esc(find or "")}" maxlength="200" '
+        'placeholder="node id" aria-label="find a node"> <button>Find</button></form></nav>'
     )
 
 
@@ -184,13 +229,16 @@ def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, s
     return [(e.at, e.what, e.detail) for e in events(view, control)]
 
 
-def history_table(view: RunView, control: ControlStatus | None) -> str:
-    """The run's event log as a table, and a link to the filterable log page."""
+def history_table(view: RunView, control: ControlStatus | None, *, last: int | None = None) -> str:
+    """The run's event log as a table (its ``last`` events), and a link to the whole log."""
+    every = events(view, control)
+    shown = every if last is None else every[-last:]
+    more = f"all {len(every)} events" if len(shown) < len(every) else "the event log"
     link = (
         f'<p><a id="events-link" href="{esc(events_href(view.run_id))}">'
-        "the event log, by node and kind</a></p>"
+        f"{more}, by node and kind</a></p>"
     )
-    return events_table(events(view, control)) + link
+    return events_table(shown) + link
 
 
 def _result(result: str | None) -> str:
@@ -377,6 +425,8 @@ def run_page(
     notice: str | None = None,
     result: str | None = None,
     verdicts: dict[str, ResumePreflight] | None = None,
+    zoom: str | None = None,
+    find: str | None = None,
 ) -> str:
     """One run: header (with controls while it runs), the DAG, nodes, logs, recovery."""
     summary = view.summary
@@ -418,18 +468,28 @@ def run_page(
         )
     nodes_base = run_href(view.run_id) + "/nodes/"
     body.append(_errors(view, graph))
-    body.append('<h3>graph</h3><div class="graph">')
-    body.append(graph_svg(graph, base=nodes_base))
+    zoom = zoom or ("fit" if len(graph.nodes) > ROWS else "100")
+    body.append("<h3>graph</h3>")
+    body.append(graph_tools(view.run_id, zoom, find))
+    body.append('<div class="graph">')
+    body.append(graph_svg(graph, base=nodes_base, zoom=zoom, found=find))
     body.append('</div><h3>timeline</h3><div class="wide">')
-    body.append(timeline_svg(view, base=nodes_base))
-    body.append("</div><h3>nodes</h3>")
+    body.append(timeline_svg(view, base=nodes_base, count=ROWS))
+    body.append("</div>")
+    rest = len(view.nodes) - ROWS
+    if rest > 0:  # the rest folded: a 300-node run must not make the page 34,545 px tall
+        body.append(
+            f'<details id="timeline-more"><summary>{rest} more rows of the timeline</summary>'
+            f'<div class="wide">{timeline_svg(view, base=nodes_base, first=ROWS)}</div></details>'
+        )
+    body.append("<h3>nodes</h3>")
     body.append(_nodes_table(view))
     if view.status == "running":  # each running node's last line (issue 31)
         body.append(lines_section(f"/api/runs/{quote(view.run_id, safe='')}/last-lines", esc))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
     body.append("<h3>history</h3>")
-    body.append(history_table(view, control))
+    body.append(history_table(view, control, last=ROWS))
     if recovery is not None:
         body.append('<section id="recovery"><h2>recovery</h2>')
         body.append(_recovery(view, *recovery, verdicts=verdicts or {}))

@@ -189,7 +189,8 @@ SCRIPT = """\
     });
     if (t0 === null) { return; }
     var span = Math.max(t1 - t0, 0.001);
-    svg.querySelectorAll("rect[data-bar]").forEach(function (bar) {
+    // Every part of the timeline (a long run's rows past the first fold away).
+    document.querySelectorAll("svg.timeline rect[data-bar]").forEach(function (bar) {
       var t = times[bar.getAttribute("data-bar")];
       if (!t) { return; }
       bar.setAttribute("x", (x0 + (t[0] - t0) / span * w).toFixed(1));
