@@ -39,6 +39,7 @@ class Runs:
     killed_at: float
     resumed: str
     escalated: str
+    big: str
 
 
 def _escalated_run(tmp: Path, home: Path) -> str:
@@ -58,6 +59,24 @@ def _escalated_run(tmp: Path, home: Path) -> str:
         },
     )
     done = run_cli(home, "flow", "--plan", str(plan), "--model", f"script:{ladder}", "--json")
+    assert done.returncode == 0, done.stderr
+    return str(json.loads(done.stdout)["run_id"])
+
+
+#: A run past the fold (50 rows) and wider than a row of components: 12 chains of 10.
+BIG_NODES, BIG_LAYERS = 120, 10
+
+
+def _big_run(tmp: Path, home: Path) -> str:
+    width = BIG_NODES // BIG_LAYERS
+    plan = [
+        {"agent_id": f"n{i:05d}", "instruction": f"step {i}",
+         **({"depends_on": [f"n{i - width:05d}"]} if i >= width else {})}
+        for i in range(BIG_NODES)
+    ]  # fmt: skip
+    path = write_yaml(tmp / "big.yaml", {"name": "big", "plan": plan})
+    done = run_cli(home, "flow", "--plan", str(path), "--model", "echo", "--concurrency", "32",
+                   "--json")  # fmt: skip
     assert done.returncode == 0, done.stderr
     return str(json.loads(done.stdout)["run_id"])
 
@@ -87,8 +106,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     again = run_cli(home, "resume", crashed, "--json")
     assert again.returncode == 0, again.stderr
     resumed = str(json.loads(again.stdout)["run_id"])
+    big = _big_run(tmp, home)
     with studio_process(home) as s:
-        yield Runs(s, home, crashed, killed_at, resumed, escalated)
+        yield Runs(s, home, crashed, killed_at, resumed, escalated, big)
 
 
 def _open(page: Page, runs: Runs, path: str) -> None:
@@ -235,3 +255,33 @@ def test_event_log_filtered_to_one_node(runs: Runs, watched: Watched) -> None:
     assert rows.evaluate_all("rs => rs.map(r => r.getAttribute('data-node'))") == ["b", "b"]
     expect(rows.nth(1)).to_contain_text("node interrupted")
     _shot(page, runs.home.parent / "events-b.png")
+
+
+def test_large_run_fits_folds_and_finds_a_node(runs: Runs, watched: Watched) -> None:
+    """Item 3: a run past 50 nodes: fit to the page, the rest folded, find by id."""
+    page = watched.page()
+    page.set_viewport_size({"width": 1280, "height": 900})
+    _open(page, runs, f"/runs/{runs.big}")
+    dag = page.locator("svg.dag")
+    expect(dag).to_have_attribute("data-zoom", "fit")  # the default past 50 nodes
+    box = dag.bounding_box()
+    assert box is not None and box["width"] <= 1280, box
+    assert page.evaluate("document.documentElement.scrollWidth") <= 1280
+    # The drawing wraps its 12 chains into rows instead of one 3,000 px wide band.
+    view_w = float((dag.get_attribute("viewBox") or "0 0 0 0").split()[2])
+    assert view_w <= 1700, view_w
+    expect(page.locator("svg.timeline").first.locator("rect[data-bar]")).to_have_count(50)
+    expect(page.locator("#timeline-more")).not_to_have_attribute("open", "")
+    expect(page.locator("#nodes-more summary")).to_have_text(f"{BIG_NODES - 50} more nodes")
+    height = page.evaluate("document.documentElement.scrollHeight")
+    page.locator('nav.graph-tools a[data-zoom="100"]').click()
+    expect(page.locator("svg.dag")).to_have_attribute("data-zoom", "100")
+    # Find by id: the page comes back scrolled to the node, marked.
+    page.locator('#find-node input[name="find"]').fill("n00077")
+    page.locator("#find-node").get_by_role("button", name="Find").click()
+    expect(page).to_have_url(re.compile(r"found=n00077.*#dag-n00077$"))
+    found = page.locator('svg.dag g[data-node="n00077"]')
+    expect(found).to_have_class(re.compile(r"\bfound\b"))
+    expect(found).to_be_in_viewport()
+    _shot(page, runs.home.parent / "big-found.png")
+    assert height < 6000, height  # 120 rows of everything were well past that
