@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from urllib.parse import urlencode
 
 from steerflow.studio._pages import esc, page, run_href
+from steerflow.studio._words import payload_words, readable_result, sender_of
 from steerflow.views import ControlStatus, RunView
 from steerflow.views._runs import saved_at
 
@@ -72,8 +73,6 @@ def _run_events(view: RunView) -> list[Event]:
 
 def events(view: RunView, control: ControlStatus | None) -> list[Event]:
     """Every recorded event of the run, oldest first (ties keep this order)."""
-    from steerflow.studio._run_pages import payload_words, readable_result, sender_of
-
     found = _run_events(view)
     took: dict[str, list[str]] = {}
     for node in view.nodes:

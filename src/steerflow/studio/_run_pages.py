@@ -25,6 +25,7 @@ from steerflow.studio._run_header import failures, header, recovered_failures, t
 from steerflow.studio._steps import steps_section
 from steerflow.studio._svg import graph_svg
 from steerflow.studio._timeline import timeline_svg
+from steerflow.studio._words import payload_words, readable_result, sender_of
 from steerflow.views import (
     CheckpointReport,
     ControlStatus,
@@ -219,11 +220,6 @@ def with_view_statuses(graph: RunGraph, view: RunView) -> RunGraph:
     return replace(graph, nodes=nodes)
 
 
-def sender_of(sender: str | None) -> str:
-    """Who queued a control, as the pages say it ("unknown": a row from before migration 7)."""
-    return sender or "unknown"
-
-
 def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
     """``(when, what, detail)`` of the run's events, in time order (see ``_events``)."""
     return [(e.at, e.what, e.detail) for e in events(view, control)]
@@ -246,42 +242,6 @@ def _result(result: str | None) -> str:
         return f"<td>{esc(readable_result(result))}</td></tr>"
     # The script reloads the page once the flow stamps a pending row (a changed answer).
     return "<td data-control-pending>pending</td></tr>"
-
-
-def readable_result(result: str) -> str:
-    """A stored control result (CONTRACT §7) in words; the claimant's host and pid kept."""
-    head, _, rest = result.partition(":")
-    if head == "applying":
-        host, _, tail = rest.partition(":")
-        pid = tail.partition(":")[0]
-        return f"being applied by the flow on {host}" + (f" (pid {pid})" if pid else "")
-    if head == "rejected":
-        return "rejected: " + (rest.replace("-", " ") if rest else "no reason given")
-    if head == "abandoned":
-        return "abandoned" + (f" (resolved by {rest})" if rest else "")
-    return result
-
-
-def payload_words(verb: str, payload: object) -> str:
-    """What the operator asked for, in words (never a Python repr of the stored row)."""
-    if payload is None:
-        return "-"
-    if isinstance(payload, dict):
-        if verb == "stop":
-            how = "stop now (cancel calls in flight)" if payload.get("now") else "stop when idle"
-            reason = payload.get("reason")
-            return how + (f"; reason: {reason}" if reason else "")
-        text = payload.get("text")
-        if isinstance(text, str):
-            return text
-        return "; ".join(f"{k}: {_word(v)}" for k, v in payload.items() if v is not None) or "-"
-    return str(payload)
-
-
-def _word(value: object) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
 
 
 def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
