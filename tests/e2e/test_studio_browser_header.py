@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -18,7 +19,15 @@ from pathlib import Path
 
 import pytest
 import test_studio_browser as shared
-from ctl_support import live_flow, run_cli, state_db, wait_for, write_yaml
+from ctl_support import (
+    clean_env,
+    live_flow,
+    run_cli,
+    state_db,
+    steerflow_argv,
+    wait_for,
+    write_yaml,
+)
 from playwright.sync_api import Page, expect
 from test_studio_browser import LIVE_MS, Studio, Watched, _shot, studio_process
 
@@ -42,11 +51,16 @@ class Runs:
     big: str
 
 
-def _escalated_run(tmp: Path, home: Path) -> str:
+#: b of the escalated run streams colour codes (one split across two chunks): stripped.
+COLOURED = ["\x1b[1;31mred\x1b[0m and ", "\x1b[3", "2mgreen\x1b[0m\n", "\x1b]0;title\x07done\n"]
+
+
+def _escalated_plan(tmp: Path) -> list[str]:
     """``a`` fails at its base model and its escalation retry ``a.esc1`` completes it."""
     base, ladder = tmp / "m0.yaml", tmp / "m1.yaml"
     write_yaml(base, {"a": {"fail": "base model failed"}})
-    write_yaml(ladder, {"*": {"response": "answer from m1"}})
+    write_yaml(ladder, {"b": {"stream": COLOURED, "response": "from m1"},
+                        "*": {"response": "answer from m1"}})  # fmt: skip
     plan = write_yaml(
         tmp / "esc.yaml",
         {
@@ -58,16 +72,14 @@ def _escalated_run(tmp: Path, home: Path) -> str:
             ],
         },
     )
-    done = run_cli(home, "flow", "--plan", str(plan), "--model", f"script:{ladder}", "--json")
-    assert done.returncode == 0, done.stderr
-    return str(json.loads(done.stdout)["run_id"])
+    return ["flow", "--plan", str(plan), "--model", f"script:{ladder}", "--json"]
 
 
-#: A run past the fold (50 rows) and wider than a row of components: 12 chains of 10.
-BIG_NODES, BIG_LAYERS = 120, 10
+#: A run past the fold (50 rows) and wider than a row of components: 12 chains of 5.
+BIG_NODES, BIG_LAYERS = 60, 5
 
 
-def _big_run(tmp: Path, home: Path) -> str:
+def _big_plan(tmp: Path) -> list[str]:
     width = BIG_NODES // BIG_LAYERS
     plan = [
         {"agent_id": f"n{i:05d}", "instruction": f"step {i}",
@@ -75,16 +87,29 @@ def _big_run(tmp: Path, home: Path) -> str:
         for i in range(BIG_NODES)
     ]  # fmt: skip
     path = write_yaml(tmp / "big.yaml", {"name": "big", "plan": plan})
-    done = run_cli(home, "flow", "--plan", str(path), "--model", "echo", "--concurrency", "32",
-                   "--json")  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return str(json.loads(done.stdout)["run_id"])
+    return ["flow", "--plan", str(path), "--model", "echo", "--concurrency", "32", "--json"]
+
+
+def _started(home: Path, args: list[str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        steerflow_argv(home, *args), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=clean_env(),
+    )  # fmt: skip
+
+
+def _run_id(proc: subprocess.Popen[str]) -> str:
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    return str(json.loads(out)["run_id"])
 
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     tmp = tmp_path_factory.mktemp("header")
     home = tmp / "home"
+    home.mkdir(mode=0o700)
+    # The two finished runs go alongside the crashed one (separate runs of one home).
+    side = [_started(home, _escalated_plan(tmp)), _started(home, _big_plan(tmp))]
     plan = [
         {"agent_id": "a", "instruction": "step a"},
         {"agent_id": "b", "instruction": "step b", "depends_on": ["a"]},
@@ -100,13 +125,12 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
         killed_at = time.time()
         flow.proc.kill()  # SIGKILL mid-node: no goodbye, no finish recorded
         flow.proc.wait(timeout=30)
-    escalated = _escalated_run(tmp, home)  # in the gap: the wait below is what is left
+    escalated, big = (_run_id(p) for p in side)
     wait_for(lambda: time.time() > killed_at + GAP_S, timeout=30, what="the gap after the kill")
     write_yaml(script, {})  # the resumed b and c answer at once
     again = run_cli(home, "resume", crashed, "--json")
     assert again.returncode == 0, again.stderr
     resumed = str(json.loads(again.stdout)["run_id"])
-    big = _big_run(tmp, home)
     with studio_process(home) as s:
         yield Runs(s, home, crashed, killed_at, resumed, escalated, big)
 
@@ -168,7 +192,7 @@ def test_escalation_recovered_run_has_no_failure_box_and_spend_is_not_reported(
     runs: Runs, watched: Watched
 ) -> None:
     """Item 1: a failed attempt an escalation retry completed is not a failure; no
-    "0 in / 0 out tokens" where no call reported any."""
+    "0 in / 0 out tokens" where no call reported any. Item 6: no colour codes shown."""
     page = watched.page()
     _open(page, runs, f"/runs/{runs.escalated}")
     expect(page.locator("#run-status")).to_have_text("completed")
@@ -177,6 +201,9 @@ def test_escalation_recovered_run_has_no_failure_box_and_spend_is_not_reported(
     assert "0 in / 0 out" not in page.content()
     _open(page, runs, f"/runs/{runs.escalated}/nodes/b")
     expect(page.locator("dl.facts")).to_contain_text("not reported")
+    # Item 6: the colour codes b streamed are stripped, never shown as boxes.
+    expect(page.locator("#live-kept-text")).to_have_text("red and green\ndone\n")
+    assert "\x1b" not in page.content()
 
 
 def test_run_header_name_times_reason_chain_and_result(runs: Runs, watched: Watched) -> None:
@@ -267,7 +294,7 @@ def test_large_run_fits_folds_and_finds_a_node(runs: Runs, watched: Watched) -> 
     box = dag.bounding_box()
     assert box is not None and box["width"] <= 1280, box
     assert page.evaluate("document.documentElement.scrollWidth") <= 1280
-    # The drawing wraps its 12 chains into rows instead of one 3,000 px wide band.
+    # The drawing wraps its 12 chains into rows instead of one 2,300 px wide band.
     view_w = float((dag.get_attribute("viewBox") or "0 0 0 0").split()[2])
     assert view_w <= 1700, view_w
     expect(page.locator("svg.timeline").first.locator("rect[data-bar]")).to_have_count(50)
@@ -277,10 +304,10 @@ def test_large_run_fits_folds_and_finds_a_node(runs: Runs, watched: Watched) -> 
     page.locator('nav.graph-tools a[data-zoom="100"]').click()
     expect(page.locator("svg.dag")).to_have_attribute("data-zoom", "100")
     # Find by id: the page comes back scrolled to the node, marked.
-    page.locator('#find-node input[name="find"]').fill("n00077")
+    page.locator('#find-node input[name="find"]').fill("n00047")
     page.locator("#find-node").get_by_role("button", name="Find").click()
-    expect(page).to_have_url(re.compile(r"found=n00077.*#dag-n00077$"))
-    found = page.locator('svg.dag g[data-node="n00077"]')
+    expect(page).to_have_url(re.compile(r"found=n00047.*#dag-n00047$"))
+    found = page.locator('svg.dag g[data-node="n00047"]')
     expect(found).to_have_class(re.compile(r"\bfound\b"))
     expect(found).to_be_in_viewport()
     _shot(page, runs.home.parent / "big-found.png")

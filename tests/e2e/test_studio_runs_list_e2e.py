@@ -1,5 +1,5 @@
-"""Studio 3 (issue 42 item 6): the runs list's time range and sorts; colour codes in
-streamed output stripped. Real HTTP on loopback, real state DB rows, one real flow.
+"""Studio 3 (issue 42 items 4, 6): the runs list's time range and sorts, the event log.
+Real HTTP on loopback, real state DB rows (the colour codes: test_studio_browser_header).
 
 The rows' clock columns are moved with SQL on the real file where a run must have begun
 in the past (as in test_studio_defects_e2e): nothing is mocked.
@@ -7,13 +7,11 @@ in the past (as in test_studio_defects_e2e): nothing is mocked.
 
 from __future__ import annotations
 
-import json
 import re
 import sqlite3
 import time
 from pathlib import Path
 
-from ctl_support import run_cli, write_yaml
 from test_studio_e2e import studio
 
 from steerflow.state import NodeUpdate, StateDB
@@ -63,26 +61,6 @@ def test_time_range_and_sorts_by_start_duration_and_spend(tmp_path: Path) -> Non
         # The live answer lists the same rows in the same order.
         live = client.get("/api/runs", params={"sort": "spend"}).json()["runs"]
         assert [r["run_id"][-1] for r in live] == ["a", "b", "c"]
-
-
-def test_colour_codes_in_streamed_output_are_stripped(tmp_path: Path) -> None:
-    home = tmp_path / "home"
-    write_yaml(tmp_path / "plan.yaml", {"plan": [{"agent_id": "s", "instruction": "go"}]})
-    # A sequence split across two chunks too.
-    chunks = ["\x1b[1;31mred\x1b[0m and ", "\x1b[3", "2mgreen\x1b[0m\n", "\x1b]0;title\x07done\n"]
-    script = write_yaml(tmp_path / "script.yaml", {"s": {"stream": chunks, "response": "ok"}})
-    done = run_cli(
-        home, "flow", "--plan", str(tmp_path / "plan.yaml"), "--model", f"script:{script}",
-        "--json",
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    run = json.loads(done.stdout)["run_id"]
-    with studio(home) as s, s.client() as client:
-        page = client.get(f"/runs/{run}/nodes/s").text
-        assert "red and green\ndone\n</pre>" in page
-        assert "\x1b" not in page
-        output = client.get(f"/api/runs/{run}/nodes/s/output").json()
-        assert output["text"] == "red and green\ndone\n"
 
 
 def test_event_log_has_run_level_events_in_milliseconds_and_filters(tmp_path: Path) -> None:
