@@ -121,7 +121,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     args = ["--plan", str(tmp / "plan.yaml"), "--model", f"script:{script}"]
     with live_flow(home, args) as flow:
         crashed = flow.run_id
-        flow.wait_nodes(lambda st: st.get("b") == "running", what="b running")
+        flow.wait_nodes(lambda st: st.get("b") == "running", what="b running", timeout=60)
         killed_at = time.time()
         flow.proc.kill()  # SIGKILL mid-node: no goodbye, no finish recorded
         flow.proc.wait(timeout=30)
