@@ -108,8 +108,6 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     tmp = tmp_path_factory.mktemp("header")
     home = tmp / "home"
     home.mkdir(mode=0o700)
-    # The two finished runs go alongside the crashed one (separate runs of one home).
-    side = [_started(home, _escalated_plan(tmp)), _started(home, _big_plan(tmp))]
     plan = [
         {"agent_id": "a", "instruction": "step a"},
         {"agent_id": "b", "instruction": "step b", "depends_on": ["a"]},
@@ -121,6 +119,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Runs]:
     args = ["--plan", str(tmp / "plan.yaml"), "--model", f"script:{script}"]
     with live_flow(home, args) as flow:
         crashed = flow.run_id
+        # The two finished runs go alongside the crashed one (separate runs of one home),
+        # started once live_flow has picked its session (it takes the newest running one).
+        side = [_started(home, _escalated_plan(tmp)), _started(home, _big_plan(tmp))]
         flow.wait_nodes(lambda st: st.get("b") == "running", what="b running", timeout=60)
         killed_at = time.time()
         flow.proc.kill()  # SIGKILL mid-node: no goodbye, no finish recorded
