@@ -320,4 +320,6 @@ def test_runs_page_shows_what_each_finished_run_spent(tmp_path: Path) -> None:
         assert "1,234 tok $0.0123</td>" in _row(page, paid.id)
         assert '<td class="num nowrap">-</td>' in _row(page, free.id)
         run_page = client.get(f"/runs/{RUN}").text
-        assert "<dt>spent</dt><dd>1200 in / 34 out tokens, $0.0123</dd>" in run_page
+        # The header: cost first, then tokens (issue 42 item 2).
+        spent = '<span id="run-spend">$0.0123; 1,234 tokens (1,200 in / 34 out)</span>'
+        assert spent in run_page

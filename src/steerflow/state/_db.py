@@ -546,15 +546,19 @@ class StateDB:
         offset: int = 0,
         stored: Sequence[str] | None = None,
         text: str | None = None,
+        since: float | None = None,
     ) -> list[SessionRow]:
         """Sessions newest first (``created_at DESC, id DESC``); ``limit=None`` for all.
 
         ``stored``: only sessions whose stored status is one of these; ``text``: only those
-        whose name or run id contains it (case-insensitive); ``offset`` skips that many
-        rows first (a page of a long list).
+        whose name or run id contains it (case-insensitive); ``since``: only those created
+        at or after that epoch; ``offset`` skips that many rows first (a page of a long list).
         """
         where: list[str] = []
         params: list[object] = []
+        if since is not None:
+            where.append("created_at >= ?")
+            params.append(float(since))
         if stored is not None:
             marks = ", ".join("?" for _ in stored)
             where.append(f"status IN ({marks})" if stored else "0=1")

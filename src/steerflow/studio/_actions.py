@@ -19,12 +19,13 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote
 
+from steerflow.control._queue import UNENFORCEABLE_KEY
 from steerflow.studio._pages import duration, esc, in_flight_table, page, run_href, when
 from steerflow.views import ControlEntry, ControlStatus, ResumePreflight, RunView
 
@@ -40,6 +41,7 @@ __all__ = [
     "rerun_flags",
     "resume_confirm_page",
     "stop_confirm_page",
+    "unenforceable",
 ]
 
 #: Recovery modes: the ``resume`` flags each adds, and the button's words.
@@ -144,14 +146,16 @@ def resume_confirm_page(
     *,
     csrf: str,
     ran: Sequence[str] = (),
+    caps: Sequence[str] = (),
 ) -> str:
     """The confirmation of one recovery mode: the dry run's verdict, then Start.
 
     ``ran``: the nodes whose calls were made before (failed, interrupted): running them
-    again pays again.
+    again pays again. ``caps``: ``--max-cost``/``--max-tokens`` flags of a raised cap
+    (the raise-cap-and-resume form), carried to the POST.
     """
     flags, label = MODES[mode]
-    command = " ".join(["steerflow resume", run_id, *flags])
+    command = " ".join(["steerflow resume", run_id, *flags, *caps])
     body = [
         f'<h2>{esc(label)}: run <a href="{esc(run_href(run_id))}">{esc(run_id)}</a></h2>',
         f"<p>this runs <code>{esc(command)}</code> in the background. What "
@@ -171,11 +175,20 @@ def resume_confirm_page(
         body.append(
             f'<form method="post" action="{action}">'
             f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
-            f'<input type="hidden" name="mode" value="{esc(mode)}">'
+            f'<input type="hidden" name="mode" value="{esc(mode)}">{_cap_fields(caps)}'
             f"<button>Start {esc(label.lower())}</button></form>"
         )
     body.append(f'<p><a href="{esc(run_href(run_id))}">back to the run</a></p>')
     return page(f"steerflow studio: {label.lower()} {run_id}", "\n".join(body))
+
+
+def _cap_fields(caps: Sequence[str]) -> str:
+    """The raised caps as hidden fields (``--max-cost 2.0`` -> ``max_cost=2.0``)."""
+    pairs = zip(caps[::2], caps[1::2], strict=False)
+    return "".join(
+        f'<input type="hidden" name="{esc(flag[2:].replace("-", "_"))}" value="{esc(value)}">'
+        for flag, value in pairs
+    )
 
 
 def rerun_flags(node: str, instruction: str | None) -> list[str]:
@@ -361,6 +374,22 @@ def _budget_effect(caps: dict[str, float | int | None], spent: dict[str, Any]) -
     )
 
 
+def unenforceable(view: RunView, caps: Mapping[str, object]) -> str | None:
+    """Why the run cannot enforce one of ``caps`` (its models have no price...), else None.
+
+    The run records it on its session (``control.UNENFORCEABLE_KEY``); the ``ctl``
+    writer refuses such a cap with the same words.
+    """
+    recorded = view.metadata.get(UNENFORCEABLE_KEY)
+    if not isinstance(recorded, dict):
+        return None
+    for name in ("max_cost", "max_tokens"):
+        why = recorded.get(name)
+        if caps.get(name) is not None and isinstance(why, str):
+            return f"unenforceable: {why}"
+    return None
+
+
 def budget_confirm_page(
     view: RunView,
     control: ControlStatus | None,
@@ -385,9 +414,14 @@ def budget_confirm_page(
         f"<tr><th>spent</th><td>{esc('-' if cost is None else f'${float(cost):.4f}')}</td>"
         f"<td>{tokens:,} tokens</td></tr></tbody></table>"
     )
-    body.append(_budget_effect(caps, spent))
+    refused = unenforceable(view, caps)
+    if refused is None:
+        body.append(_budget_effect(caps, spent))
     pending = pending_control(control, "budget")
-    if view.status != "running" or not view.session_id:
+    if refused is not None:
+        # Said here, not after "Set the new cap": the writer would refuse it (decision 246).
+        body.append(f'<p class="error" id="budget-refused">refused: {esc(refused)}</p>')
+    elif view.status != "running" or not view.session_id:
         body.append(
             f'<p class="notice">the run is {esc(view.status or "-")}: no flow would apply a new '
             "cap; <code>steerflow resume RUN --max-cost USD</code> resumes it with one</p>"

@@ -28,6 +28,7 @@ from steerflow import views
 from steerflow.home import is_run_id
 from steerflow.state import StateDB, db_exists
 from steerflow.studio._pages import RunsQuery, runs_live
+from steerflow.studio._runs_list import runs_of
 
 __all__ = ["LiveRuns"]
 
@@ -106,13 +107,7 @@ class LiveRuns:
                 cached = self._cache.get(key)
                 if cached is not None and cached[0] == tag:
                     return cached
-        listed = views.list_runs(
-            self.home,
-            limit=limit,
-            offset=query.page * limit,
-            status=query.status,
-            text=query.text,
-        )
+        listed, _ = runs_of(self.home, query, limit)
         progress = views.run_progress(self.home, [r.session_id for r in listed])
         body = json.dumps(runs_live(listed, progress)).encode()
         if tag is not None:

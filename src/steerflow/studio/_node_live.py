@@ -19,6 +19,7 @@ recorded response (:func:`kept_section`), readable without JavaScript.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -118,7 +119,8 @@ def _last_line(directory: Path) -> str:
             data = handle.read()
     except (OSError, ValueError):
         return ""
-    lines = [line for line in data.decode("utf-8", errors="replace").splitlines() if line.strip()]
+    decoded = strip_ansi(data.decode("utf-8", errors="replace"))
+    lines = [line for line in decoded.splitlines() if line.strip()]
     return lines[-1][-300:] if lines else ""
 
 
@@ -141,7 +143,25 @@ def kept_output(run_dir: Path, node_key: str, *, segment: int = 0, offset: int =
         segment, offset = cursor.position
     finally:
         cursor.close()
-    return KeptOutput(text, segment, offset, ended)
+    # A sequence cut at the end of what was read is read again whole next time.
+    cut = _PARTIAL_ESCAPE.search(text)
+    if cut is not None and not ended:
+        size = len(cut.group().encode("utf-8"))
+        if size <= offset:
+            text, offset = text[: cut.start()], offset - size
+    return KeptOutput(strip_ansi(text), segment, offset, ended)
+
+
+#: Terminal escape sequences: CSI (colours, cursor moves), OSC (titles, links), and the
+#: two-byte ones. A model or a tool's output may carry them; shown raw they are boxes.
+_ANSI = re.compile(r"\x1b\[[0-?]*[ -/]*[@-~]|\x1b\][^\x07\x1b]*(?:\x07|\x1b\\)|\x1b[@-Z\\-_]")
+#: An escape sequence not finished yet at the end of a read.
+_PARTIAL_ESCAPE = re.compile(r"\x1b(?:\[[0-?]*[ -/]*|\][^\x07\x1b]*)?$")
+
+
+def strip_ansi(text: str) -> str:
+    """``text`` without terminal escape sequences (colour codes): the page shows text."""
+    return _ANSI.sub("", text) if "\x1b" in text else text
 
 
 def live_section(output_url: str, esc: Any, kept: KeptOutput | None = None) -> str:

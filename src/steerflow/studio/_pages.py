@@ -29,9 +29,11 @@ __all__ = [
     "error_page",
     "esc",
     "page",
+    "row_controls",
     "run_href",
     "runs_live",
     "runs_page",
+    "server_timing",
     "visible",
     "when",
 ]
@@ -106,6 +108,17 @@ dl.facts dt { font-weight: bold; }
 .nowrap, td.num { white-space: nowrap; }
 .wide { overflow-x: auto; max-width: 100%; }
 nav.filters, nav.pager { margin: .4rem 0; line-height: 2; }
+table.runs small { overflow-wrap: anywhere; }
+.row-controls { display: flex; flex-wrap: wrap; gap: .25rem; align-items: center; }
+details.more > summary { cursor: pointer; }
+details.more[open] { flex-basis: 100%; }
+.action.disabled { color: #8a8a90; text-decoration: line-through; }
+.run-header { border-bottom: 1px solid #ddd; padding: .3rem 0; }
+.run-header h2 { margin: .2rem 0; } .run-header .run-id { font-weight: normal; }
+#run-result { max-height: 12rem; overflow: auto; margin: 0; }
+svg.dag[data-zoom="fit"] { height: auto; max-width: 100%; }
+svg.dag .found rect { stroke: #e11d48; stroke-width: 3; }
+nav.graph-tools a.on { font-weight: bold; text-decoration: none; color: inherit; }
 input[type=search] { width: 14rem; max-width: 60vw; }
 svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
 @media (max-width: 700px) {
@@ -188,6 +201,11 @@ def page(
     )
 
 
+def server_timing(began: float) -> str:
+    """A ``Server-Timing`` header value: the milliseconds since ``began`` (perf_counter)."""
+    return f"render;dur={(time.perf_counter() - began) * 1000:.1f}"
+
+
 def when(epoch: float | None) -> str:
     if epoch is None:
         return "-"
@@ -231,7 +249,12 @@ def _links(run: RunListing) -> str:
 
 
 def control_forms(
-    session_id: str, csrf: str, *, back: str = "/runs", target: str | None = None
+    session_id: str,
+    csrf: str,
+    *,
+    back: str = "/runs",
+    target: str | None = None,
+    only: Sequence[str] | None = None,
 ) -> str:
     """Pause, Resume and Message forms (POST, with CSRF); Stop and Set cap confirm first.
 
@@ -266,34 +289,62 @@ def control_forms(
         '<input type="text" name="max_tokens" maxlength="20" placeholder="max tokens">'
         "<button>Set cap…</button></form>"
     )
-    return " ".join(
-        [
-            button("pause", "Pause"),
-            button("resume", "Resume"),
-            button("message", "Send", text),
-            stop,
-            budget,
-        ]
+    forms = {
+        "pause": button("pause", "Pause"),
+        "resume": button("resume", "Resume"),
+        "message": button("message", "Send", text),
+        "stop": stop,
+        "budget": budget,
+    }
+    return " ".join(v for k, v in forms.items() if only is None or k in only)
+
+
+def row_controls(session_id: str, csrf: str, *, target: str | None = None) -> str:
+    """The Runs list's controls: Pause and Resume, Stop…, the rest folded under "more".
+
+    The full row of forms made the table 1,733 px wide (issue 42): Pause, Resume and Stop
+    stay in view at 1280 px; Send and Set cap open from a ``<details>`` (no script).
+    """
+    action = esc("/sessions/" + quote(session_id, safe="") + "/control")
+    hidden = f'<input type="hidden" name="csrf" value="{esc(csrf)}">'
+
+    def button(verb: str, label: str) -> str:
+        return (
+            f'<form class="inline" method="post" action="{action}">{hidden}'
+            f'<input type="hidden" name="verb" value="{verb}"><button>{label}</button></form>'
+        )
+
+    stop = f'<a class="action" href="{esc(run_href(target or session_id) + "/stop")}">Stop…</a>'
+    more = control_forms(session_id, csrf, target=target, only=("message", "budget"))
+    return (
+        '<div class="row-controls">'
+        f"{button('pause', 'Pause')} {button('resume', 'Resume')} {stop}"
+        f'<details class="more"><summary>more</summary>{more}</details></div>'
     )
 
 
-def _counts(progress: RunProgress | None) -> str:
-    """Settled of all published nodes, with the failed and running ones named."""
+def _counts(progress: RunProgress | None, status: str = "running") -> str:
+    """Settled of all published nodes, with the failed and running ones named.
+
+    A node still published ``running`` in a run that is not running any more was in
+    flight when the run died: it reads ``interrupted``, as on the run page (decision 200).
+    """
     if progress is None:
         return "-"
     text = f"{progress.done}/{progress.total}"
-    extra = [f"{progress.by_status[k]} {k}" for k in ("running", "failed")
-             if progress.by_status.get(k)]  # fmt: skip
+    in_flight = "running" if status == "running" else "interrupted"
+    extra = [f"{progress.by_status[k]} {in_flight if k == 'running' else k}"
+             for k in ("running", "failed") if progress.by_status.get(k)]  # fmt: skip
     return text + (f" ({', '.join(extra)})" if extra else "")
 
 
 def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
     run_id = run.run_id or ""
-    done = _counts(progress)
+    done = _counts(progress, run.status)
     model = progress.model if progress is not None else None
     status_class = run.status if run.status in STATUSES else "unknown"
     running = run.status == "running"
-    forms = control_forms(run.session_id, csrf, target=run.run_id) if running else "-"
+    forms = row_controls(run.session_id, csrf, target=run.run_id) if running else "-"
     return (
         f'<tr id="{esc("run-" + run_id)}" data-run="{esc(run.session_id)}" '
         f'data-status="{esc(run.status)}">'
@@ -340,7 +391,7 @@ def runs_live(runs: Iterable[RunListing], progress: Mapping[str, RunProgress]) -
                 "run_id": run.run_id,
                 "status": run.status,
                 "phase": _phase(run),
-                "progress": _counts(done),
+                "progress": _counts(done, run.status),
                 "duration": duration(run.duration_s),
             }
         )
@@ -353,36 +404,64 @@ PAGE_SIZE = 50
 
 @dataclass(frozen=True)
 class RunsQuery:
-    """What the Runs page lists: a status, a text to find, and which page (from 0)."""
+    """What the Runs page lists: a status, a text, a time range, a sort, and which page."""
 
     status: str | None = None
     text: str = ""
     page: int = 0
+    #: ``1h``, ``24h``, ``7d``, ``30d`` (``_runs_list.SINCE``), or empty: any time.
+    since: str = ""
+    #: ``newest`` (empty: the default), ``oldest``, ``duration``, ``spend``.
+    sort: str = ""
 
     def params(self, **change: object) -> str:
         """This query (with ``change``) as a URL query string, empty members left out."""
-        values: dict[str, object] = {"status": self.status, "q": self.text, "page": self.page}
+        values: dict[str, object] = {
+            "status": self.status,
+            "q": self.text,
+            "since": self.since,
+            "sort": self.sort,
+            "page": self.page,
+        }
         values.update({("q" if k == "text" else k): v for k, v in change.items()})
         return urlencode({k: v for k, v in values.items() if v})
+
+
+#: The time ranges and sorts the Runs page offers (``_runs_list`` holds their meaning).
+_SINCE_LABELS = (("", "any time"), ("1h", "last hour"), ("24h", "last 24 h"),
+                 ("7d", "last 7 days"), ("30d", "last 30 days"))  # fmt: skip
+_SORT_LABELS = (("", "newest first"), ("oldest", "oldest first"),
+                ("duration", "longest first"), ("spend", "most spent first"))  # fmt: skip
+
+
+def _select(name: str, chosen: str, options: Sequence[tuple[str, str]]) -> str:
+    items = "".join(
+        f'<option value="{esc(v)}"{" selected" if v == chosen else ""}>{esc(label)}</option>'
+        for v, label in options
+    )
+    return f'<select name="{name}" aria-label="{name}">{items}</select>'
 
 
 def _filters(query: RunsQuery) -> str:
     links = ['<a href="/runs"' + ("" if query.status else ' class="on"') + ">all</a>"]
     for name in STATUSES:
-        href = esc(
-            "/runs?" + urlencode({"status": name, **({"q": query.text} if query.text else {})})
-        )
+        href = esc("/runs?" + RunsQuery(name, query.text, 0, query.since, query.sort).params())
         on = ' class="on"' if name == query.status else ""
         links.append(f'<a href="{href}"{on}>{esc(name)}</a>')
     kept = (
         f'<input type="hidden" name="status" value="{esc(query.status)}">' if query.status else ""
     )
+    # One GET form: the text, the time range and the sort go together (no script needed).
     find = (
-        f'<form class="inline" method="get" action="/runs">{kept}'
+        f'<form class="inline" id="runs-find" method="get" action="/runs">{kept}'
         f'<input type="search" name="q" value="{esc(query.text)}" maxlength="200" '
-        'placeholder="name or run id"><button>Find</button></form>'
+        'placeholder="name or run id"> '
+        + _select("since", query.since, _SINCE_LABELS)
+        + " "
+        + _select("sort", query.sort, _SORT_LABELS)
+        + " <button>Find</button></form>"
     )
-    return f'<nav class="filters">status: {" ".join(links)} {find}</nav>'
+    return f'<nav class="filters">status: {" ".join(links)}<br>{find}</nav>'
 
 
 def _pager(query: RunsQuery, shown: int, more: bool) -> str:

@@ -10,7 +10,7 @@ from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.routing import Route
 
 from steerflow import views
-from steerflow.errors import AmbiguousIdError, UnknownIdError
+from steerflow.errors import AmbiguousIdError, UnknownIdError, UsageError
 from steerflow.plan import SYNTHESIS_KEY, is_agent_id
 from steerflow.studio._actions import (
     MODES,
@@ -20,7 +20,14 @@ from steerflow.studio._actions import (
     resume_confirm_page,
 )
 from steerflow.studio._pages import error_page, run_href
-from steerflow.studio._routing import Page, StudioState, field_of, is_target, read_form
+from steerflow.studio._routing import (
+    Page,
+    StudioState,
+    field_of,
+    is_target,
+    read_form,
+    requested_caps,
+)
 from steerflow.studio._security import same_secret
 
 __all__ = ["routes"]
@@ -38,7 +45,10 @@ class ActionsPage(Page):
         if not is_target(target) or mode not in _RUN_MODES:
             return HTMLResponse(error_page("not found", "no such run or action"), 404)
         try:
+            extra = _cap_flags(field_of(body, "max_cost"), field_of(body, "max_tokens"))
             preflight = await run_in_threadpool(_preflight, self.home, target, mode)
+        except UsageError as exc:
+            return HTMLResponse(error_page("usage error", str(exc)), 400)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         running = self.starter.running(preflight.run_id)
@@ -46,7 +56,7 @@ class ActionsPage(Page):
             return HTMLResponse(already_page(preflight.run_id, running), 409)
         if preflight.refusal is not None:
             return HTMLResponse(error_page("refused", preflight.refusal.message), 409)
-        started, new = await run_in_threadpool(self.starter.start, preflight.run_id, mode)
+        started, new = await run_in_threadpool(self.starter.start, preflight.run_id, mode, extra)
         if not new:
             return HTMLResponse(already_page(preflight.run_id, started), 409)
         return RedirectResponse(f"{run_href(preflight.run_id)}?resumed={started.pid}", 303)
@@ -56,15 +66,19 @@ class ActionsPage(Page):
         mode = request.query_params.get("mode", "resume")
         if not is_target(target) or mode not in _RUN_MODES:
             return HTMLResponse(error_page("not found", "no such run or action"), 404)
+        query = request.query_params
         try:
+            extra = _cap_flags(query.get("max_cost"), query.get("max_tokens"))
             preflight = _preflight(self.home, target, mode)
             nodes = views.show_run(self.home, target).nodes
+        except UsageError as exc:
+            return HTMLResponse(error_page("usage error", str(exc)), 400)
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         ran = [n.id for n in nodes if n.status in ("failed", "interrupted", "running")]
         running = self.starter.running(preflight.run_id)
         shown = resume_confirm_page(
-            preflight.run_id, mode, preflight, running, csrf=self.csrf, ran=ran
+            preflight.run_id, mode, preflight, running, csrf=self.csrf, ran=ran, caps=extra
         )
         return HTMLResponse(shown)
 
@@ -146,6 +160,22 @@ def _rerun_preflight(
 ) -> views.ResumePreflight:
     """``resume --from NODE [--instruction TEXT] --dry-run``."""
     return views.resume_preflight(home, target, from_node=node, instruction=instruction)
+
+
+def _cap_flags(max_cost: str | None, max_tokens: str | None) -> list[str]:
+    """``--max-cost USD --max-tokens N`` of a raise-cap-and-resume form (none: no flags).
+
+    Checked as ``ctl budget`` checks its caps (``UsageError``: 400).
+    """
+    if not (max_cost or "").strip() and not (max_tokens or "").strip():
+        return []
+    caps = requested_caps(max_cost, max_tokens)
+    flags: list[str] = []
+    if caps.get("max_cost") is not None:
+        flags += ["--max-cost", repr(float(caps["max_cost"] or 0))]
+    if caps.get("max_tokens") is not None:
+        flags += ["--max-tokens", str(int(caps["max_tokens"] or 0))]
+    return flags
 
 
 def _preflight(home: Path, target: str, mode: str) -> views.ResumePreflight:

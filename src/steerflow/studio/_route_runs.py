@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 from urllib.parse import urlencode
 
@@ -21,7 +22,14 @@ from steerflow.errors import (
     UsageError,
 )
 from steerflow.studio._actions import already_queued_page, pending_control
-from steerflow.studio._pages import PAGE_SIZE, STATUSES, RunsQuery, error_page, runs_page
+from steerflow.studio._pages import (
+    PAGE_SIZE,
+    STATUSES,
+    RunsQuery,
+    error_page,
+    runs_page,
+    server_timing,
+)
 from steerflow.studio._routing import (
     SESSION_ID,
     VERBS,
@@ -31,6 +39,7 @@ from steerflow.studio._routing import (
     read_form,
     requested_caps,
 )
+from steerflow.studio._runs_list import SINCE, SORTS, runs_of
 from steerflow.studio._security import same_secret
 from steerflow.views import ControlEntry
 
@@ -44,15 +53,9 @@ class RunsPage(Page):
     """``/runs``, ``/api/runs`` and the control forms' POST."""
 
     def runs(self, request: Request) -> Response:
+        began = time.perf_counter()
         query = _runs_query(request)
-        listed = views.list_runs(
-            self.home,
-            limit=PAGE_SIZE + 1,
-            offset=query.page * PAGE_SIZE,
-            status=query.status,
-            text=query.text,
-        )
-        more, listed = len(listed) > PAGE_SIZE, listed[:PAGE_SIZE]
+        listed, more = runs_of(self.home, query, PAGE_SIZE)
         progress = views.run_progress(self.home, [r.session_id for r in listed])
         notice = None
         if SESSION_ID.fullmatch(request.query_params.get("queued", "")):
@@ -62,7 +65,7 @@ class RunsPage(Page):
                 f"{request.query_params['queued']}: not yet applied (the flow applies it)"
             )
         page = runs_page(listed, progress, query=query, csrf=self.csrf, more=more, notice=notice)
-        return HTMLResponse(page)
+        return HTMLResponse(page, headers={"server-timing": server_timing(began)})
 
     def runs_live(self, request: Request) -> Response:
         query = _runs_query(request)
@@ -142,8 +145,12 @@ def _runs_query(request: Request) -> RunsQuery:
     """The Runs page's filters from its URL; an unknown status or a bad page is ignored."""
     wanted = request.query_params.get("status")
     page = request.query_params.get("page", "")
+    since = request.query_params.get("since", "")
+    sort = request.query_params.get("sort", "")
     return RunsQuery(
         status=wanted if wanted in STATUSES else None,
         text=request.query_params.get("q", "")[:200],
         page=min(int(page), 10**6) if page.isdigit() else 0,
+        since=since if since in SINCE else "",
+        sort=sort if sort in SORTS and sort != "newest" else "",
     )

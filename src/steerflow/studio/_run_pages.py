@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import html
 import time
+from dataclasses import replace
 from typing import Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
+from steerflow.studio._events import events, events_href, events_table
 from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
 from steerflow.studio._pages import (
-    STATUSES,
     control_forms,
     duration,
     esc,
@@ -20,13 +21,16 @@ from steerflow.studio._pages import (
     run_href,
     when,
 )
+from steerflow.studio._run_header import failures, header, recovered_failures, title
 from steerflow.studio._steps import steps_section
 from steerflow.studio._svg import graph_svg
 from steerflow.studio._timeline import timeline_svg
+from steerflow.studio._words import payload_words, readable_result, sender_of
 from steerflow.views import (
     CheckpointReport,
     ControlStatus,
     NodeDetail,
+    NodeState,
     ResumePreflight,
     RunGraph,
     RunView,
@@ -37,19 +41,18 @@ __all__ = [
     "history",
     "history_table",
     "node_page",
+    "payload_words",
     "readable_result",
     "run_page",
+    "sender_of",
     "steer_marked",
 ]
 
+#: Rows a table or the timeline shows before the rest folds (issue 42 item 3).
+ROWS = 50
+
 #: Run statuses the Recovery section is shown for.
 RECOVERABLE = ("interrupted", "failed", "timed_out", "stopped", "budget_exhausted")
-
-
-def _status(value: str | None) -> str:
-    shown = value or "unknown"
-    known = shown if shown in STATUSES else "unknown"
-    return f'<span class="status status-{known}" id="run-status">{esc(shown)}</span>'
 
 
 def _phase(view: RunView) -> str:
@@ -86,26 +89,67 @@ def _resume_links(view: RunView) -> str:
     )
 
 
-def _nodes_table(view: RunView) -> str:
-    rows = []
-    for node in view.nodes:
-        status = node.status if node.status else "unknown"
-        rows.append(
-            f'<tr data-node="{esc(node.id)}">'
-            f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
-            f"<td>{esc(node.kind)}</td>"
-            f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
-            f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
-            f'<td class="num" data-node-duration="{esc(node.id)}">'
-            f"{esc(duration(node.duration_s))}</td>"
-            f"<td>{esc(node.assignee or '-')}</td>"
-            f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
-        )
+def _node_row(view: RunView, node: NodeState) -> str:
+    status = node.status if node.status else "unknown"
     return (
-        '<div class="wide"><table><thead><tr><th>node</th><th>kind</th><th>status</th>'
-        "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
-        + "".join(rows)
+        f'<tr data-node="{esc(node.id)}">'
+        f'<td><a href="{esc(_node_href(view.run_id, node.id))}">{esc(node.id)}</a></td>'
+        f"<td>{esc(node.kind)}</td>"
+        f'<td data-node-status="{esc(node.id)}">{esc(status)}</td>'
+        f'<td data-node-model="{esc(node.id)}">{esc(node.model or "-")}</td>'
+        f'<td class="num" data-node-duration="{esc(node.id)}">'
+        f"{esc(duration(node.duration_s))}</td>"
+        f"<td>{esc(node.assignee or '-')}</td>"
+        f'<td class="num">{len(node.artifacts) or "-"}</td></tr>'
+    )
+
+
+_NODES_HEAD = (
+    "<table><thead><tr><th>node</th><th>kind</th><th>status</th>"
+    "<th>model</th><th>duration</th><th>assignee</th><th>artifacts</th></tr></thead><tbody>"
+)
+
+
+def _nodes_table(view: RunView) -> str:
+    """The nodes; past :data:`ROWS` the rest fold under a ``<details>`` (no script needed).
+
+    Failed and interrupted nodes come into the first part whatever their place: they are
+    what an operator opens a long run's page for.
+    """
+    urgent = [n for n in view.nodes if n.status in ("failed", "interrupted", "running")]
+    others = [n for n in view.nodes if n.status not in ("failed", "interrupted", "running")]
+    ordered = urgent + others if len(view.nodes) > ROWS else list(view.nodes)
+    head, tail = ordered[:ROWS], ordered[ROWS:]
+    out = (
+        '<div class="wide">'
+        + _NODES_HEAD
+        + "".join(_node_row(view, n) for n in head)
         + "</tbody></table></div>"
+    )
+    if tail:
+        out += (
+            f'<details id="nodes-more"><summary>{len(tail)} more nodes</summary>'
+            f'<div class="wide">{_NODES_HEAD}'
+            + "".join(_node_row(view, n) for n in tail)
+            + "</tbody></table></div></details>"
+        )
+    return out
+
+
+def graph_tools(run_id: str, zoom: str, find: str | None) -> str:
+    """Zoom links (fit, 50 %, 100 %, 200 %) and a find-a-node form: GETs, no script."""
+    base = run_href(run_id)
+    links = []
+    for value, label in (("fit", "fit"), ("50", "50 %"), ("100", "100 %"), ("200", "200 %")):
+        query = urlencode({"zoom": value, **({"found": find} if find else {})})
+        on = ' class="on"' if value == zoom else ""
+        links.append(f'<a{on} data-zoom="{value}" href="{esc(base + "?" + query)}">{label}</a>')
+    return (
+        f'<nav class="graph-tools" id="graph-tools">zoom: {" ".join(links)} '
+        f'<form class="inline" method="get" action="{esc(base)}" id="find-node">'
+        f'<input type="hidden" name="zoom" value="{esc(zoom)}">'
+        f'<input type="search" name="find" value="{esc(find or "")}" maxlength="200" '
+        'placeholder="node id" aria-label="find a node"> <button>Find</button></form></nav>'
     )
 
 
@@ -117,7 +161,7 @@ def _control_log(status: ControlStatus | None) -> str:
         return head + "<p>no controls sent</p></div>"
     rows = [
         f"<tr><td><code>{esc(c.id)}</code></td><td>{esc(c.verb)}</td>"
-        f"<td>{esc(_payload(c.verb, c.payload))}</td>"
+        f"<td>{esc(payload_words(c.verb, c.payload))}</td>"
         f'<td class="sender">{esc(sender_of(c.sender))}</td><td>{esc(when(c.created_at))}</td>'
         f"<td>{esc(when(c.applied_at))}</td>" + _result(c.result)
         for c in status.controls
@@ -130,79 +174,67 @@ def _control_log(status: ControlStatus | None) -> str:
     )
 
 
-def _errors(view: RunView) -> str:
-    """The failed nodes and their errors, first thing under the facts (not a click away)."""
-    failed = [n for n in view.nodes if n.status == "failed"]
-    if not failed:
-        return ""
-    items = "".join(
-        f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
-        f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
-        for n in failed
+def _errors(view: RunView, graph: RunGraph) -> str:
+    """The failed nodes and their errors, first thing under the facts (not a click away).
+
+    A failed attempt that an escalation retry replaced, and whose chain completed, is not
+    the run's failure: it is listed as recovered, not in the red box.
+    """
+    recovered = recovered_failures(graph)
+    counted = set(failures(view, graph))
+    failed = [n for n in view.nodes if n.id in counted]
+    out = ""
+    if failed:
+        items = "".join(
+            f'<li><a href="{esc(_node_href(view.run_id, n.id))}">{esc(n.id)}</a>: '
+            f"<code>{esc((n.detail or {}).get('error') or 'no error recorded')}</code></li>"
+            for n in failed
+        )
+        out += (
+            f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
+        )
+    if recovered:
+        items = "".join(
+            f'<li><a href="{esc(_node_href(view.run_id, k))}">{esc(k)}</a> failed; '
+            f'<a href="{esc(_node_href(view.run_id, v))}">{esc(v)}</a> completed it</li>'
+            for k, v in recovered.items()
+        )
+        out += (
+            f'<section id="recovered" class="notice"><h3>recovered by escalation</h3>'
+            f"<ul>{items}</ul></section>"
+        )
+    return out
+
+
+def with_view_statuses(graph: RunGraph, view: RunView) -> RunGraph:
+    """The graph with the view's node statuses: one word per node across the page.
+
+    The graph reads the published rows as they are; the view names a node that was in
+    flight when its run died ``interrupted`` (decision 200). The page draws the view's.
+    """
+    shown = {n.id: n.status for n in view.nodes}
+    nodes = tuple(
+        replace(n, status=shown[n.id]) if shown.get(n.id, n.status) != n.status else n
+        for n in graph.nodes
     )
-    return f'<section id="failures" class="error"><h3>failed nodes</h3><ul>{items}</ul></section>'
-
-
-def sender_of(sender: str | None) -> str:
-    """Who queued a control, as the pages say it ("unknown": a row from before migration 7)."""
-    return sender or "unknown"
+    return replace(graph, nodes=nodes)
 
 
 def history(view: RunView, control: ControlStatus | None) -> list[tuple[float, str, str]]:
-    """``(when, what, detail)`` of the run's events, in time order.
-
-    Controls queued and applied (with the node that took each operator message), node
-    starts and ends, resumes and forks, and the checkpoint's last save.
-    """
-    events: list[tuple[float, str, str]] = []
-    took: dict[str, list[str]] = {}
-    for node in view.nodes:
-        detail = node.detail or {}
-        for control_id in detail.get("steers") or []:
-            took.setdefault(str(control_id), []).append(node.id)
-        start, end = detail.get("started_at"), detail.get("ended_at")
-        if isinstance(start, (int, float)):
-            events.append((float(start), "node started", node.id))
-        if isinstance(end, (int, float)):
-            events.append((float(end), f"node {node.status}", node.id))
-    for c in control.controls if control is not None else ():
-        what = f"{c.verb} {c.id[:8]}"
-        queued = f"{what}: {_payload(c.verb, c.payload)}; by {sender_of(c.sender)}"
-        events.append((c.created_at, "control queued", queued))
-        if c.applied_at is not None:
-            by = f"; taken by {', '.join(took[c.id])}" if c.id in took else ""
-            result = readable_result(c.result or "")
-            events.append((c.applied_at, "control applied", f"{what}: {result}{by}"))
-    for item in view.resumed_by:
-        at = item.get("created_at")
-        if isinstance(at, (int, float)):
-            how = "forked" if item.get("fork") else "resumed"
-            events.append(
-                (float(at), how, f"by run {item.get('run_id') or item.get('session_id')}")
-            )
-    if view.checkpoint_exists:
-        try:
-            saved = view.checkpoint_path.stat().st_mtime
-        except OSError:
-            saved = None
-        if saved is not None:
-            events.append((saved, "checkpoint saved", f"v{view.checkpoint_version} (last save)"))
-    return sorted(events, key=lambda e: e[0])
+    """``(when, what, detail)`` of the run's events, in time order (see ``_events``)."""
+    return [(e.at, e.what, e.detail) for e in events(view, control)]
 
 
-def history_table(view: RunView, control: ControlStatus | None) -> str:
-    """The run's :func:`history` as a table."""
-    rows = [
-        f'<tr><td class="nowrap">{esc(when(at))}</td><td>{esc(what)}</td>'
-        f"<td>{esc(detail)}</td></tr>"
-        for at, what, detail in history(view, control)
-    ]
-    if not rows:
-        return "<p>nothing recorded yet</p>"
-    return (
-        '<div class="wide"><table id="history"><thead><tr><th>when</th><th>event</th>'
-        "<th>detail</th></tr></thead><tbody>" + "".join(rows) + "</tbody></table></div>"
+def history_table(view: RunView, control: ControlStatus | None, *, last: int | None = None) -> str:
+    """The run's event log as a table (its ``last`` events), and a link to the whole log."""
+    every = events(view, control)
+    shown = every if last is None else every[-last:]
+    more = f"all {len(every)} events" if len(shown) < len(every) else "the event log"
+    link = (
+        f'<p><a id="events-link" href="{esc(events_href(view.run_id))}">'
+        f"{more}, by node and kind</a></p>"
     )
+    return events_table(shown) + link
 
 
 def _result(result: str | None) -> str:
@@ -210,42 +242,6 @@ def _result(result: str | None) -> str:
         return f"<td>{esc(readable_result(result))}</td></tr>"
     # The script reloads the page once the flow stamps a pending row (a changed answer).
     return "<td data-control-pending>pending</td></tr>"
-
-
-def readable_result(result: str) -> str:
-    """A stored control result (CONTRACT §7) in words; the claimant's host and pid kept."""
-    head, _, rest = result.partition(":")
-    if head == "applying":
-        host, _, tail = rest.partition(":")
-        pid = tail.partition(":")[0]
-        return f"being applied by the flow on {host}" + (f" (pid {pid})" if pid else "")
-    if head == "rejected":
-        return "rejected: " + (rest.replace("-", " ") if rest else "no reason given")
-    if head == "abandoned":
-        return "abandoned" + (f" (resolved by {rest})" if rest else "")
-    return result
-
-
-def _payload(verb: str, payload: object) -> str:
-    """What the operator asked for, in words (never a Python repr of the stored row)."""
-    if payload is None:
-        return "-"
-    if isinstance(payload, dict):
-        if verb == "stop":
-            how = "stop now (cancel calls in flight)" if payload.get("now") else "stop when idle"
-            reason = payload.get("reason")
-            return how + (f"; reason: {reason}" if reason else "")
-        text = payload.get("text")
-        if isinstance(text, str):
-            return text
-        return "; ".join(f"{k}: {_word(v)}" for k, v in payload.items() if v is not None) or "-"
-    return str(payload)
-
-
-def _word(value: object) -> str:
-    if isinstance(value, bool):
-        return "yes" if value else "no"
-    return str(value)
 
 
 def _stranded(messages: tuple[dict[str, Any], ...]) -> list[str]:
@@ -278,7 +274,14 @@ def _when(ts: object) -> str:
     return time.strftime("%Y-%m-%d %H:%M:%SZ", time.gmtime(ts))
 
 
-def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight, csrf: str) -> str:
+def _recovery(
+    view: RunView,
+    report: CheckpointReport,
+    preflight: ResumePreflight,
+    *,
+    verdicts: dict[str, ResumePreflight],
+) -> str:
+    run_id = view.run_id
     rec = report.report or {}
     lines = [
         "<h3>checkpoint</h3>",
@@ -311,18 +314,65 @@ def _recovery(run_id: str, report: CheckpointReport, preflight: ResumePreflight,
     lines += [f'<p class="notice">{esc(w)}</p>' for w in preflight.warnings]
     lines += _stranded(preflight.stranded_messages)
     lines += in_flight_table(preflight.in_flight_calls, preflight.in_flight_line)
-    # Each mode confirms first: its own dry run, what it runs and what it pays again.
-    links = [
-        f'<a class="action" href="{esc(run_href(run_id) + "/resume?mode=" + mode)}">{label}…</a>'
-        for mode, label in (
-            ("resume", "Resume"),
-            ("retry_failed", "Retry failed"),
-            ("fork", "Fork"),
-            ("rerun_unsettled", "Rerun unsettled"),
-        )
-    ]
-    lines.append(f'<p id="recovery-actions">{" · ".join(links)}</p>')
+    lines.append(_actions(run_id, verdicts or {"resume": preflight}))
+    if view.status == "budget_exhausted" and (verdicts or {}).get("resume", preflight).allowed:
+        lines.append(_raise_cap_form(view))
     return "\n".join(lines)
+
+
+#: The run page's recovery modes, in the order they are offered.
+_MODES = (
+    ("resume", "Resume"),
+    ("retry_failed", "Retry failed"),
+    ("fork", "Fork"),
+    ("rerun_unsettled", "Rerun unsettled"),
+)
+
+
+def _actions(run_id: str, verdicts: dict[str, ResumePreflight]) -> str:
+    """The recovery modes: a link to each one's confirmation that its dry run accepts.
+
+    The others are shown disabled, with the dry run's reason: never an action the
+    resume would refuse.
+    """
+    items = []
+    for mode, label in _MODES:
+        verdict = verdicts.get(mode)
+        if verdict is None:
+            continue
+        if verdict.refusal is None:
+            href = esc(run_href(run_id) + "/resume?mode=" + mode)
+            items.append(f'<a class="action" data-mode="{mode}" href="{href}">{label}…</a>')
+        else:
+            why = f"{verdict.refusal.code}: {verdict.refusal.message}"
+            items.append(
+                f'<span class="action disabled" data-mode="{mode}" aria-disabled="true" '
+                f'title="{esc(why)}">{label}…</span> <small class="refused">(refused: '
+                f"{esc(verdict.refusal.code)})</small>"
+            )
+    return f'<p id="recovery-actions">{" · ".join(items)}</p>'
+
+
+def _raise_cap_form(view: RunView) -> str:
+    """Raise the cap and resume: the cap reached is shown, a higher one goes with the resume.
+
+    A GET to the resume confirmation (its dry run first); only that page's POST starts
+    ``steerflow resume RUN --max-cost USD --max-tokens N``.
+    """
+    caps = view.budget or {}
+    now = (
+        ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in caps.items() if v is not None)
+        or "none recorded"
+    )
+    return (
+        '<h3>raise the cap and resume</h3><form method="get" id="raise-cap" '
+        f'action="{esc(run_href(view.run_id) + "/resume")}">'
+        '<input type="hidden" name="mode" value="resume">'
+        f"<p>the cap in force: {esc(now)}; a resume with the same cap is exhausted at once.</p>"
+        '<label>max cost USD <input type="text" name="max_cost" maxlength="32"></label> '
+        '<label>max tokens <input type="text" name="max_tokens" maxlength="20"></label> '
+        "<button>Resume with this cap…</button></form>"
+    )
 
 
 def run_page(
@@ -333,16 +383,24 @@ def run_page(
     *,
     csrf: str,
     notice: str | None = None,
+    result: str | None = None,
+    verdicts: dict[str, ResumePreflight] | None = None,
+    zoom: str | None = None,
+    find: str | None = None,
 ) -> str:
-    """One run: facts, controls while it runs, the DAG, the nodes, the control log, recovery."""
+    """One run: header (with controls while it runs), the DAG, nodes, logs, recovery."""
     summary = view.summary
-    body = [f"<h2>run {esc(view.run_id)}</h2>"]
+    graph = with_view_statuses(graph, view)
+    controls = ""
+    if view.status == "running" and view.session_id:
+        back = run_href(view.run_id)
+        controls = control_forms(view.session_id, csrf, back=back, target=view.run_id)
+    body = [header(view, graph, result, controls=controls)]
     if notice:
-        body.append(f'<p class="notice">{esc(notice)}</p>')
+        body.append(f'<p class="notice" id="page-notice">{esc(notice)}</p>')
     body.append(
         _facts(
             [
-                ("status", _status(view.status)),
                 # A phase is where a running flow is: a settled run has none left.
                 ("phase", f'<span id="run-phase">{esc(_phase(view))}</span>'),
                 ("kind", esc(view.kind or "-")),
@@ -353,7 +411,6 @@ def run_page(
                     f"{esc(summary.get('failed'))} failed, {esc(summary.get('running'))} "
                     f"running of {esc(summary.get('total'))}</span>",
                 ),
-                ("spent", esc(_usage(summary.get("usage")))),
                 ("resumes", _resume_links(view)),
                 (
                     "checkpoint",
@@ -369,30 +426,36 @@ def run_page(
             f"{'requests wait' if waiting != 1 else 'request waits'} for a decision: "
             '<a href="/approvals">approvals</a></p>'
         )
-    if view.status == "running" and view.session_id:
-        back = run_href(view.run_id)
-        forms = control_forms(view.session_id, csrf, back=back, target=view.run_id)
-        body.append(f"<p>{forms}</p>")
     nodes_base = run_href(view.run_id) + "/nodes/"
-    body.append(_errors(view))
-    body.append('<h3>graph</h3><div class="graph">')
-    body.append(graph_svg(graph, base=nodes_base))
+    body.append(_errors(view, graph))
+    zoom = zoom or ("fit" if len(graph.nodes) > ROWS else "100")
+    body.append("<h3>graph</h3>")
+    body.append(graph_tools(view.run_id, zoom, find))
+    body.append('<div class="graph">')
+    body.append(graph_svg(graph, base=nodes_base, zoom=zoom, found=find))
     body.append('</div><h3>timeline</h3><div class="wide">')
-    body.append(timeline_svg(view, base=nodes_base))
-    body.append("</div><h3>nodes</h3>")
+    body.append(timeline_svg(view, base=nodes_base, count=ROWS))
+    body.append("</div>")
+    rest = len(view.nodes) - ROWS
+    if rest > 0:  # the rest folded: a 300-node run must not make the page 34,545 px tall
+        body.append(
+            f'<details id="timeline-more"><summary>{rest} more rows of the timeline</summary>'
+            f'<div class="wide">{timeline_svg(view, base=nodes_base, first=ROWS)}</div></details>'
+        )
+    body.append("<h3>nodes</h3>")
     body.append(_nodes_table(view))
     if view.status == "running":  # each running node's last line (issue 31)
         body.append(lines_section(f"/api/runs/{quote(view.run_id, safe='')}/last-lines", esc))
     body.append("<h3>control log</h3>")
     body.append(_control_log(control))
     body.append("<h3>history</h3>")
-    body.append(history_table(view, control))
+    body.append(history_table(view, control, last=ROWS))
     if recovery is not None:
         body.append('<section id="recovery"><h2>recovery</h2>')
-        body.append(_recovery(view.run_id, *recovery, csrf=csrf))
+        body.append(_recovery(view, *recovery, verdicts=verdicts or {}))
         body.append("</section>")
     live = "/api/runs/" + quote(view.run_id, safe="")
-    return page(f"steerflow studio: run {view.run_id}", "\n".join(body), live=live)
+    return page(title(view), "\n".join(body), live=live)
 
 
 def steer_marked(instruction: str) -> str:
@@ -433,7 +496,10 @@ def _artifacts(items: tuple[object, ...], base: str) -> str:
 
 
 def _usage(usage: dict[str, object] | None) -> str:
-    if not usage:
+    """Tokens and cost; ``not reported`` when no call reported any (never "0 in / 0 out")."""
+    if not usage or all(
+        usage.get(k) is None for k in ("input_tokens", "output_tokens", "cost_usd")
+    ):
         return "not reported"
     cost = usage.get("cost_usd")
     text = f"{usage.get('input_tokens') or 0} in / {usage.get('output_tokens') or 0} out tokens"
@@ -501,6 +567,13 @@ def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
         facts.append(("note", esc(detail.note)))
     if detail.checkpoint_error:
         facts.append(("checkpoint", esc(detail.checkpoint_error)))
+    facts.append(
+        (
+            "events",
+            f'<a id="node-events" href="{esc(events_href(run, node=detail.id))}">'
+            "this node in the event log</a>",
+        )
+    )
     body = [f"<h2>node {esc(detail.id)}</h2>", _facts(facts)]
     body.append("<h3>instruction (as the provider received it)</h3>")
     if detail.instruction is None:

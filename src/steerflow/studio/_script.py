@@ -50,10 +50,20 @@ SCRIPT = """\
   function reload() {
     if (!leaving) { leaving = true; window.location.reload(); }
   }
+  // A field the operator is in, or changed from what the server rendered (the search
+  // box holds its query after a search: that is no edit), keeps the page: a reload
+  // would wipe it (issue 42).
   function typing() {
-    var fields = document.querySelectorAll("input[type=text]");
+    var fields = document.querySelectorAll(
+      "input[type=text], input[type=search], textarea, select");
     for (var i = 0; i < fields.length; i += 1) {
-      if (fields[i].value || fields[i] === document.activeElement) { return true; }
+      var f = fields[i];
+      if (f === document.activeElement) { return true; }
+      if (f.tagName === "SELECT") {
+        for (var j = 0; j < f.options.length; j += 1) {
+          if (f.options[j].selected !== f.options[j].defaultSelected) { return true; }
+        }
+      } else if (f.value !== f.defaultValue) { return true; }
     }
     return false;
   }
@@ -179,7 +189,8 @@ SCRIPT = """\
     });
     if (t0 === null) { return; }
     var span = Math.max(t1 - t0, 0.001);
-    svg.querySelectorAll("rect[data-bar]").forEach(function (bar) {
+    // Every part of the timeline (a long run's rows past the first fold away).
+    document.querySelectorAll("svg.timeline rect[data-bar]").forEach(function (bar) {
       var t = times[bar.getAttribute("data-bar")];
       if (!t) { return; }
       bar.setAttribute("x", (x0 + (t[0] - t0) / span * w).toFixed(1));

@@ -14,6 +14,7 @@ label is escaped; links are built with :func:`urllib.parse.quote`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 from urllib.parse import quote
 
@@ -51,23 +52,41 @@ def _label(text: str, limit: int = _LABEL_CHARS) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def layout(graph: RunGraph) -> tuple[dict[str, Point], dict[tuple[str, str], list[Point]]]:
-    """Node id -> top-left corner, and (dependency, node) -> the edge's polyline."""
+Layout = tuple[dict[str, Point], dict[tuple[str, str], list[Point]]]
+#: Components are laid side by side until a row is this wide, then a new row starts: 30
+#: independent chains must not make a 7,388 px wide page (issue 42 item 3).
+ROW_W = 1600.0
+
+
+def layout(graph: RunGraph) -> Layout:
+    """Node id -> top-left corner, and (dependency, node) -> the edge's polyline.
+
+    The layout depends on the graph's shape only (ids and edges, not statuses), and a
+    page is drawn again on every status change of a live run: it is computed once per
+    shape (most of a 300-node page's server time was the layout).
+    """
+    shape = tuple((n.id, tuple(n.depends_on)) for n in graph.nodes)
+    return _layout(shape)
+
+
+@functools.lru_cache(maxsize=16)
+def _layout(shape: tuple[tuple[str, tuple[str, ...]], ...]) -> Layout:
     from grandalf.graphs import Edge, Graph, Vertex
     from grandalf.layouts import SugiyamaLayout
 
-    vertices = {n.id: Vertex(n.id) for n in graph.nodes}
+    vertices = {key: Vertex(key) for key, _ in shape}
     for v in vertices.values():
         v.view = _View(NODE_W, NODE_H)
     edges: dict[tuple[str, str], Any] = {}
-    for node in graph.nodes:
-        for dep in node.depends_on:
-            if dep in vertices and dep != node.id and (dep, node.id) not in edges:
-                edge = Edge(vertices[dep], vertices[node.id])
+    for key, deps in shape:
+        for dep in deps:
+            if dep in vertices and dep != key and (dep, key) not in edges:
+                edge = Edge(vertices[dep], vertices[key])
                 edge.view = _EdgeView()
-                edges[(dep, node.id)] = edge
+                edges[(dep, key)] = edge
     where: dict[str, Point] = {}
     offset = float(_PAD)
+    top, bottom = 0.0, 0.0  # the current row of components: its top, its lowest box
     for component in Graph(list(vertices.values()), list(edges.values())).C:
         sug = SugiyamaLayout(component)
         sug.xspace, sug.yspace = _X_SPACE, _Y_SPACE
@@ -78,13 +97,16 @@ def layout(graph: RunGraph) -> tuple[dict[str, Point], dict[tuple[str, str], lis
         bends = [x for e in component.sE for x, _ in e.view.points]
         left = min([v.view.xy[0] - v.view.w / 2 for v in component.sV] + bends)
         right = max([v.view.xy[0] + v.view.w / 2 for v in component.sV] + bends)
-        shift = offset - left
+        if offset > _PAD and offset + (right - left) > ROW_W:
+            offset, top = float(_PAD), bottom + _COMPONENT_GAP  # a new row below
+        shift, lift = offset - left, top + _PAD
         for v in component.sV:
             x, y = v.view.xy
-            v.view.xy = (x + shift, y + _PAD)
-            where[v.data] = (x + shift - NODE_W / 2, y + _PAD - NODE_H / 2)
+            v.view.xy = (x + shift, y + lift)
+            where[v.data] = (x + shift - NODE_W / 2, y + lift - NODE_H / 2)
+            bottom = max(bottom, y + lift + NODE_H / 2)
         for e in component.sE:
-            e.view.points = [(x + shift, y + _PAD) for x, y in e.view.points]
+            e.view.points = [(x + shift, y + lift) for x, y in e.view.points]
         offset = right + shift + _COMPONENT_GAP
     return where, {key: _route(e.view.points) for key, e in edges.items()}
 
@@ -140,8 +162,13 @@ def _edge(dep: str, node: GraphNode, points: list[Point]) -> str:
     )
 
 
-def graph_svg(graph: RunGraph, *, base: str) -> str:
-    """``<svg>`` of ``graph``; each node links to ``base + quote(node id)``."""
+def graph_svg(graph: RunGraph, *, base: str, zoom: str = "100", found: str | None = None) -> str:
+    """``<svg>`` of ``graph``; each node links to ``base + quote(node id)``.
+
+    ``zoom``: ``fit`` (the drawing scales to the page's width, its viewBox kept) or a
+    percentage of the drawn size; ``found``: the node a search found, marked and the
+    target of the page's ``#dag-<id>`` fragment.
+    """
     where, routes = layout(graph) if graph.nodes else ({}, {})
     bends = [x for points in routes.values() for x, _ in points]
     width = max([x + NODE_W for x, _ in where.values()] + bends, default=0) + _PAD
@@ -158,9 +185,13 @@ def graph_svg(graph: RunGraph, *, base: str) -> str:
         classes = f"node status-{status} kind-{'spawned' if node.kind == 'spawned' else 'planned'}"
         if node.escalated_from:
             classes += " escalation"
+        mark = ""
+        if node.id == found:
+            classes += " found"
+            mark = f' id="dag-{esc(quote(node.id, safe=""))}"'
         href = esc(base + quote(node.id, safe=""))
         shapes.append(
-            f'<a href="{href}"><g class="{classes}" data-node="{esc(node.id)}">'
+            f'<a href="{href}"{mark}><g class="{classes}" data-node="{esc(node.id)}">'
             f"<title>{esc(node.id)} ({esc(node.status)})</title>"
             f'<rect x="{x:.1f}" y="{y:.1f}" width="{NODE_W}" height="{NODE_H}" rx="4"/>'
             f'<text x="{x + 6:.1f}" y="{y + NODE_H - 8:.1f}">{esc(_label(node.id))}</text></g></a>'
@@ -170,8 +201,13 @@ def graph_svg(graph: RunGraph, *, base: str) -> str:
         'markerHeight="7" orient="auto-start-reverse"><path class="arrowhead" '
         'd="M0,0 L10,5 L0,10 z"/></marker></defs>'
     )
+    if zoom == "fit":
+        size = 'width="100%" data-zoom="fit"'
+    else:
+        scale = int(zoom) / 100 if zoom.isdigit() else 1.0
+        size = f'width="{width * scale:.0f}" height="{height * scale:.0f}" data-zoom="{zoom}"'
     return (
-        f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" width="{width:.0f}" '
-        f'height="{height:.0f}" viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
+        f'<svg class="dag" xmlns="http://www.w3.org/2000/svg" {size} '
+        f'viewBox="0 0 {width:.0f} {height:.0f}" role="img" '
         f'aria-label="dependency graph">' + marker + "".join(edges) + "".join(shapes) + "</svg>"
     )

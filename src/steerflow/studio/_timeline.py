@@ -13,7 +13,7 @@ import time
 from urllib.parse import quote
 
 from steerflow.studio._pages import duration, esc
-from steerflow.views import RunView
+from steerflow.views import NodeState, RunView
 
 __all__ = ["TIMELINE_W", "timeline_svg"]
 
@@ -31,13 +31,39 @@ def _times(detail: dict[str, object] | None) -> tuple[float | None, float | None
     )
 
 
-def timeline_svg(view: RunView, *, base: str, now: float | None = None) -> str:
-    """``<svg>`` of the nodes' call times; a node not started yet has a row and no bar."""
+def _end_of(
+    node: NodeState, start: float | None, end: float | None
+) -> tuple[float | None, float | None]:
+    """A bar's start and end; a node that died in flight ends where the view stopped it.
+
+    Its start plus its duration, not "now": its bar must not grow on every reload of a
+    run that is long dead.
+    """
+    if start is not None and end is None and node.status != "running" and node.duration_s:
+        end = start + node.duration_s
+    return start, end
+
+
+def timeline_svg(
+    view: RunView,
+    *,
+    base: str,
+    now: float | None = None,
+    first: int = 0,
+    count: int | None = None,
+) -> str:
+    """``<svg>`` of the nodes' call times; a node not started yet has a row and no bar.
+
+    ``first``/``count``: draw only those rows (a long run's timeline is cut into parts),
+    on the axis of the whole run so the parts line up.
+    """
     now = time.time() if now is None else now
-    rows = [(n, *_times(n.detail)) for n in view.nodes]
-    starts = [s for _, s, _ in rows if s is not None]
+    every = [(n, *_end_of(n, *_times(n.detail))) for n in view.nodes]
+    starts = [s for _, s, _ in every if s is not None]
     t0 = min(starts, default=now)
-    t1 = max([e if e is not None else now for _, s, e in rows if s is not None], default=now)
+    t1 = max([e if e is not None else now for _, s, e in every if s is not None], default=now)
+    rows = every[first : None if count is None else first + count]
+    end_id = ' id="timeline-end"' if first == 0 else ""  # one per page
     span = max(t1 - t0, 0.001)
     height = _AXIS_H + _PAD * 2 + len(rows) * _ROW_H
     width = _LABEL_W + TIMELINE_W + _PAD * 2
@@ -45,7 +71,8 @@ def timeline_svg(view: RunView, *, base: str, now: float | None = None) -> str:
         f'<line class="axis" x1="{_LABEL_W}" y1="{_AXIS_H}" x2="{_LABEL_W + TIMELINE_W}" '
         f'y2="{_AXIS_H}"/>',
         f'<text class="tick" x="{_LABEL_W}" y="{_AXIS_H - 5}">0s</text>',
-        f'<text class="tick" id="timeline-end" text-anchor="end" x="{_LABEL_W + TIMELINE_W}" '
+        f'<text class="tick"{end_id} text-anchor="end" '
+        f'x="{_LABEL_W + TIMELINE_W}" '
         f'y="{_AXIS_H - 5}">{esc(duration(span if starts else None))}</text>',
     ]
     for i, (node, start, end) in enumerate(rows):

@@ -8,12 +8,17 @@ leniently): the one loader every reader shares.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, get_args
 
 from steerflow._usage import Usage
-from steerflow.checkpoint import CHECKPOINT_FILENAME, CheckpointState, load_state
+from steerflow.checkpoint import (
+    CHECKPOINT_FILENAME,
+    JOURNAL_FILENAME,
+    CheckpointState,
+    load_state,
+)
 from steerflow.errors import CheckpointRecoveryError, UsageError, quote_input
 from steerflow.orchestrate._agent_state import ordered_keys
 from steerflow.orchestrate._detail import elapsed, run_summary
@@ -22,7 +27,16 @@ from steerflow.resume import resolve_run_target
 from steerflow.state import NodeRow, SessionRow, SessionStatus, StateDB, db_exists
 from steerflow.views._loops import recorded_loops
 
-__all__ = ["NodeState", "RunListing", "RunView", "list_runs", "resumed_by", "show_run"]
+__all__ = [
+    "NodeState",
+    "RunListing",
+    "RunView",
+    "last_life",
+    "list_runs",
+    "resumed_by",
+    "saved_at",
+    "show_run",
+]
 
 
 @dataclass(frozen=True)
@@ -82,10 +96,12 @@ def list_runs(
     status: str | None = None,
     offset: int = 0,
     text: str | None = None,
+    since: float | None = None,
 ) -> list[RunListing]:
     """Runs, newest first; at most ``limit`` (None: all), only ``status`` ones if given.
 
-    ``text``: only runs whose name or run id contains it (case-insensitive).
+    ``text``: only runs whose name or run id contains it (case-insensitive); ``since``:
+    only runs started at or after that epoch.
 
     ``status`` filters on the effective status (a dead run reads as ``interrupted``)
     before ``limit`` cuts: the list holds ``limit`` rows whenever that many match.
@@ -104,13 +120,18 @@ def list_runs(
     if not db_exists(home):
         return []
     with StateDB.open(home, create=False) as db:
-        rows = _matching_sessions(db, status, limit, offset, text or None)
+        rows = _matching_sessions(db, status, limit, offset, text or None, since)
         by = db.resumed_by([r.run_id for r in rows if r.run_id])
-        return [_listing(db, r, by) for r in rows]
+        return [_listing(db, r, by, home) for r in rows]
 
 
 def _matching_sessions(
-    db: StateDB, status: str | None, limit: int | None, offset: int, text: str | None
+    db: StateDB,
+    status: str | None,
+    limit: int | None,
+    offset: int,
+    text: str | None,
+    since: float | None = None,
 ) -> list[SessionRow]:
     """Sessions whose effective status is ``status``, newest first, sliced in SQL if it can.
 
@@ -120,13 +141,13 @@ def _matching_sessions(
     """
     if status is None or status not in ("running", "interrupted"):
         stored = None if status is None else [status]
-        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text)
+        return db.list_sessions(limit=limit, offset=offset, stored=stored, text=text, since=since)
     wanted = None if limit is None else offset + limit
     out: list[SessionRow] = []
     start = 0
     while wanted is None or len(out) < wanted:
         batch = db.list_sessions(
-            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text
+            limit=_BATCH, offset=start, stored=["running", "interrupted"], text=text, since=since
         )
         out += [r for r in batch if db.effective_status(r) == status]
         if len(batch) < _BATCH:
@@ -135,8 +156,9 @@ def _matching_sessions(
     return out[offset:wanted]
 
 
-def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing:
+def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]], home: Path) -> RunListing:
     effective = db.effective_status(r)
+    run_dir = home / "runs" / r.run_id if r.run_id else None
     return RunListing(
         session_id=r.id,
         run_id=r.run_id,
@@ -144,7 +166,7 @@ def _listing(db: StateDB, r: SessionRow, by: dict[str, list[Any]]) -> RunListing
         status=effective,
         created_at=r.created_at,
         phase=_live_phase(r.phase, effective),
-        duration_s=_run_duration(r, effective, db),
+        duration_s=_run_duration(r, effective, db, run_dir),
         resumed_from=r.node_metadata.get("resumed_from"),
         resumed_from_run=r.node_metadata.get("resumed_from_run"),
         resumed_by=tuple(b.to_json() for b in by.get(r.run_id or "", [])),
@@ -174,20 +196,51 @@ def _live_phase(stored: str | None, status: str) -> str | None:
     return stored if status == "running" else None
 
 
-def _run_duration(row: SessionRow, status: str, db: StateDB | None = None) -> float | None:
-    """Start to finish; a live run to now; a dead one to the last sign of life.
-
-    A run killed before its first heartbeat still published its nodes: the latest node
-    publication counts as a sign of life too, so it does not read 0.0 s.
-    """
+def _run_duration(
+    row: SessionRow, status: str, db: StateDB, run_dir: Path | None = None
+) -> float | None:
+    """Start to finish; a live run to now; a dead one to its last recorded event."""
     if status == "running":
         return elapsed(row.created_at, None, running=True)
-    end = row.node_metadata.get("finished_at")
-    if end is None:
-        end = max(row.heartbeat_at or 0.0, row.updated_at or 0.0)
-        if db is not None and status in ("interrupted", "stopped", "failed", "timed_out"):
-            end = max(end, db.last_node_update(row.id) or 0.0)
-    return elapsed(row.created_at, end, running=False)
+    return elapsed(row.created_at, last_life(row, db, run_dir), running=False)
+
+
+def saved_at(run_dir: Path | None) -> float | None:
+    """When the run's checkpoint was last written: the newer of its base file and journal.
+
+    Every completion is appended to the journal (the base file is rewritten only at a
+    compaction), so the base file's time alone reads as the run's start.
+    """
+    if run_dir is None:
+        return None
+    times = []
+    for name in (CHECKPOINT_FILENAME, JOURNAL_FILENAME):
+        try:
+            times.append(os.lstat(run_dir / name).st_mtime)
+        except OSError:
+            continue
+    return max(times, default=None)
+
+
+def last_life(session: SessionRow, db: StateDB, run_dir: Path | None = None) -> float:
+    """The end of a settled run: its recorded finish, else its last recorded event.
+
+    A run that died has no finish: its end is the latest of its heartbeat, its last node
+    publication and its checkpoint's last save. Never ``updated_at``: marking the dead
+    run ``interrupted`` (``mark_interrupted_if_dead``, which a resume does) stamps it
+    with that later moment, and the crashed run would last until its resume (decision
+    320).
+    """
+    end = session.node_metadata.get("finished_at")
+    if isinstance(end, (int, float)):
+        return float(end)
+    signs = (
+        session.created_at,
+        session.heartbeat_at or 0.0,
+        db.last_node_update(session.id) or 0.0,
+        saved_at(run_dir) or 0.0,
+    )
+    return max(signs)
 
 
 @dataclass(frozen=True)
@@ -266,6 +319,18 @@ class RunView:
     budget: dict[str, Any] | None = None
     #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); empty when none.
     loops: tuple[dict[str, Any], ...] = ()
+    #: When the session began; None without a session row.
+    created_at: float | None = None
+    #: When it ended: its recorded finish, or for a run that died its last recorded event
+    #: (heartbeat, node publication, checkpoint save); None while it runs (decision 320).
+    ended_at: float | None = None
+    #: The session's ``node_metadata`` (stop, budget and finish facts); not in ``to_json``.
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def duration_s(self) -> float | None:
+        """Start to end; a running run to now."""
+        return elapsed(self.created_at, self.ended_at, running=self.status == "running")
 
     def node(self, key: str) -> NodeState | None:
         """The node named ``key`` exactly, else None."""
@@ -328,6 +393,8 @@ def show_run(home: Path, target: str) -> RunView:
         except CheckpointRecoveryError as exc:
             report = exc.report
     status = phase = kind = owner_host = name = None
+    created_at: float | None = None
+    ended_at: float | None = None
     meta: dict[str, Any] = {}
     nodes: list[NodeState] = []
     has_session = False
@@ -340,7 +407,8 @@ def show_run(home: Path, target: str) -> RunView:
                 phase = _live_phase(session.phase, status)
                 owner_host, name = session.owner_host, session.name
                 meta = dict(session.node_metadata)
-                settled = None if status == "running" else _last_life(session, db)
+                settled = None if status == "running" else last_life(session, db, run.run_dir)
+                created_at, ended_at = session.created_at, settled
                 nodes = [_live_node(n, settled) for n in db.list_nodes(run.session_id)]
     if state is not None:
         from_checkpoint = checkpoint_nodes(state)
@@ -375,16 +443,10 @@ def show_run(home: Path, target: str) -> RunView:
         name=name,
         budget=_budget(meta),
         loops=tuple(recorded_loops(state, meta.get("loops") or ())),
+        created_at=created_at,
+        ended_at=ended_at,
+        metadata=meta,
     )
-
-
-def _last_life(session: SessionRow, db: StateDB) -> float:
-    """The last moment a settled run was seen alive (its end, heartbeat or publication)."""
-    end = session.node_metadata.get("finished_at")
-    if isinstance(end, (int, float)):
-        return float(end)
-    beats = (session.heartbeat_at or 0.0, session.updated_at or 0.0)
-    return max(*beats, db.last_node_update(session.id) or 0.0)
 
 
 def _live_node(n: NodeRow, settled_at: float | None = None) -> NodeState:
