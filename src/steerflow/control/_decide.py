@@ -77,7 +77,10 @@ def _refuse_unknown(db: StateDB, session: SessionRow, request_id: str) -> None:
     for control in db.list_controls(session.id):
         payload = control.payload if isinstance(control.payload, dict) else {}
         ours = control.verb in ("approve", "deny") and payload.get("request_id") == request_id
-        if ours and control.result == "applied":
+        # The run drops the request from its published list before it stamps the
+        # decision it took: a row not yet stamped (pending or ``applying:``) is that one.
+        taking = control.result is None or control.result.startswith("applying:")
+        if ours and (control.result == "applied" or taking):
             raise RefusedError(
                 f"approval request {quote_input(request_id)} was already decided: "
                 f"{control.verb} {control.id} from {control.sender or 'unknown'}"
