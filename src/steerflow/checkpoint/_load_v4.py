@@ -12,7 +12,10 @@ Integrity
     A segment is read only through a name the manifest gives (a strict pattern: no
     path), and must have exactly the manifest's length and SHA-256 and name itself;
     otherwise the checkpoint is refused (``missing-segment``,
-    ``segment-digest-mismatch``, ``segment-identity``), never partly used.
+    ``segment-digest-mismatch``, ``segment-identity``), never partly used.  The
+    manifest ends with ``manifest_sha256``, the digest of its own bytes without that
+    member (``manifest-digest-mismatch``): every byte of a unit but the journal is
+    covered by a digest, and the journal's entries by their ``result_digest``.
 
 Coherent view
     As version 3's: the manifest is read through a pinned descriptor, then its segments
@@ -38,6 +41,7 @@ __all__ = [
     "SEGMENT_PREFIX",
     "fold_v4",
     "load_v4",
+    "seal_manifest",
     "segment_names",
     "valid_segment_name",
 ]
@@ -53,6 +57,31 @@ _META_MEMBERS = ("session_id", "prompt", "plan", "config")
 _META_REQUIRED = frozenset({"version", "segment", *_META_MEMBERS})
 _ENTRIES_MEMBERS = frozenset({"version", "segment", "ops", "spawned"})
 _ATTEMPTS = 5
+#: The manifest's last member: the SHA-256 of the manifest's own bytes without it.
+_SEAL = b',"manifest_sha256":"'
+_SEALED_TAIL = re.compile(rb',"manifest_sha256":"([0-9a-f]{64})"\}\Z')
+
+
+def seal_manifest(body: bytes) -> bytes:
+    """``body`` (a compact JSON object) with its own digest as the last member.
+
+    The manifest is the one file of a unit no other digest covers (segments are covered
+    by it, entries by their ``result_digest``), so it covers itself: any change to its
+    bytes, the flow context included, is a refusal rather than a different resume.
+    """
+    digest = hashlib.sha256(body).hexdigest().encode("ascii")
+    return body[:-1] + _SEAL + digest + b'"}'
+
+
+def _unseal(data: bytes) -> bytes:
+    """The manifest's bytes as digested, or ``_InvalidError`` if the seal does not match."""
+    found = _SEALED_TAIL.search(data)
+    if found is None:
+        raise _InvalidError("invalid-manifest", "the manifest does not end with its digest")
+    body = data[: found.start()] + b"}"
+    if hashlib.sha256(body).hexdigest().encode("ascii") != found.group(1):
+        raise _InvalidError("manifest-digest-mismatch", "the manifest differs from its digest")
+    return body
 
 
 def valid_segment_name(name: object) -> bool:
@@ -225,9 +254,13 @@ def _file_at_fault(bad: _InvalidError, manifest: Mapping[str, Any]) -> str | Non
 
 
 def parse_manifest(data: bytes, report: Report) -> dict[str, Any]:
-    """Decode and check a manifest (refusals name ``checkpoint.json``)."""
+    """Check a manifest's seal, decode and check it (refusals name ``checkpoint.json``)."""
     try:
-        return _check_manifest(parse_json(data))
+        parsed = parse_json(data)  # JSON first: a text that is not JSON says so
+        if isinstance(parsed.value, dict) and parsed.value.get("version") != 4:
+            raise _InvalidError("unsupported-version")
+        body = _unseal(data)
+        return _check_manifest(parse_json(body))
     except ValueError:
         raise report.refuse("malformed-json", file=CHECKPOINT_FILENAME) from None
     except _InvalidError as bad:

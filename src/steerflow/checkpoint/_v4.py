@@ -41,7 +41,7 @@ from steerflow.errors import CheckpointRecoveryError, PersistenceError
 
 from . import _capture, _io
 from ._digest import JSON
-from ._load_v4 import SEGMENT_PREFIX, fold_v4
+from ._load_v4 import SEGMENT_PREFIX, fold_v4, seal_manifest
 from ._report import Report
 from ._state import Item, State, dumps_compact
 from ._v3 import V3Backend
@@ -175,7 +175,7 @@ class V4Backend(V3Backend):
         if new:
             self._orphans += new  # until the manifest naming them is published
             _io.fsync_dir(self._pfd_checked())  # their names are durable before any use
-        data = dumps_compact(self._manifest(segments))
+        data = seal_manifest(dumps_compact(self._manifest(segments)))
         self._base = self._publish(self.name, data, "manifest", previous=old)
         # Published: the new segments are named, the retired ones (merged away, an
         # intermediate merge of a cascade included) no longer are.
