@@ -1,5 +1,8 @@
 """Process death at every durability seam of a version 4 checkpoint (decision 340).
 
+``pytest -m slow tests/crash/test_seams_v4.py`` runs the whole campaign; the default run
+keeps a sample (:func:`in_sample`) and the coverage checks.
+
 The campaign of ``test_seams.py`` (discovered seams, each killed at its first and last
 hit per phase, normal and 7-byte short-write modes, the state loaded by another
 process must be the replay of ``max_acked .. max_acked + 1`` transitions), run on a
@@ -51,6 +54,14 @@ RECORD_STEPS = {
 #: The seams that exist only in version 4 (the issue's "seam count for the new files").
 NEW_FILE_STEPS = {*_SEGMENT, "segment-unlink", *_MANIFEST}
 
+#: The default run's kill points (after each, in a compaction): a segment written, made
+#: durable and named, the names made durable, the manifest written, durable and
+#: swapped in, and a merged segment unlinked (create and the empty flush seam: slow only).
+SAMPLE_STEPS = {
+    "segment-write", "segment-fsync", "segment-link", "dir-fsync",
+    "manifest-write", "manifest-fsync", "manifest-exchange", "segment-unlink",
+}  # fmt: skip
+
 _DISCOVERED: list[tuple[list[Case], Hits]] = []
 
 
@@ -77,10 +88,37 @@ def discovered(config: pytest.Config) -> tuple[list[Case], Hits]:
     return _DISCOVERED[0]
 
 
+def in_sample(case: Case) -> bool:
+    """The default run's cases: each new-file seam's first hit after it, in a compaction.
+
+    The whole campaign (both ends of every seam of every phase, both modes) is ``slow``
+    (181 kills); the sample keeps :data:`SAMPLE_STEPS` once each, and a torn segment
+    and a torn manifest (short-write mode).
+    """
+    when, step = case.point.split(":", 1)
+    if case.phase != "compaction" or when != "after":
+        return False
+    if case.short:
+        return step in ("segment-write-part", "manifest-write-part") and case.nth == min(
+            c.nth
+            for c in _DISCOVERED[0][0]
+            if c.short and (c.phase, c.point) == (case.phase, case.point)
+        )
+    firsts = [
+        c.nth
+        for c in _DISCOVERED[0][0]
+        if not c.short and (c.phase, c.point) == (case.phase, case.point)
+    ]
+    return step in SAMPLE_STEPS and case.nth == min(firsts)
+
+
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "case_v4" in metafunc.fixturenames:
         cases, _ = discovered(metafunc.config)
-        metafunc.parametrize("case_v4", cases, ids=[c.id for c in cases])
+        params = [
+            pytest.param(c, id=c.id, marks=() if in_sample(c) else pytest.mark.slow) for c in cases
+        ]
+        metafunc.parametrize("case_v4", params)
 
 
 @pytest.fixture(scope="session")
@@ -100,8 +138,12 @@ def test_v4_death_at_seam_loses_no_acknowledged_transition(case_v4: Case, tmp_pa
 def test_v4_campaign_covers_every_new_file_step(discovery_v4: tuple[list[Case], Hits]) -> None:
     cases, hits = discovery_v4
     points = covered(cases)
-    new = sorted({c.point for c in cases if c.point.split(":", 1)[1] in NEW_FILE_STEPS})
-    print(f"version 4 seams covered: {len(cases)} cases; new-file points: {len(new)}")
+    new = sorted({(c.phase, c.point) for c in cases if c.point.split(":", 1)[1] in NEW_FILE_STEPS})
+    new_cases = [c for c in cases if c.point.split(":", 1)[1] in NEW_FILE_STEPS]
+    print(
+        f"version 4 campaign: {len(cases)} kill points ({sum(map(in_sample, cases))} in the "
+        f"default run); new-file seams (phase, point): {len(new)}, as {len(new_cases)} kills"
+    )
     print(json.dumps(points, indent=1))
     missing = [
         f"{phase}: {when}:{step}"
