@@ -53,6 +53,8 @@ __all__ = ["SEGMENT_FANOUT", "SegmentState", "V4Backend"]
 SEGMENT_FANOUT = 32
 
 _Id = tuple[str, str]  # ("op", agent_id) or ("spawn", node_id)
+#: What a version 4 writer's state keeps in place of an entry it has encoded.
+_FORGOTTEN: dict[str, JSON] = {}
 
 
 @dataclass
@@ -70,6 +72,7 @@ class SegmentState(State):
             made.dirty["op", key] = made.encode_entry(entry)
         for entry in made.spawned:
             made.dirty["spawn", str(entry["node_id"])] = made.encode_entry(entry)
+        made.forget_all()
         return made
 
     def apply(self, item: Item, encoded: bytes | None = None) -> None:
@@ -77,8 +80,27 @@ class SegmentState(State):
             enc = encoded if encoded is not None else self.encode_entry(item.entry)
             self.dirty[item.kind, item.key] = enc
             super().apply(item, enc)
+            self._forget(item.kind, item.key)
             return
         super().apply(item, encoded)
+
+    def _forget(self, kind: str, key: str) -> None:
+        """Keep an entry's place, not the entry (issue 43 item 2: no response held twice).
+
+        A version 4 writer never reads an entry back from memory: the next segment takes
+        its encoding from ``dirty``, a merge reads it from its segment, a reconciliation
+        from disk. Only its position (ops order, spawn index) is kept.
+        """
+        if kind == "op":
+            self.ops[key] = _FORGOTTEN
+        else:
+            self.spawned[self.spawn_index[key]] = _FORGOTTEN
+
+    def forget_all(self) -> None:
+        """:meth:`_forget` every entry (after a seed or a reconciliation encoded them)."""
+        for key in self.ops:
+            self.ops[key] = _FORGOTTEN
+        self.spawned = [_FORGOTTEN] * len(self.spawned)
 
 
 @dataclass
@@ -373,6 +395,7 @@ class V4Backend(V3Backend):
             for entry in self.state.spawned:
                 dirty["spawn", str(entry["node_id"])] = self.state.encode_entry(entry)
             self.state.dirty = dirty
+            self.state.forget_all()
             # Everything is in the new segment: the old ones (and any orphan of the
             # failed compaction) go once the manifest that no longer names them is out.
             self._retired += self._segments + self._orphans
