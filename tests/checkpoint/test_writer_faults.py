@@ -214,3 +214,23 @@ def test_public_exports_are_pinned() -> None:
     }
     assert checkpoint.CHECKPOINT_FILENAME == "checkpoint.json"
     assert checkpoint.JOURNAL_FILENAME == "checkpoint.json.journal"
+
+
+async def test_v4_two_failures_never_retire_a_named_segment(tmp_path: Path) -> None:
+    """An initialization that failed after writing its meta segment, then a failed
+    compaction: the reconciliation retires only segments no manifest names (the meta
+    segment the retried initialization published is kept), and the unit loads whole."""
+    _faults.arm("eio:before:manifest-write:1,eio:before:manifest-write:3")
+    w = make_writer(tmp_path, version=4, max_records=1)
+    acked: list[str] = []
+    for i in range(6):
+        try:
+            await w.record(f"op{i}", status="completed", response=f"r{i}")
+            acked.append(f"op{i}")
+        except PersistenceError:
+            await w.reconcile()
+    _faults.disarm()
+    await w.close()
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean" and report["checkpoint_version"] == 4
+    assert set(acked) <= set(state["ops"]) and len(acked) >= 4

@@ -179,12 +179,14 @@ class V4Backend(V3Backend):
         if self._meta is None:
             self._meta = self._write_segment(self._meta_pieces(), -1)
             new.append(self._meta)
+            self._orphans.append(self._meta)  # until the manifest naming it is published
         segments = list(self._segments)
         retired: list[_Segment] = []
         if self.state.dirty:
             dirty = self.state.dirty
             seg = self._write_segment(self._entry_pieces(dirty), 0)
             new.append(seg)
+            self._orphans.append(seg)
             segments.append(seg)
             while len(segments) >= SEGMENT_FANOUT and (
                 len({s.level for s in segments[-SEGMENT_FANOUT:]}) == 1
@@ -192,16 +194,26 @@ class V4Backend(V3Backend):
                 group = segments[-SEGMENT_FANOUT:]
                 merged = self._write_segment(self._merged_pieces(group), group[0].level + 1)
                 new.append(merged)
+                self._orphans.append(merged)
                 retired += group
                 segments[-SEGMENT_FANOUT:] = [merged]
         if new:
-            self._orphans += new  # until the manifest naming them is published
             _io.fsync_dir(self._pfd_checked())  # their names are durable before any use
         data = seal_manifest(dumps_compact(self._manifest(segments)))
         self._base = self._publish(self.name, data, "manifest", previous=old)
         # Published: the new segments are named, the retired ones (merged away, an
         # intermediate merge of a cascade included) no longer are.
-        self._orphans = [s for s in self._orphans if s not in new]
+        # An earlier attempt's segment that this manifest names (the meta segment of an
+        # initialization that failed after writing it) is no orphan either: only what no
+        # manifest names may be retired by a reconciliation.
+        # Nor is a cascade's intermediate merge, retired below: every segment is in at
+        # most one list, so its pin is closed exactly once (a descriptor number closed
+        # twice could be another file's by then).
+        self._orphans = [
+            s
+            for s in self._orphans
+            if s is not self._meta and s not in segments and s not in retired
+        ]
         self._segments = segments
         self._retired += retired
         self.state.dirty = {}
