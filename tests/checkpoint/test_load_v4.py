@@ -109,47 +109,128 @@ def test_the_unit_loads_and_its_manifest_is_small(unit: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("change", "reason"),
+    ("change", "reason", "detail"),
     [
-        (lambda d: d.update(extra=1), "invalid-manifest"),
-        (lambda d: d.pop("segments"), "invalid-manifest"),
-        (lambda d: d.pop("meta"), "invalid-manifest"),
-        (lambda d: d.pop("flow_context"), "invalid-manifest"),
-        (lambda d: d.pop("generation"), "invalid-manifest"),
-        (lambda d: d.pop("journal_seq"), "invalid-manifest"),
-        (lambda d: d.update(generation="G" * 32), "invalid-generation"),
-        (lambda d: d.update(journal_seq=1), "invalid-base"),
-        (lambda d: d.update(journal_seq=False), "invalid-base"),
-        (lambda d: d.update(flow_context=[]), "invalid-base"),
-        (lambda d: d.update(segments={}), "invalid-manifest"),
-        (lambda d: d["meta"].update(level=0), "invalid-manifest"),
-        (lambda d: d["meta"].pop("sha256"), "invalid-manifest"),
-        (lambda d: d["meta"].update(name="../checkpoint.json.seg." + "0" * 32), "invalid-manifest"),
-        (lambda d: d["meta"].update(name=d["meta"]["name"].upper()), "invalid-manifest"),
-        (lambda d: d["meta"].update(name=d["meta"]["name"] + "0"), "invalid-manifest"),
-        (lambda d: d["meta"].update(bytes=-1), "invalid-manifest"),
-        (lambda d: d["meta"].update(bytes=True), "invalid-manifest"),
-        (lambda d: d["meta"].update(bytes="1"), "invalid-manifest"),
-        (lambda d: d["meta"].update(sha256="0" * 63), "invalid-manifest"),
-        (lambda d: d["meta"].update(sha256="A" * 64), "invalid-manifest"),
-        (lambda d: d["meta"].update(sha256=None), "invalid-manifest"),
-        (lambda d: d["segments"][0].pop("level"), "invalid-manifest"),
-        (lambda d: d["segments"][0].update(level=-1), "invalid-manifest"),
-        (lambda d: d["segments"][0].update(level=65), "invalid-manifest"),
-        (lambda d: d["segments"][0].update(level=True), "invalid-manifest"),
-        (lambda d: d["segments"].append(dict(d["segments"][0])), "invalid-manifest"),
-        (lambda d: d["segments"].append({**d["meta"], "level": 0}), "invalid-manifest"),
-        (lambda d: d["segments"].append("x"), "invalid-manifest"),
+        (lambda d: d.update(extra=1), "invalid-manifest", "unknown members ['extra']"),
+        (lambda d: d.pop("segments"), "invalid-manifest", "missing ['segments']"),
+        (lambda d: d.pop("meta"), "invalid-manifest", "missing ['meta']"),
+        (lambda d: d.pop("flow_context"), "invalid-manifest", "missing ['flow_context']"),
+        (lambda d: d.pop("generation"), "invalid-manifest", "missing ['generation']"),
+        (lambda d: d.pop("journal_seq"), "invalid-manifest", "missing ['journal_seq']"),
+        (lambda d: d.update(generation="G" * 32), "invalid-generation", ""),
+        (lambda d: d.update(journal_seq=1), "invalid-base", "journal_seq is not 0"),
+        (lambda d: d.update(journal_seq=False), "invalid-base", "journal_seq is not 0"),
+        (
+            lambda d: d.update(flow_context=[]),
+            "invalid-base",
+            "member 'flow_context' missing or mistyped",
+        ),
+        (lambda d: d.update(segments={}), "invalid-manifest", "segments is not a list"),
+        (
+            lambda d: d["meta"].update(level=0),
+            "invalid-manifest",
+            "a segment reference is not exactly ['bytes', 'name', 'sha256']",
+        ),
+        (
+            lambda d: d["meta"].pop("sha256"),
+            "invalid-manifest",
+            "a segment reference is not exactly ['bytes', 'name', 'sha256']",
+        ),
+        (
+            lambda d: d["meta"].update(name="../checkpoint.json.seg." + "0" * 32),
+            "invalid-manifest",
+            "a segment name is not seg.<32 hex>",
+        ),
+        (
+            lambda d: d["meta"].update(name=d["meta"]["name"].upper()),
+            "invalid-manifest",
+            "a segment name is not seg.<32 hex>",
+        ),
+        (
+            lambda d: d["meta"].update(name=d["meta"]["name"] + "0"),
+            "invalid-manifest",
+            "a segment name is not seg.<32 hex>",
+        ),
+        (
+            lambda d: d["meta"].update(bytes=-1),
+            "invalid-manifest",
+            "a segment length is not a count",
+        ),
+        (
+            lambda d: d["meta"].update(bytes=True),
+            "invalid-manifest",
+            "a segment length is not a count",
+        ),
+        (
+            lambda d: d["meta"].update(bytes="1"),
+            "invalid-manifest",
+            "a segment length is not a count",
+        ),
+        (
+            lambda d: d["meta"].update(sha256="0" * 63),
+            "invalid-manifest",
+            "a segment digest is not 64 hex",
+        ),
+        (
+            lambda d: d["meta"].update(sha256="A" * 64),
+            "invalid-manifest",
+            "a segment digest is not 64 hex",
+        ),
+        (
+            lambda d: d["meta"].update(sha256=None),
+            "invalid-manifest",
+            "a segment digest is not 64 hex",
+        ),
+        (
+            lambda d: d["segments"][0].pop("level"),
+            "invalid-manifest",
+            "a segment reference is not exactly ['bytes', 'level', 'name', 'sha256']",
+        ),
+        (
+            lambda d: d["segments"][0].update(level=-1),
+            "invalid-manifest",
+            "a segment level is not 0..64",
+        ),
+        (
+            lambda d: d["segments"][0].update(level=65),
+            "invalid-manifest",
+            "a segment level is not 0..64",
+        ),
+        (
+            lambda d: d["segments"][0].update(level=True),
+            "invalid-manifest",
+            "a segment level is not 0..64",
+        ),
+        (
+            lambda d: d["segments"].append(dict(d["segments"][0])),
+            "invalid-manifest",
+            "a segment is named twice",
+        ),
+        (
+            lambda d: d["segments"].append({**d["meta"], "level": 0}),
+            "invalid-manifest",
+            "a segment is named twice",
+        ),
+        (
+            lambda d: d["segments"].append("x"),
+            "invalid-manifest",
+            "a segment reference is not exactly ['bytes', 'level', 'name', 'sha256']",
+        ),
         (
             lambda d: d["segments"][0].update(bytes=d["segments"][0]["bytes"] + 1),
             "segment-digest-mismatch",
+            "differs from the length and digest named",
         ),
-        (lambda d: d["segments"][0].update(sha256="0" * 64), "segment-digest-mismatch"),
-        (lambda d: d["segments"].reverse(), "sequence-gap"),
+        (
+            lambda d: d["segments"][0].update(sha256="0" * 64),
+            "segment-digest-mismatch",
+            "differs from the length and digest named",
+        ),
+        (lambda d: d["segments"].reverse(), "sequence-gap", ""),
     ],
 )
 def test_a_manifest_member_out_of_rule_is_refused(
-    unit: Path, change: Callable[[dict[str, Any]], None], reason: str
+    unit: Path, change: Callable[[dict[str, Any]], None], reason: str, detail: str
 ) -> None:
     if reason == "sequence-gap":  # reordered segments are valid: the fold order changes
         edit_manifest(unit, change)
@@ -162,8 +243,12 @@ def test_a_manifest_member_out_of_rule_is_refused(
         return
     edit_manifest(unit, change)
     before = {p.name: p.read_bytes() for p in unit.iterdir() if p.is_file()}
-    found = refusal(unit)
+    with pytest.raises(CheckpointRecoveryError) as info:
+        load_checkpoint(unit)
+    found = info.value.report["refusal"]
     assert found["reason"] == reason
+    # the exact text (a segment's is preceded by its name)
+    assert str(info.value).endswith((f": {detail}", f"' {detail}") if detail else ")")
     assert found["file"] == MANIFEST or found["file"].startswith(MANIFEST + ".seg.")
     assert {p.name: p.read_bytes() for p in unit.iterdir() if p.is_file()} == before
 

@@ -96,7 +96,9 @@ def _is_int(value: object) -> bool:
 def _check_ref(ref: object, *, level: bool) -> dict[str, Any]:
     members = {"name", "bytes", "sha256", *(("level",) if level else ())}
     if not isinstance(ref, dict) or set(ref) != members:
-        raise _InvalidError("invalid-manifest", f"a segment reference is not exactly {members}")
+        raise _InvalidError(
+            "invalid-manifest", f"a segment reference is not exactly {sorted(members)}"
+        )
     if not valid_segment_name(ref["name"]):
         raise _InvalidError("invalid-manifest", "a segment name is not seg.<32 hex>")
     if not _is_int(ref["bytes"]) or ref["bytes"] < 0:
@@ -192,7 +194,7 @@ def _fold_segments(
         doc = _segment(ref, segments.get(ref["name"]))
         if set(doc) != _ENTRIES_MEMBERS:
             raise _InvalidError(
-                "invalid-segment", f"{ref['name']!r} is not exactly {_ENTRIES_MEMBERS}"
+                "invalid-segment", f"{ref['name']!r} is not exactly {sorted(_ENTRIES_MEMBERS)}"
             )
         if not isinstance(doc["ops"], dict) or not isinstance(doc["spawned"], list):
             raise _InvalidError("invalid-segment", f"{ref['name']!r}: ops or spawned mistyped")
