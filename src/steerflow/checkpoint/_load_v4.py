@@ -161,9 +161,9 @@ def _segment(ref: Mapping[str, Any], data: bytes | None) -> dict[str, Any]:
     except ValueError:
         raise _InvalidError("malformed-json", f"{name!r} is not JSON") from None
     if parsed.duplicates:
-        raise _InvalidError("duplicate-member")
+        raise _InvalidError("duplicate-member", f"{name!r} repeats a member name")
     if parsed.non_finite:
-        raise _InvalidError("non-finite-number")
+        raise _InvalidError("non-finite-number", f"{name!r} holds NaN or an infinity")
     doc = parsed.value
     if not isinstance(doc, dict) or doc.get("version") != 4 or not _is_int(doc["version"]):
         raise _InvalidError("invalid-segment", f"{name!r} is not a version 4 segment")
@@ -178,7 +178,9 @@ def _fold_segments(
     """The D4 base the manifest's segments make, in the version 3 base shape."""
     meta = _segment(manifest["meta"], segments.get(manifest["meta"]["name"]))
     if not _META_REQUIRED <= set(meta) <= _META_REQUIRED | {"max_spawn"}:
-        raise _InvalidError("invalid-segment", "the meta segment's members are not D4's")
+        raise _InvalidError(
+            "invalid-segment", f"{manifest['meta']['name']!r}: its members are not D4's"
+        )
     base: dict[str, Any] = {
         "version": 4,
         "generation": manifest["generation"],
