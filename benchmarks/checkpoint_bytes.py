@@ -12,13 +12,15 @@ increments for every write system call.  Nothing is printed while a variant is m
 Variants: v3 with default limits; v3 as a run writes it since issue 38, each operation's
 write-ahead call intent (decision 217) recorded before its outcome (``v3_intents``); v3
 with limits high enough that nothing compacts before operation 200; v2 full rewrite;
-and the ideal structural delta, defined as the initial v3 base plus, per operation, the
+v4 (segments under a manifest, decision 340) with default limits, without and with
+intents; and the ideal structural delta, defined as the initial v3 base plus, per operation, the
 compact JSON of the complete entry, of the added item and of its JSON pointer (no
 framing, no compaction, no intent).
 
 Prints figures only; targets (v3 and v3_intents < 10,000,000 and <= 1.7x ideal;
 no-compaction <= 1.05x ideal) are reported, never asserted.  The last line is
-``W200 v3=<bytes> v3_intents=<bytes> v3_nocompact=<bytes> v2=<bytes> ideal=<bytes>``.
+``W200 v3=<bytes> v3_intents=<bytes> v3_nocompact=<bytes> v2=<bytes> v4=<bytes>
+v4_intents=<bytes> ideal=<bytes>``.
 """
 
 from __future__ import annotations
@@ -181,6 +183,8 @@ def main() -> None:
         "v3_intents": {"version": 3, "intents": True},
         "v3_nocompact": {"version": 3, "max_records": 1_000_000, "max_bytes": 1 << 40},
         "v2": {"version": 2},
+        "v4": {"version": 4},
+        "v4_intents": {"version": 4, "intents": True},
     }
     expected = expected_state()
     results: dict[str, dict[int, int]] = {}
@@ -214,19 +218,22 @@ def main() -> None:
     for mark in MARKS:
         print(f"  {mark:3d}  " + "".join(f"{results[n][mark]:>15,d}" for n in results))
     ideal = results["ideal"][OPS]
-    for name in ("v3", "v3_intents", "v3_nocompact", "v2"):
+    for name in ("v3", "v3_intents", "v3_nocompact", "v2", "v4", "v4_intents"):
         total = results[name][OPS]
         print(f"  {name:13s} {total / ideal:8.3f}x ideal  recovered_state_ok={recovered[name]}")
     print(
         f"targets: v3 < 10,000,000: {results['v3'][OPS] < 10_000_000}; "
         f"v3 <= 1.7x ideal: {results['v3'][OPS] <= 1.7 * ideal}; "
         f"v3_intents <= 1.7x ideal: {results['v3_intents'][OPS] <= 1.7 * ideal}; "
-        f"v3_nocompact <= 1.05x ideal: {results['v3_nocompact'][OPS] <= 1.05 * ideal}"
+        f"v3_nocompact <= 1.05x ideal: {results['v3_nocompact'][OPS] <= 1.05 * ideal}; "
+        f"v4 <= 1.7x ideal: {results['v4'][OPS] <= 1.7 * ideal}; "
+        f"v4_intents <= 1.7x ideal: {results['v4_intents'][OPS] <= 1.7 * ideal}"
     )
     print(
         f"W200 v3={results['v3'][OPS]} v3_intents={results['v3_intents'][OPS]} "
         f"v3_nocompact={results['v3_nocompact'][OPS]} "
-        f"v2={results['v2'][OPS]} ideal={ideal}"
+        f"v2={results['v2'][OPS]} v4={results['v4'][OPS]} "
+        f"v4_intents={results['v4_intents'][OPS]} ideal={ideal}"
     )
 
 

@@ -14,6 +14,11 @@ compute the same strings:
 - ``steerflow+v3``: the same, plus the run's real checkpoint path: a version 3
   ``CheckpointWriter`` (default limits) behind the ``CheckpointRecorder`` completion
   observer, branch files and all, in a temporary run directory;
+- ``steerflow+v4``: the same with a version 4 checkpoint (segments under a manifest,
+  decision 340); skipped with a note on a tree without it;
+- ``langgraph+sqlite``: the ``langgraph`` row compiled with LangGraph's ``AsyncSqliteSaver``
+  (``langgraph-checkpoint-sqlite``, a real SQLite file in a temporary directory), the
+  checkpointer a LangGraph user would reach for (issue 43);
 - ``steerflow+lease``, ``steerflow+v3+lease``: the same, plus the run's lease (issue 27):
   a session in a real SQLite state DB, its ``LeaseKeeper`` renewing it, and the keeper as
   the executor's (and the recorder's) fence: every provider call and every record checks it.
@@ -30,8 +35,12 @@ Each row runs in a fresh child process, so its peak RSS (``ru_maxrss`` of that c
 from ``os.wait4``) is its own. Wall and CPU (``time.process_time``: every thread of the
 child) cover the run alone, not imports or graph building. ``bytes`` is what the child
 wrote during the run (``wchar`` of ``/proc/self/io``: base, journal, compactions, branch
-files). The last column is the log-log slope of CPU against nodes between the smallest
-and largest size (1.0 = linear). Figures only; nothing is asserted.
+files). ``resp`` is the bytes of every node's response (computed the same way in the
+parent) and ``ratio`` is ``written / resp``, the issue-43 figure (goal: at most 3x at
+10,000 and 100,000 nodes). ``--nodes 1000,10000,100000`` adds the 100,000-node size;
+``--timeout`` bounds each child (a row that does not finish says so). The last column
+is the log-log slope of CPU against nodes between the smallest and largest size
+(1.0 = linear). Figures only; nothing is asserted.
 
 ``--otel`` adds a ``ROW+otel`` line after each steerflow row: the same run traced (issue 45),
 its tracer subscribed to the executor's events as a run's is, every call's intent opening a
@@ -51,6 +60,7 @@ import contextlib
 import json
 import math
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -65,9 +75,11 @@ CONCURRENCY = 64
 ROWS = (
     "asyncio.gather",
     "langgraph",
+    "langgraph+sqlite",
     "steerflow",
     "steerflow+lease",
     "steerflow+v3",
+    "steerflow+v4",
     "steerflow+v3+lease",
     "steerflow+python",
     "steerflow+python-async",
@@ -130,7 +142,19 @@ async def run_gather(nodes: list[tuple[str, str, str | None]]) -> dict[str, Any]
     return {"completed": len(results)}
 
 
-def prepare_langgraph(nodes: list[tuple[str, str, str | None]]) -> Callable[[], Any]:
+def response_bytes(nodes: list[tuple[str, str, str | None]]) -> int:
+    """The bytes of every node's response (what the checkpoint must keep at the least)."""
+    texts: dict[str, str] = {}
+    total = 0
+    for k, instruction, dep in nodes:
+        texts[k] = echo(k, instruction, dep, texts[dep] if dep else None)
+        total += len(texts[k].encode())
+    return total
+
+
+def prepare_langgraph(
+    nodes: list[tuple[str, str, str | None]], sqlite: Path | None = None
+) -> Callable[[], Any]:
     from langgraph.graph import END, START, StateGraph
 
     builder = StateGraph(State)
@@ -149,13 +173,25 @@ def prepare_langgraph(nodes: list[tuple[str, str, str | None]]) -> Callable[[], 
     for k, _, _ in nodes:
         if k not in has_child:
             builder.add_edge(k, END)
-    graph = builder.compile()
+    if sqlite is None:
+        graph = builder.compile()
 
-    async def run() -> dict[str, Any]:
-        out = await graph.ainvoke({"results": {}}, {"recursion_limit": LAYERS * 2 + 10})
+        async def run() -> dict[str, Any]:
+            out = await graph.ainvoke({"results": {}}, {"recursion_limit": LAYERS * 2 + 10})
+            return {"completed": len(out["results"])}
+
+        return run
+
+    from langgraph.checkpoint.sqlite.aio import AsyncSqliteSaver
+
+    async def run_sqlite() -> dict[str, Any]:
+        async with AsyncSqliteSaver.from_conn_string(str(sqlite)) as saver:
+            graph = builder.compile(checkpointer=saver)
+            config = {"recursion_limit": LAYERS * 2 + 10, "configurable": {"thread_id": "1"}}
+            out = await graph.ainvoke({"results": {}}, config)
         return {"completed": len(out["results"])}
 
-    return run
+    return run_sqlite
 
 
 def echo_node(call: Any) -> str:
@@ -220,7 +256,7 @@ def prepare_steerflow(
     nodes: list[tuple[str, str, str | None]],
     tmp: Path,
     *,
-    checkpoint: bool,
+    checkpoint: int | None,
     lease: bool = False,
     provider: Any = None,
 ) -> Callable[[], Any]:
@@ -250,7 +286,7 @@ def prepare_steerflow(
         context=context,
     )
     traced = _trace(executor, graph) if os.environ.get("STEERFLOW_BENCH_OTEL") else None
-    if not checkpoint:
+    if checkpoint is None:
         fence = _lease_keeper(home) if lease else None
         executor.fence = fence
 
@@ -284,7 +320,7 @@ def prepare_steerflow(
         plan=plan_to_checkpoint(plan, {op.key: op.node_id for op in graph.planned}),
         config={"model_spec": "echo", "concurrency": CONCURRENCY, "kind": "flow"},
         flow_context=context.content,
-        version=3,
+        version=checkpoint,
     )
     recorder = CheckpointRecorder(writer, graph, run_dir, context, executor.events)
     executor.observers.append(recorder.record_outcome)
@@ -392,11 +428,13 @@ def child(row: str, count: int) -> None:
                 run: Callable[[], Any] = lambda: run_gather(nodes)  # noqa: E731
             elif row == "langgraph":
                 run = prepare_langgraph(nodes)
+            elif row == "langgraph+sqlite":
+                run = prepare_langgraph(nodes, Path(tmp) / "checkpoints.sqlite")
             else:
                 run = prepare_steerflow(
                     nodes,
                     Path(tmp),
-                    checkpoint="+v3" in row,
+                    checkpoint=4 if "+v4" in row else 3 if "+v3" in row else None,
                     lease=row.endswith("+lease"),
                     provider=row_provider(row, Path(tmp)),
                 )
@@ -415,7 +453,7 @@ def child(row: str, count: int) -> None:
 # -- the parent ----------------------------------------------------------------------------
 
 
-def measure(row: str, count: int) -> dict[str, Any]:
+def measure(row: str, count: int, timeout: float) -> dict[str, Any]:
     traced = row.endswith("+otel")
     row = row.removesuffix("+otel")
     argv = [sys.executable, os.path.abspath(__file__), "--child", row, str(count)]
@@ -425,8 +463,17 @@ def measure(row: str, count: int) -> dict[str, Any]:
     proc = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )
-    stdout, stderr = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
-    _, status, usage = os.wait4(proc.pid, 0)
+    # Killed (this script's own child, by its pid) if it runs past the timeout; wait4
+    # below still reaps it, so its RSS is read by us and not by Popen.
+    timer = threading.Timer(timeout, proc.kill)
+    timer.start()
+    try:
+        stdout, stderr = proc.stdout.read(), proc.stderr.read()  # type: ignore[union-attr]
+        _, status, usage = os.wait4(proc.pid, 0)
+    finally:
+        timer.cancel()
+    if status == signal.SIGKILL:  # a plain kill's wait status is the signal number
+        return {"skipped": f"did not finish in {timeout:.0f} s"}
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         tail = stderr.strip().splitlines()[-1:] or ["?"]
@@ -436,6 +483,10 @@ def measure(row: str, count: int) -> dict[str, Any]:
     if "skipped" not in out and out["completed"] != out["nodes"]:
         out = {"skipped": f"only {out['completed']} of {out['nodes']} nodes completed"}
     return out
+
+
+def ratio(written: object, resp: int) -> str:
+    return f"{written / resp:.2f}x" if isinstance(written, int) and resp else "-"
 
 
 def fmt_bytes(n: object) -> str:
@@ -452,6 +503,7 @@ def main() -> int:
         action="store_true",
         help="after each steerflow row, the same run traced (extra otel): ROW+otel",
     )
+    parser.add_argument("--timeout", type=float, default=1800, help="seconds per child")
     parser.add_argument("--child", nargs=2, metavar=("ROW", "NODES"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -488,20 +540,22 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         f"platform: {platform.platform()} python {sys.version.split()[0]} "
         f"cpus={os.cpu_count()} langgraph={lg or 'not installed'}"
     )
-    if lg is None and "langgraph" in rows:
-        print(f"langgraph row skipped: not installed; {LANGGRAPH_HINT}")
-        rows.remove("langgraph")
+    for lg_row in ("langgraph", "langgraph+sqlite"):
+        if lg is None and lg_row in rows:
+            print(f"{lg_row} row skipped: not installed; {LANGGRAPH_HINT}")
+            rows.remove(lg_row)
     header = (
         f"{'row':<22} {'nodes':>6} {'wall s':>8} {'CPU s':>8} {'µs/node':>9} "
         f"{'CPU µs/node':>12} {'peak RSS MiB':>13} {'written':>10} {'ckpt':>10} "
-        f"{'CPU slope':>10}"
+        f"{'resp':>10} {'ratio':>7} {'CPU slope':>10}"
     )
     print(header)
     seen: dict[tuple[str, int], dict[str, Any]] = {}
+    resp = {count: response_bytes(dag(count)) for count in sizes}
     for row in rows:
         cpu_at: dict[int, float] = {}
         for count in sizes:
-            out = measure(row, count)
+            out = measure(row, count, args.timeout)
             if "skipped" in out:
                 print(f"{row:<22} {count:>6}  skipped: {out['skipped']}")
                 continue
@@ -516,13 +570,15 @@ def _main(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 f"{row:<22} {n:>6} {out['wall']:>8.2f} {out['cpu']:>8.2f} "
                 f"{out['wall'] / n * 1e6:>9.0f} {out['cpu'] / n * 1e6:>12.0f} "
                 f"{out['rss_mib']:>13.1f} {fmt_bytes(out['bytes']):>10} "
-                f"{fmt_bytes(out.get('writer_bytes')):>10} {slope:>10}",
+                f"{fmt_bytes(out.get('writer_bytes')):>10} {fmt_bytes(resp[count]):>10} "
+                f"{ratio(out['bytes'], resp[count]):>7} {slope:>10}",
                 flush=True,
             )
     print(
         "written: every byte the child wrote during the run (/proc/self/io wchar: base, "
         "journal, compactions, branch files); ckpt: checkpoint bytes the writer counts "
-        "(- where the tree has no counter); CPU slope: log-log slope of CPU vs nodes "
+        "(- where the tree has no counter); resp: the responses' bytes; ratio: written / resp "
+        "(issue 43 goal: <= 3x at 10k and 100k); CPU slope: log-log slope of CPU vs nodes "
         "(1.0 = linear)"
     )
     for n in sorted({n for _, n in seen}):

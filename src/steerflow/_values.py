@@ -36,7 +36,7 @@ __all__ = [
 #: ``--concurrency`` / ``concurrency``: operations running at once (a plan's key too).
 MAX_CONCURRENCY = 256
 #: ``--checkpoint-version`` / ``checkpoint_version``.
-CHECKPOINT_VERSIONS = (2, 3)
+CHECKPOINT_VERSIONS = (2, 3, 4)
 #: ``--executor`` / ``executor`` (CONTRACT §11).
 EXECUTORS = ("local", "ray")
 

@@ -439,7 +439,7 @@ def test_a_spawned_ids_member_in_a_journal_entry_is_checked(tmp_path: Path) -> N
 @pytest.mark.parametrize(
     ("doc", "reason", "entry", "detail"),
     [
-        (base(version=4), "unsupported-version", None, None),
+        (base(version=5), "unsupported-version", None, None),
         (base(version=True), "unsupported-version", None, None),
         (base(journal_seq=3), "invalid-base", None, "journal_seq is not 0"),
         (base(journal_seq=False), "invalid-base", None, "journal_seq is not 0"),

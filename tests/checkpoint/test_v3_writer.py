@@ -300,7 +300,15 @@ def loaded_since(seen: list[int], errors: list[BaseException], mark: int) -> Cal
     return lambda: bool(errors) or len(seen) >= mark + 2
 
 
-def test_reader_sees_coherent_state_during_compactions(tmp_path: Path) -> None:
+@pytest.mark.parametrize("version", [3, 4])
+def test_reader_sees_coherent_state_during_compactions(
+    tmp_path: Path, version: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Version 4 (decision 340) with a segment fanout of 2: merges unlink segments an
+    older manifest named while the reader may be reading it; it must read again."""
+    from steerflow.checkpoint import _v4
+
+    monkeypatch.setattr(_v4, "SEGMENT_FANOUT", 2)
     stop = threading.Event()
     seen: list[int] = []
     errors: list[BaseException] = []
@@ -322,7 +330,7 @@ def test_reader_sees_coherent_state_during_compactions(tmp_path: Path) -> None:
             seen.append(count)
 
     async def writer() -> None:
-        w = make_writer(tmp_path, version=3, max_records=4)
+        w = make_writer(tmp_path, version=version, max_records=4)
         mark = 0
         for i in range(150):
             await w.record(f"op-{i}", status="completed", response=i, flow_context={"n": i})

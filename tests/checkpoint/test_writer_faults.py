@@ -19,13 +19,13 @@ from steerflow.errors import PersistenceError
 RECORDS = 9
 
 
-async def workload(run: Path) -> tuple[list[str], dict[str, Any], int]:
+async def workload(run: Path, version: int = 3) -> tuple[list[str], dict[str, Any], int]:
     """Record RECORDS outcomes; on failure check refusal, reconcile, continue.
 
     Returns the acknowledged names, the context at the last acknowledgement, and how
     many failures were seen.
     """
-    w = make_writer(run, version=3, flow_context={"log": []}, max_records=3, max_bytes=900)
+    w = make_writer(run, version=version, flow_context={"log": []}, max_records=3, max_bytes=900)
     ctx: dict[str, Any] = {"log": []}
     acked: list[str] = []
     last_ctx: dict[str, Any] = {"log": []}
@@ -54,7 +54,7 @@ async def workload(run: Path) -> tuple[list[str], dict[str, Any], int]:
     return acked, last_ctx, failures
 
 
-def seam_points() -> list[tuple[str, int]]:
+def seam_points(version: int = 3) -> list[tuple[str, int]]:
     hits: dict[str, int] = {}
 
     def hook(step: str, when: str) -> None:
@@ -66,25 +66,21 @@ def seam_points() -> list[tuple[str, int]]:
     _faults.set_fault_hook(hook)
     try:
         with tempfile.TemporaryDirectory() as run:
-            asyncio.run(workload(Path(run)))
+            asyncio.run(workload(Path(run), version))
     finally:
         _faults.set_fault_hook(None)
     return sorted(hits.items())
 
 
-def test_error_at_every_seam_is_refused_then_reconciled(tmp_path: Path) -> None:
-    cases = [
-        f"eio:{point}:{nth}"
-        for point, count in seam_points()
-        for nth in sorted({1, (count + 1) // 2, count})
-    ]
+def _inject(tmp_path: Path, cases: list[str], version: int) -> tuple[list[str], int]:
+    """Run the workload once per case; (problems, cases that did fail)."""
     problems = []
     injected = 0
     for index, case in enumerate(cases):
         run = tmp_path / f"run{index}"
         run.mkdir()
         _faults.arm(case)
-        acked, last_ctx, failures = asyncio.run(workload(run))
+        acked, last_ctx, failures = asyncio.run(workload(run, version))
         _faults.disarm()
         injected += failures > 0
         state, report = load_checkpoint(run)
@@ -95,6 +91,45 @@ def test_error_at_every_seam_is_refused_then_reconciled(tmp_path: Path) -> None:
             problems.append(f"{case}: context {state['flow_context']} != {last_ctx}")
         elif report["status"] == "refused":
             problems.append(f"{case}: {report}")
+    return problems, injected
+
+
+def test_error_at_every_seam_is_refused_then_reconciled(tmp_path: Path) -> None:
+    cases = [
+        f"eio:{point}:{nth}"
+        for point, count in seam_points()
+        for nth in sorted({1, (count + 1) // 2, count})
+    ]
+    problems, injected = _inject(tmp_path, cases, 3)
+    assert problems == [], "\n".join(problems)
+    assert len(cases) > 40 and injected == len(cases)
+
+
+def _v4_cases(new_files_only: bool) -> list[str]:
+    points = seam_points(4)
+    if new_files_only:  # the default run: each new file's step once, at its last hit
+        return [
+            f"eio:{point}:{count}"
+            for point, count in points
+            if point.startswith("after:")
+            and point.split(":")[1].startswith(("segment-", "manifest-"))
+        ]
+    return [f"eio:{p}:{nth}" for p, count in points for nth in sorted({1, (count + 1) // 2, count})]
+
+
+def test_v4_error_at_each_new_file_seam_is_refused_then_reconciled(tmp_path: Path) -> None:
+    """Version 4 (decision 340): an I/O error at a segment or manifest step stops the
+    writer; reconciliation folds the durable prefix through its pins and goes on."""
+    cases = _v4_cases(True)
+    problems, injected = _inject(tmp_path, cases, 4)
+    assert problems == [], "\n".join(problems)
+    assert len(cases) >= 10 and injected == len(cases)
+
+
+@pytest.mark.slow
+def test_v4_error_at_every_seam_is_refused_then_reconciled(tmp_path: Path) -> None:
+    cases = _v4_cases(False)
+    problems, injected = _inject(tmp_path, cases, 4)
     assert problems == [], "\n".join(problems)
     assert len(cases) > 40 and injected == len(cases)
 
@@ -179,3 +214,23 @@ def test_public_exports_are_pinned() -> None:
     }
     assert checkpoint.CHECKPOINT_FILENAME == "checkpoint.json"
     assert checkpoint.JOURNAL_FILENAME == "checkpoint.json.journal"
+
+
+async def test_v4_two_failures_never_retire_a_named_segment(tmp_path: Path) -> None:
+    """An initialization that failed after writing its meta segment, then a failed
+    compaction: the reconciliation retires only segments no manifest names (the meta
+    segment the retried initialization published is kept), and the unit loads whole."""
+    _faults.arm("eio:before:manifest-write:1,eio:before:manifest-write:3")
+    w = make_writer(tmp_path, version=4, max_records=1)
+    acked: list[str] = []
+    for i in range(6):
+        try:
+            await w.record(f"op{i}", status="completed", response=f"r{i}")
+            acked.append(f"op{i}")
+        except PersistenceError:
+            await w.reconcile()
+    _faults.disarm()
+    await w.close()
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean" and report["checkpoint_version"] == 4
+    assert set(acked) <= set(state["ops"]) and len(acked) >= 4

@@ -374,6 +374,12 @@ async def _child(args: argparse.Namespace) -> None:
 
     hits: list[list[str]] = []
     phase = ["initialization"]
+    if args.segment_fanout:
+        # A small fanout makes a short script merge segments (and unlink the merged ones),
+        # so the campaign kills the writer inside merges too (decision 340).
+        from steerflow.checkpoint import _v4
+
+        _v4.SEGMENT_FANOUT = args.segment_fanout
     if args.dry:
 
         def hook(step: str, when: str) -> None:
@@ -425,6 +431,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--concurrency", type=int, default=1)
     parser.add_argument("--dry", action="store_true")
     parser.add_argument("--recover", action="store_true", help="reconcile after a write error")
+    parser.add_argument(
+        "--segment-fanout", type=int, default=0, help="version 4: merge every N segments"
+    )
     args = parser.parse_args(argv)
     import steerflow.checkpoint  # noqa: F401  (imported before "ready": kills land in the run)
 

@@ -56,6 +56,10 @@ UNITS: dict[str, tuple[str, int, int]] = {
     # Three records per generation: the base holds the first outcomes folded in, the
     # journal the rest, and the generation differs from a fresh unit's first one.
     "v3-compacted": ("20260101T000000-00aa04", 3, 3),
+    # Version 4 (decision 340): a manifest, the meta segment and the journal; compacted
+    # once, an entry segment holding the first three outcomes too.
+    "v4": ("20260101T000000-00aa09", 4, 128),
+    "v4-compacted": ("20260101T000000-00aa10", 4, 3),
 }
 
 #: unit directory -> run id of the agent and escalation units (all version 3)

@@ -318,11 +318,11 @@ def typed_state(doc: dict[str, Any], *, lenient: bool) -> CheckpointState:
         max_spawn=max_spawn if isinstance(max_spawn, int) else None,
         rejected=tuple(rejected),
         doc=doc,
-        # Only a version 3 loader checks (and writes) intents.
+        # Only a version 3 or 4 loader checks (and writes) intents.
         in_flight=tuple(
-            in_flight_call(raw) for raw in (doc.get("in_flight", ()) if doc["version"] == 3 else ())
+            in_flight_call(raw) for raw in (doc.get("in_flight", ()) if doc["version"] >= 3 else ())
         ),
-        steps=tuple(doc.get("steps", ())) if doc["version"] == 3 else (),
+        steps=tuple(doc.get("steps", ())) if doc["version"] >= 3 else (),
     )
 
 

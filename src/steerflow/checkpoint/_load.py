@@ -3,7 +3,8 @@
 The version is decided before anything else is interpreted: a missing, non-integer,
 unknown or duplicated top-level ``version`` member is refused.  Version 2 is read as
 one snapshot file (:mod:`._load_v2`), and refused when a journal lies beside it;
-version 3 through the base + journal loader (:mod:`._load_v3`).  There is no fallback
+version 3 through the base + journal loader (:mod:`._load_v3`); version 4 through the
+manifest + segments + journal loader (:mod:`._load_v4`, decision 340).  There is no fallback
 from one reader to the other.
 """
 
@@ -16,6 +17,7 @@ from typing import Any, NamedTuple
 from ._entries import CheckpointState, EntryError, entry_ref, typed_state, unguarded_splice
 from ._load_v2 import load_v2
 from ._load_v3 import load_v3
+from ._load_v4 import load_v4
 from ._read import CHECKPOINT_FILENAME, JOURNAL_FILENAME, Parsed, parse_json, read_pinned
 from ._report import Report
 
@@ -109,6 +111,8 @@ def _load_doc(target: Path, report: Report) -> tuple[dict[str, Any], dict[str, A
             return load_v2(parsed, report)
     finally:
         os.close(pin)
+    if version == 4:
+        return load_v4(os.fspath(target), report)
     return load_v3(os.fspath(target), report)
 
 
@@ -145,6 +149,6 @@ def _declared_version(parsed: Parsed, report: Report) -> int:
     if "version" not in doc:
         raise report.refuse("missing-version")
     version = doc["version"]
-    if isinstance(version, bool) or not isinstance(version, int) or version not in (2, 3):
+    if isinstance(version, bool) or not isinstance(version, int) or version not in (2, 3, 4):
         raise report.refuse("unsupported-version")
     return version

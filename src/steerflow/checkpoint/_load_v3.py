@@ -46,7 +46,15 @@ from ._read import (
 from ._report import Report
 from ._steps import StepError, StepLog, check_step
 
-__all__ = ["MAX_SEQ", "entry_ref", "fold_unit", "load_v3", "valid_generation"]
+__all__ = [
+    "MAX_SEQ",
+    "check_folded_base",
+    "entry_ref",
+    "fold_journal",
+    "fold_unit",
+    "load_v3",
+    "valid_generation",
+]
 
 MAX_SEQ = 2**63 - 1
 _GENERATION = re.compile(r"[0-9a-f]{32}")
@@ -198,9 +206,10 @@ def _check_base(parsed: Parsed) -> dict[str, Any]:
     return doc
 
 
-def check_record(raw: bytes) -> dict[str, Any]:
+def check_record(raw: bytes, version: int = 3) -> dict[str, Any]:
     """Decode and validate one complete journal line (without its LF).
 
+    ``version`` is the unit's: a version 4 journal's records say 4 (decision 340).
     A refusal carries whatever ids and ``seq`` of the record could be read.
     """
     try:
@@ -208,7 +217,7 @@ def check_record(raw: bytes) -> dict[str, Any]:
     except ValueError:
         raise _InvalidError("malformed-record") from None
     try:
-        return _check_parsed_record(parsed)
+        return _check_parsed_record(parsed, version)
     except _InvalidError as bad:
         rec = parsed.value
         if isinstance(rec, dict):
@@ -225,7 +234,7 @@ def check_record(raw: bytes) -> dict[str, Any]:
         raise
 
 
-def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
+def _check_parsed_record(parsed: Parsed, version: int) -> dict[str, Any]:
     if parsed.duplicates:
         raise _InvalidError("duplicate-member")
     if parsed.non_finite:
@@ -237,7 +246,7 @@ def _check_parsed_record(parsed: Parsed) -> dict[str, Any]:
         raise _InvalidError("unknown-member")
     if _RECORD_REQUIRED - set(rec):
         raise _InvalidError("missing-member")
-    if rec["version"] != 3 or not _is_int(rec["version"]):
+    if rec["version"] != version or not _is_int(rec["version"]):
         raise _InvalidError("unsupported-record-version")
     if not valid_generation(rec["generation"]):
         raise _InvalidError("invalid-generation")
@@ -333,7 +342,7 @@ class _Fold:
 
     def state(self) -> dict[str, Any]:
         base = self.base
-        out: dict[str, Any] = {"version": 3, "generation": base["generation"]}
+        out: dict[str, Any] = {"version": base["version"], "generation": base["generation"]}
         for name in ("session_id", "prompt", "plan"):
             out[name] = base[name]
         out["flow_context"] = self.context
@@ -423,6 +432,24 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
         raise report.refuse(
             bad.reason, detail=bad.detail, file=CHECKPOINT_FILENAME, entry=bad.entry
         ) from None
+    return fold_journal(base, journal, report)
+
+
+def check_folded_base(doc: dict[str, Any]) -> dict[str, Any]:
+    """:func:`_check_base` for a base a version 4 unit folded from its segments.
+
+    Raises ``_InvalidError`` (the v4 loader names the file at fault itself).
+    """
+    parsed = Parsed({**doc, "version": 3})
+    checked = _check_base(parsed)
+    checked["version"] = doc["version"]
+    return checked
+
+
+def fold_journal(
+    base: dict[str, Any], journal: bytes, report: Report, version: int = 3
+) -> dict[str, Any]:
+    """Fold a validated base with its journal bytes (records of ``version``)."""
     generation: str = base["generation"]
     report.generation = generation
     report.records_applied = 0
@@ -441,7 +468,7 @@ def fold_unit(base_bytes: bytes, journal: bytes, report: Report) -> dict[str, An
         seq: int | None = None
         rec: dict[str, Any] | None = None
         try:
-            rec = check_record(journal[offset:end])
+            rec = check_record(journal[offset:end], version)
             seq = rec["seq"]
             if rec["generation"] != generation:
                 report.stale_generation_records += 1

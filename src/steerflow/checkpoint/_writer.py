@@ -44,6 +44,7 @@ from ._state import Item, Kind, State, Ticket
 from ._steps import StepError, StepLog, check_step
 from ._v2 import V2Backend
 from ._v3 import V3Backend
+from ._v4 import V4Backend
 
 __all__ = ["CheckpointWriter", "SavedHook"]
 
@@ -74,7 +75,7 @@ class CheckpointWriter:
         config: execution settings replayed on resume.
         max_spawn: spawn budget; omitted from the file when None.
         flow_context: the initial shared context.
-        version: 2 (default) or 3.
+        version: 2 (default), 3 or 4 (segments under a manifest, decision 340).
         max_records: v3 compaction threshold in journal records.
         max_bytes: v3 compaction threshold in encoded journal bytes.
         on_saved: optional hook called on the event loop after each acknowledgement.
@@ -103,7 +104,7 @@ class CheckpointWriter:
         spawned: Sequence[Mapping[str, object]] | None = None,
         steps: Sequence[Mapping[str, Any]] | None = None,
     ) -> None:
-        if version not in (2, 3) or isinstance(version, bool):
+        if version not in (2, 3, 4) or isinstance(version, bool):
             raise ValueError(f"unsupported checkpoint version: {version!r}")
         for name, limit in (("max_records", max_records), ("max_bytes", max_bytes)):
             if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
@@ -140,6 +141,10 @@ class CheckpointWriter:
         self._backend: _Backend
         if version == 2:
             self._backend = V2Backend(os.fspath(self.path), state)
+        elif version == 4:
+            self._backend = V4Backend(
+                os.fspath(self.path), state, max_records=max_records, max_bytes=max_bytes
+            )
         else:
             self._backend = V3Backend(
                 os.fspath(self.path), state, max_records=max_records, max_bytes=max_bytes
@@ -376,7 +381,7 @@ class CheckpointWriter:
         try:
             entry = normalize(raw)  # a private copy; its digest is added off the loop
             context, ops = _capture.capture(self._ctx, flow_context)
-            patch = ops if ops and self.version == 3 else None
+            patch = ops if ops and self.version >= 3 else None
         except ValueError as exc:
             self._fail(f"cannot record {key!r}: {exc}")
             raise PersistenceError(f"cannot record {key!r}: {exc}") from exc

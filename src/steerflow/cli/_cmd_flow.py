@@ -86,7 +86,8 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         type=click.Choice([str(v) for v in CHECKPOINT_VERSIONS]),
         default="3",
         show_default=True,
-        help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome.",
+        help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome, "
+        "4 = immutable segments under a manifest + journal (bytes linear in the run).",
     ),
     compact_options,
     budget_options,

@@ -509,7 +509,7 @@ class FlowRun:
         # A resume runs with the settings its source recorded, not today's options,
         # except for the compaction limits it was explicitly given.
         opts = self.options
-        if opts.checkpoint_version != 3:
+        if opts.checkpoint_version == 2:
             # Version 2 rewrites one file per outcome: it has nothing to compact
             # (docs/decisions.md: "Compaction limits").
             if opts.compact_records is not None or opts.compact_bytes is not None:

@@ -1,0 +1,48 @@
+"""The CLI's readers on a version 4 checkpoint (issue 43 item 4, decision 340).
+
+A real ``flow --checkpoint-version 4`` run (echo model, compacting after every record,
+so its manifest names several segments); then ``verify``, ``show --json``, ``db
+rebuild`` (into a new state DB) and ``resume`` read it, each a new process.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from flow_support import run_cli
+
+PLAN = {
+    "plan": [
+        {"agent_id": "a", "instruction": "Do a."},
+        {"agent_id": "b", "instruction": "Do b.", "depends_on": ["a"]},
+        {"agent_id": "c", "instruction": "Do c.", "depends_on": ["b"]},
+    ]
+}
+
+
+def test_verify_show_rebuild_and_resume_read_a_v4_run(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    flow = run_cli(
+        home, "flow", "--plan", plan, "--model", "echo", "--checkpoint-version", "4",
+        "--compact-records", "1", "--json",
+    )  # fmt: skip
+    assert flow.returncode == 0, flow.stderr
+    run_id, run_dir = flow.json["run_id"], Path(flow.json["run_dir"])
+    manifest = json.loads((run_dir / "checkpoint.json").read_text())
+    assert manifest["version"] == 4 and len(manifest["segments"]) >= 2
+    verify = run_cli(home, "verify", run_id)
+    assert verify.returncode == 0, verify.stderr
+    show = run_cli(home, "show", run_id, "--json")
+    assert show.returncode == 0, show.stderr
+    assert show.json["checkpoint"]["version"] == 4
+    (home / "state.db").rename(tmp_path / "old.db")
+    rebuild = run_cli(home, "db", "rebuild")
+    assert rebuild.returncode == 0, rebuild.stderr
+    assert "1 registered" in rebuild.stdout
+    resumed = run_cli(home, "resume", run_id, "--json")
+    assert resumed.returncode == 0, resumed.stderr
+    assert resumed.json["status"] == "completed"
+    assert resumed.json["result"] == flow.json["result"]  # all replayed from version 4

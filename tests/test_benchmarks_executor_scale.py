@@ -1,0 +1,61 @@
+"""``benchmarks/executor_scale.py``'s ``steerflow+v4`` row: checkpoint bytes linear (issue 43).
+
+The benchmark prints figures and asserts nothing; this pins its byte goal, a byte COUNT
+(never a time): a version 4 run of the benchmark's DAG writes at most 3x its responses'
+bytes (the writer's own counter, every checkpoint write included) and loads clean with
+every node completed. The 100,000-node run is ``slow``; the default run keeps 1,000
+nodes, where a version 3 run of the same DAG already writes 3.96x.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+SCRIPT = ROOT / "benchmarks" / "executor_scale.py"
+if str(ROOT) not in sys.path:  # ``benchmarks`` is a directory of scripts, not installed
+    sys.path.insert(0, str(ROOT))
+
+from benchmarks.executor_scale import dag, prepare_steerflow, response_bytes  # noqa: E402
+
+
+def _v4_bytes(nodes: int, tmp_path: Path) -> tuple[int, int, int]:
+    """(nodes completed, checkpoint bytes the writer counted, response bytes)."""
+    run = prepare_steerflow(dag(nodes), tmp_path, checkpoint=4)
+    out = asyncio.run(run())
+    return out["completed"], out["writer_bytes"], response_bytes(dag(nodes))
+
+
+def test_a_1000_node_v4_run_writes_at_most_3x_its_responses(tmp_path: Path) -> None:
+    completed, written, responses = _v4_bytes(1000, tmp_path)
+    assert completed == 1000
+    assert written <= 3 * responses, (written, responses)
+    # and the unit it wrote loads clean, as version 4, with every node
+    from steerflow.checkpoint import load_checkpoint
+
+    (unit,) = (tmp_path / "home" / "runs").iterdir()
+    state, report = load_checkpoint(unit)
+    assert report["checkpoint_version"] == 4 and report["status"] == "clean"
+    assert len(state["ops"]) == 1000
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(3600)
+def test_the_100000_node_v4_run_finishes_within_3x_its_responses() -> None:
+    """The benchmark's own child (a fresh process, as it measures)."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--child", "steerflow+v4", "100000"],
+        capture_output=True,
+        text=True,
+        timeout=3500,
+        check=True,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["completed"] == out["nodes"] == 100_000
+    assert out["writer_bytes"] <= 3 * response_bytes(dag(100_000))
