@@ -99,8 +99,9 @@ def page(
             if live
             else "<body>"
         )
-        + '\n<header class="topbar"><h1><a href="/runs"><span class="mark"></span>'
-        + "steerflow studio</a></h1>"
+        # The brand is text, not a link: "Runs" is the way home, and a click on the
+        # heading (to leave a field) must not navigate.
+        + '\n<header class="topbar"><h1><span class="mark"></span>steerflow studio</h1>'
         + f'<nav class="main-nav" aria-label="Studio">{nav}</nav></header>\n'
         + f"<main>{body}\n</main></body></html>\n"
     )
