@@ -173,8 +173,12 @@ def main() -> None:
                             page.goto(f"{base}/runs/{resumed}")
                             shoot(page, out / "resumed-run.png")
                             page.goto(f"{base}/runs/{big}?zoom=fit")
-                            page.locator("#graph-tools").scroll_into_view_if_needed()
-                            page.evaluate("window.scrollBy(0, -8)")
+                            # The graph under the sticky run header, as an operator scrolls to it.
+                            page.evaluate(
+                                "window.scrollTo(0, document.getElementById('graph-tools')"
+                                ".getBoundingClientRect().top + window.scrollY"
+                                " - document.getElementById('run-header').offsetHeight - 24)"
+                            )
                             shoot(page, out / "run-300-nodes-fit.png")
                             page.goto(f"{base}/runs/{resumed}/events?node=transform")
                             shoot(page, out / "events-one-node.png")
