@@ -260,11 +260,11 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f'<td><span class="status status-{status_class}">{esc(run.status)}</span></td>'
         f'<td data-field="phase">{esc(_phase(run))}</td>'
         f'<td class="num" data-field="progress">{esc(done)}</td>'
-        f"<td>{esc(model or '-')}</td>"
+        f'<td class="model">{esc(model or "-")}</td>'
         f'<td class="nowrap">{esc(when(run.created_at))}</td>'
         f'<td class="num" data-field="duration">{esc(duration(run.duration_s))}</td>'
         f'<td class="num nowrap">{esc(spend(run.usage))}</td>'
-        f"<td>{_links(run)}</td>"
+        f'<td class="links">{_links(run)}</td>'
         f"<td>{forms}</td></tr>"
     )
 
