@@ -26,6 +26,8 @@ from steerflow.studio._security import CSP
 
 browser = shared.browser
 watched = shared.watched
+# Both tests share one run and one studio: on one worker the fixture is built once.
+pytestmark = pytest.mark.xdist_group("studio_look")
 
 
 @dataclass
