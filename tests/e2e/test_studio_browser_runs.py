@@ -180,7 +180,7 @@ def test_runs_list_run_graph_and_timeline_at_desktop_and_phone_width(
             assert lines == ["nowrap", 1], (width, lines)
     page.emulate_media(color_scheme="dark")
     bg = page.evaluate("getComputedStyle(document.body).backgroundColor")
-    assert bg == "rgb(23, 23, 26)", bg
+    assert bg == "rgb(15, 17, 21)", bg  # the theme's dark background (issue 42 item 7)
     _shot(page, finished.shots / "run-390-dark.png")
     # No inline script: the only script is the studio's file.
     assert page.locator("script:not([src])").count() == 0

@@ -99,7 +99,7 @@ def test_runs_page_model_of_a_resumed_run_and_no_phase_once_finished(tmp_path: P
         page = client.get("/runs").text
         done_row = _row(page, done.id)
         assert 'data-field="phase">-</td>' in done_row  # not "executing"
-        assert "<td>model-b</td>" in _row(page, resumed.id)
+        assert '<td class="model">model-b</td>' in _row(page, resumed.id)
         live = {r["session_id"]: r for r in client.get("/api/runs").json()["runs"]}
         assert live[done.id]["phase"] == "-"
         assert live[resumed.id]["phase"] == "executing"

@@ -31,7 +31,8 @@ from steerflow.studio import (
     _route_run,
     _route_runs,
 )
-from steerflow.studio._pages import CSS, error_page
+from steerflow.studio._assets import CACHE_FOREVER, STYLESHEET, STYLESHEET_VERSION
+from steerflow.studio._pages import error_page
 from steerflow.studio._routing import StudioState
 from steerflow.studio._script import SCRIPT
 from steerflow.studio._security import COOKIE, SECURITY_HEADERS, same_secret
@@ -66,7 +67,14 @@ class Gate:
         async def send_with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                headers += [(k.encode(), v.encode()) for k, v in SECURITY_HEADERS]
+                # A route may set its own cache-control (the versioned stylesheet, cached
+                # for a year); every other security header is always the Gate's.
+                own = {k.lower() for k, _ in headers}
+                headers += [
+                    (k.encode(), v.encode())
+                    for k, v in SECURITY_HEADERS
+                    if not (k == "cache-control" and b"cache-control" in own)
+                ]
                 message = {**message, "headers": headers}
             await send(message)
 
@@ -111,7 +119,11 @@ def _static() -> list[Route]:
     """The stylesheet, the one script, ``/`` and the favicon."""
 
     def stylesheet(request: Request) -> Response:
-        return Response(CSS, media_type="text/css")
+        # Only the URL the pages link (this version's hash) may be kept; any other asks
+        # again each time (the Gate's no-store), so an old hash never pins a stale sheet.
+        current = request.query_params.get("v") == STYLESHEET_VERSION
+        headers = {"cache-control": CACHE_FOREVER} if current else None
+        return Response(STYLESHEET, media_type="text/css", headers=headers)
 
     def script(request: Request) -> Response:
         return Response(SCRIPT, media_type="text/javascript")

@@ -17,10 +17,10 @@ from typing import Any
 from urllib.parse import quote, urlencode
 
 from steerflow._usage import cost_text
+from steerflow.studio._assets import STYLESHEET_HREF
 from steerflow.views import RunListing, RunProgress
 
 __all__ = [
-    "CSS",
     "PAGE_SIZE",
     "STATUSES",
     "RunsQuery",
@@ -49,110 +49,6 @@ STATUSES = (
     "budget_exhausted",
 )
 
-CSS = """\
-body { font: 14px/1.4 system-ui, sans-serif; margin: 1.5rem; color: #1d1d1f; }
-h1 { font-size: 1.3rem; margin: 0 0 .5rem; }
-nav a { margin-right: .6rem; }
-nav a.on { font-weight: bold; text-decoration: none; color: inherit; }
-table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: .3rem .5rem; border-bottom: 1px solid #ddd;
-         vertical-align: top; }
-td.num { text-align: right; font-variant-numeric: tabular-nums; }
-.status { border-radius: .6rem; padding: 0 .5rem; background: #eee; }
-.status-running { background: #d7ebff; } .status-completed { background: #d9f5dd; }
-.status-failed { background: #ffd9d6; } .status-interrupted, .status-timed_out,
-.status-stopped, .status-budget_exhausted { background: #fff0c2; }
-.notice { padding: .5rem .8rem; background: #eef6ff; border: 1px solid #bcd; margin: .5rem 0; }
-.error { padding: .5rem .8rem; background: #fff0f0; border: 1px solid #dbb; margin: .5rem 0; }
-form.inline { display: inline; }
-input[type=text] { width: 12rem; }
-h1 a { color: inherit; text-decoration: none; }
-pre { white-space: pre-wrap; overflow-wrap: anywhere; background: #f7f7f8; padding: .6rem;
-      border: 1px solid #e3e3e6; }
-mark.steer { background: #fff3b0; display: block; }
-.graph { overflow: auto; max-height: 70vh; border: 1px solid #e3e3e6; margin: .5rem 0; }
-svg.dag text { font: 11px system-ui, sans-serif; fill: #1d1d1f; }
-svg.dag rect { fill: #eee; stroke: #999; }
-svg.dag .status-running rect { fill: #d7ebff; stroke: #3b82f6; }
-svg.dag .status-completed rect { fill: #d9f5dd; stroke: #2e9a48; }
-svg.dag .status-failed rect { fill: #ffd9d6; stroke: #d23c2f; }
-svg.dag .status-paused rect { fill: #fff0c2; stroke: #b08900; }
-svg.dag .status-skipped rect { fill: #f3f3f3; stroke: #bbb; }
-svg.dag .kind-spawned rect { stroke-dasharray: 4 2; }
-svg.dag .escalation rect { stroke-width: 2; stroke: #8b5cf6; }
-svg.dag .edge polyline { fill: none; stroke: #8a8a90; stroke-width: 1.3; }
-svg.dag .arrowhead { fill: #8a8a90; }
-svg.dag .spawn-edge polyline { stroke-dasharray: 3 3; }
-svg.dag .edge-failed polyline { stroke: #d23c2f; stroke-dasharray: 6 3; }
-svg.dag .edge-always polyline { stroke: #8b5cf6; stroke-dasharray: 6 3; }
-svg.dag .edge-contains polyline { stroke: #b08900; stroke-dasharray: 2 3; }
-svg.timeline text { font: 11px system-ui, sans-serif; fill: #1d1d1f; }
-svg.timeline .axis { stroke: #999; }
-svg.timeline .bar { fill: #ccc; }
-svg.timeline .bar.status-running { fill: #3b82f6; }
-svg.timeline .bar.status-completed { fill: #2e9a48; }
-svg.timeline .bar.status-failed { fill: #d23c2f; }
-svg.timeline .bar.status-interrupted, svg.timeline .bar.status-paused { fill: #b08900; }
-ol.steps { list-style: none; padding-left: 0; font-size: 0.9em; }
-ol.steps li { margin: 2px 0; }
-svg.step-bar rect { fill: #ccc; }
-svg.step-bar rect.bar-completed { fill: #2e9a48; }
-svg.step-bar rect.bar-failed { fill: #d23c2f; }
-svg.step-bar rect.bar-in_flight, svg.step-bar rect.bar-skipped { fill: #b08900; }
-#failures ul { margin: .2rem 0; padding-left: 1.2rem; }
-svg.dag text.edge-label { font-size: 10px; fill: #6a6a70; }
-svg.dag .edge-failed text.edge-label { fill: #d23c2f; }
-dl.facts { display: grid; grid-template-columns: max-content auto; gap: .2rem 1rem; }
-dl.facts dt { font-weight: bold; }
-:root { color-scheme: light dark; }
-.nowrap, td.num { white-space: nowrap; }
-.wide { overflow-x: auto; max-width: 100%; }
-nav.filters, nav.pager { margin: .4rem 0; line-height: 2; }
-table.runs small { overflow-wrap: anywhere; }
-.row-controls { display: flex; flex-wrap: wrap; gap: .25rem; align-items: center; }
-details.more > summary { cursor: pointer; }
-details.more[open] { flex-basis: 100%; }
-.action.disabled { color: #8a8a90; text-decoration: line-through; }
-.run-header { border-bottom: 1px solid #ddd; padding: .3rem 0; }
-.run-header h2 { margin: .2rem 0; } .run-header .run-id { font-weight: normal; }
-#run-result { max-height: 12rem; overflow: auto; margin: 0; }
-svg.dag[data-zoom="fit"] { height: auto; max-width: 100%; }
-svg.dag .found rect { stroke: #e11d48; stroke-width: 3; }
-nav.graph-tools a.on { font-weight: bold; text-decoration: none; color: inherit; }
-input[type=search] { width: 14rem; max-width: 60vw; }
-svg.dag .status-interrupted rect { fill: #fff0c2; stroke: #b08900; }
-@media (max-width: 700px) {
-  body { margin: .6rem; font-size: 13px; }
-  th, td { padding: .25rem .3rem; }
-  dl.facts { grid-template-columns: auto; }
-  dl.facts dd { margin: 0 0 .3rem; }
-}
-@media (prefers-color-scheme: dark) {
-  body { background: #17171a; color: #e6e6e9; }
-  a { color: #8ab4ff; } a:visited { color: #c3a6ff; }
-  th, td { border-bottom-color: #333; }
-  .status { background: #333; }
-  .status-running { background: #1d3a5f; } .status-completed { background: #1e4a2a; }
-  .status-failed { background: #5a221e; } .status-interrupted, .status-timed_out,
-  .status-stopped { background: #4d3d10; }
-  .notice { background: #1a2a3d; border-color: #345; }
-  .error { background: #3d1a1a; border-color: #633; }
-  pre { background: #222226; border-color: #3a3a40; }
-  mark.steer { background: #5a4c10; color: inherit; }
-  .graph { border-color: #3a3a40; }
-  svg.dag text { fill: #e6e6e9; }
-  svg.dag rect { fill: #2a2a2e; stroke: #777; }
-  svg.dag .status-running rect { fill: #1d3a5f; }
-  svg.dag .status-completed rect { fill: #1e4a2a; }
-  svg.dag .status-failed rect { fill: #5a221e; }
-  svg.dag .status-paused rect, svg.dag .status-interrupted rect { fill: #4d3d10; }
-  svg.dag .status-skipped rect { fill: #242427; }
-  svg.dag .edge polyline { stroke: #9a9aa0; } svg.dag .arrowhead { fill: #9a9aa0; }
-  svg.dag text.edge-label { fill: #b0b0b8; }
-  svg.timeline text { fill: #e6e6e9; }
-}
-"""
-
 
 #: Bidirectional embedding, override and isolate controls: shown as they are they reorder
 #: the text around them (a reason that reads as something else), so each is named.
@@ -176,18 +72,26 @@ def page(
     live: str | None = None,
     live_kind: str = "run",
     data: Mapping[str, str] | None = None,
+    section: str = "runs",
 ) -> str:
     """A whole page; ``live`` is the JSON the script polls to update it (no inline script).
 
     ``live_kind`` tells the script which page it updates: ``run``, ``runs`` or ``node``;
-    ``data`` are more ``data-*`` attributes of the body the script reads.
+    ``data`` are more ``data-*`` attributes of the body the script reads; ``section``
+    is the navigation entry the page belongs to (``runs`` or ``approvals``).
     """
+    nav = "".join(
+        f'<a href="/{key}"'
+        + (' class="on" aria-current="page"' if key == section else "")
+        + f">{label}</a>"
+        for key, label in (("runs", "Runs"), ("approvals", "Approvals"))
+    )
     attrs = "".join(f' data-{esc(k)}="{esc(v)}"' for k, v in (data or {}).items())
     return (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
         '<meta name="viewport" content="width=device-width, initial-scale=1">'
         f"<title>{esc(title)}</title>"
-        '<link rel="stylesheet" href="/static/studio.css">'
+        f'<link rel="stylesheet" href="{esc(STYLESHEET_HREF)}">'
         + ('<script src="/static/studio.js" defer></script>' if live else "")
         + "</head>\n"
         + (
@@ -195,9 +99,11 @@ def page(
             if live
             else "<body>"
         )
-        + '\n<header><h1><a href="/runs">steerflow studio</a></h1>'
-        + '<nav><a href="/runs">runs</a><a href="/approvals">approvals</a></nav></header>\n'
-        + f"{body}\n</body></html>\n"
+        # The brand is text, not a link: "Runs" is the way home, and a click on the
+        # heading (to leave a field) must not navigate.
+        + '\n<header class="topbar"><h1><span class="mark"></span>steerflow studio</h1>'
+        + f'<nav class="main-nav" aria-label="Studio">{nav}</nav></header>\n'
+        + f"<main>{body}\n</main></body></html>\n"
     )
 
 
@@ -354,11 +260,11 @@ def _row(run: RunListing, progress: RunProgress | None, csrf: str) -> str:
         f'<td><span class="status status-{status_class}">{esc(run.status)}</span></td>'
         f'<td data-field="phase">{esc(_phase(run))}</td>'
         f'<td class="num" data-field="progress">{esc(done)}</td>'
-        f"<td>{esc(model or '-')}</td>"
+        f'<td class="model">{esc(model or "-")}</td>'
         f'<td class="nowrap">{esc(when(run.created_at))}</td>'
         f'<td class="num" data-field="duration">{esc(duration(run.duration_s))}</td>'
         f'<td class="num nowrap">{esc(spend(run.usage))}</td>'
-        f"<td>{_links(run)}</td>"
+        f'<td class="links">{_links(run)}</td>'
         f"<td>{forms}</td></tr>"
     )
 

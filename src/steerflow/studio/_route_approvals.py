@@ -80,7 +80,7 @@ class ApprovalsPage(Page):
         sent = request.query_params.get("sent")
         note = f'<p class="note">queued decision {esc(sent)}</p>' if sent else ""
         body = f"<h2>approvals</h2>{note}{approvals_table(found, self.csrf)}"
-        return HTMLResponse(page("steerflow studio: approvals", body))
+        return HTMLResponse(page("steerflow studio: approvals", body, section="approvals"))
 
     async def decide(self, request: Request) -> Response:
         body = await read_form(request)
