@@ -443,6 +443,9 @@ EXPECTED: dict[str, set[str]] = {
     },
     "steerflow.state": {
         "BUSY_TIMEOUT_S",
+        "DB_CONNECT_TIMEOUT_ENV",
+        "admission_wait",
+        "connect_timeout_s",
         "ControlRow",
         "ControlVerb",
         "CopyReport",

@@ -375,6 +375,29 @@ def _raise_cap_form(view: RunView) -> str:
     )
 
 
+def _graph_and_timeline(
+    view: RunView, graph: RunGraph, nodes_base: str, *, zoom: str | None, find: str | None
+) -> str:
+    """The DAG (zoom, find) and the timeline, its rows past the first 50 folded."""
+    zoom = zoom or ("fit" if len(graph.nodes) > ROWS else "100")
+    parts = [
+        "<h3>graph</h3>",
+        graph_tools(view.run_id, zoom, find),
+        '<div class="graph">',
+        graph_svg(graph, base=nodes_base, zoom=zoom, found=find),
+        '</div><h3>timeline</h3><div class="wide">',
+        timeline_svg(view, base=nodes_base, count=ROWS),
+        "</div>",
+    ]
+    rest = len(view.nodes) - ROWS
+    if rest > 0:  # the rest folded: a 300-node run must not make the page 34,545 px tall
+        parts.append(
+            f'<details id="timeline-more"><summary>{rest} more rows of the timeline</summary>'
+            f'<div class="wide">{timeline_svg(view, base=nodes_base, first=ROWS)}</div></details>'
+        )
+    return "\n".join(parts)
+
+
 def run_page(
     view: RunView,
     graph: RunGraph,
@@ -428,20 +451,7 @@ def run_page(
         )
     nodes_base = run_href(view.run_id) + "/nodes/"
     body.append(_errors(view, graph))
-    zoom = zoom or ("fit" if len(graph.nodes) > ROWS else "100")
-    body.append("<h3>graph</h3>")
-    body.append(graph_tools(view.run_id, zoom, find))
-    body.append('<div class="graph">')
-    body.append(graph_svg(graph, base=nodes_base, zoom=zoom, found=find))
-    body.append('</div><h3>timeline</h3><div class="wide">')
-    body.append(timeline_svg(view, base=nodes_base, count=ROWS))
-    body.append("</div>")
-    rest = len(view.nodes) - ROWS
-    if rest > 0:  # the rest folded: a 300-node run must not make the page 34,545 px tall
-        body.append(
-            f'<details id="timeline-more"><summary>{rest} more rows of the timeline</summary>'
-            f'<div class="wide">{timeline_svg(view, base=nodes_base, first=ROWS)}</div></details>'
-        )
+    body.append(_graph_and_timeline(view, graph, nodes_base, zoom=zoom, find=find))
     body.append("<h3>nodes</h3>")
     body.append(_nodes_table(view))
     if view.status == "running":  # each running node's last line (issue 31)
