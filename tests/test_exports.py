@@ -317,6 +317,7 @@ EXPECTED: dict[str, set[str]] = {
         "TERMINAL",
         "build_graph",
         "render_steer",
+        "step_event",
         "unenforceable",
     },
     "steerflow.mcp": {

@@ -249,6 +249,34 @@ async def test_an_agent_run_is_a_trace_of_its_turns(
     assert said == ("script", 3, 1)
 
 
+async def test_an_agent_tool_turn_has_its_requests_and_tool_calls_under_the_turn(
+    tmp_path: Path, spans: InMemorySpanExporter
+) -> None:
+    """``agent --tool``: each request of the turn's loop and each tool call is a span."""
+    from steerflow.orchestrate._agent import run_agent
+    from steerflow.orchestrate._agent_options import AgentOptions
+
+    model = _script(tmp_path, {"turn-1": TOOL_NODE})
+    async with asyncio.timeout(TIMEOUT_S):
+        result = await run_agent(
+            AgentOptions(task="the task", model=model, tools=TOOLS, otel=True),
+            home=tmp_path / "home",
+        )
+    assert result.status == "completed"
+    finished = spans.get_finished_spans()
+    [turn] = [s for s in finished if s.name == "node turn-1"]
+    under = [s for s in finished if _parent(s) == turn.context.span_id]
+    names = sorted(s.name.split(" ")[0] for s in under)
+    assert names == ["chat", "chat", "execute_tool"], [s.name for s in under]
+    [tool] = [s for s in under if s.name == "execute_tool lookup"]
+    t = _attrs(tool)
+    assert (t["gen_ai.tool.name"], t["steerflow.tool.outcome"]) == ("lookup", "completed")
+    requests = sorted((s for s in under if s.name.startswith("chat")), key=lambda s: s.start_time)
+    tokens = [_attrs(s)["gen_ai.usage.input_tokens"] for s in requests]
+    assert tokens == [10, 12]
+    assert requests[0].end_time <= tool.start_time <= tool.end_time <= requests[1].start_time
+
+
 async def test_a_retried_call_is_two_requests_under_one_node(
     tmp_path: Path, spans: InMemorySpanExporter
 ) -> None:

@@ -14,7 +14,7 @@ from steerflow.executor._budget import (
     enforceable,
     unenforceable,
 )
-from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._events import EventBus, EventType, FlowEvent, step_event
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import (
     TERMINAL,
@@ -81,5 +81,6 @@ __all__ = [
     "enforceable",
     "import_until",
     "render_steer",
+    "step_event",
     "unenforceable",
 ]

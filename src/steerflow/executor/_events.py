@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
-__all__ = ["EventBus", "EventType", "FlowEvent"]
+__all__ = ["EventBus", "EventType", "FlowEvent", "step_event"]
 
 #: Events an :class:`EventBus` remembers by default: plenty for a test or a debugger to
 #: read back, a fixed cost however many nodes a run has (decision 64).
@@ -50,6 +50,25 @@ class FlowEvent:
     node_id: str | None = None
     data: dict[str, object] = field(default_factory=dict)
     ts: float = field(default_factory=time.time)
+
+
+def step_event(entry: Mapping[str, Any]) -> tuple[EventType, dict[str, object]] | None:
+    """The event saying one journaled tool-loop step (a model reply, a tool call).
+
+    A flow's tool node and an agent's tool turn say their steps alike, so a reader (the
+    tracer, the live stream) sees one shape. ``None`` for an approval step: a flow says
+    those with its approval events, and an agent takes none.
+    """
+    if entry["type"] == "approval":
+        return None
+    data = entry["data"]
+    out: dict[str, object] = {"index": entry["index"], "status": entry["status"]}
+    if entry["type"] == "model":
+        calls = data.get("tool_calls") or ()
+        out.update(tool_calls=[c["name"] for c in calls], usage=data.get("usage"))
+        return "model_step", out
+    out.update(call_id=entry["call_id"], tool=data.get("tool"), args=data.get("args"))
+    return ("tool_call_started" if entry["status"] == "in_flight" else "tool_call_ended"), out
 
 
 class EventBus:

@@ -24,7 +24,7 @@ from steerflow.artifacts import check_leg, merge_declared
 from steerflow.errors import ProviderError, UnsafePathError
 from steerflow.executor._approvals import ApprovalDesk
 from steerflow.executor._budget import BUDGET_REASON, Meter
-from steerflow.executor._events import EventBus, EventType, FlowEvent
+from steerflow.executor._events import EventBus, EventType, FlowEvent, step_event
 from steerflow.executor._fence import AdmissionFence
 from steerflow.executor._graph import CallBranch, Edge, Graph, NodeStatus, Operation
 from steerflow.executor._intent import CallIntent, IntentHook, StepRecorder
@@ -683,20 +683,9 @@ class FlowExecutor:
 
     def emit_step(self, op: Operation, entry: dict[str, Any]) -> None:
         """Say that one step of ``op``'s tool loop is on record (a model reply, a tool call)."""
-        if entry["type"] == "approval":
-            return  # said by emit_approval, on a resume's wait too
-        data = entry["data"]
-        out: dict[str, object] = {"index": entry["index"], "status": entry["status"]}
-        if entry["type"] == "model":
-            calls = data.get("tool_calls") or ()
-            out.update(tool_calls=[c["name"] for c in calls], usage=data.get("usage"))
-            self._emit("model_step", op, data=out)
-            return
-        out.update(call_id=entry["call_id"], tool=data.get("tool"), args=data.get("args"))
-        kind: EventType = (
-            "tool_call_started" if entry["status"] == "in_flight" else "tool_call_ended"
-        )
-        self._emit(kind, op, data=out)
+        said = step_event(entry)  # None for an approval: said by emit_approval
+        if said is not None:
+            self._emit(said[0], op, data=said[1])
 
     def _release_claim(self, op: Operation, base: str) -> None:
         """Messages claimed by an operation whose provider call never ran go back to the queue."""

@@ -27,7 +27,7 @@ import os
 import signal
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -54,6 +54,7 @@ from steerflow.executor import (
     Meter,
     enforceable,
     render_steer,
+    step_event,
     unenforceable,
 )
 from steerflow.home import RunDir, allocate_run_dir, make_private_dirs
@@ -767,6 +768,20 @@ class AgentRun:
                 key, key=key, model=self.model, call_id=call_id, attempt=attempt,
                 started_at=started, prompt=self._turn_prompt,
             )  # fmt: skip
+
+    def trace_request(self, key: str, call_id: str, step: int, started_at: float) -> None:
+        """A model request of a ``--tool`` turn's loop leaves: its span (issue 45)."""
+        if self._trace is not None:
+            self._trace.model_request(
+                key, key=key, model=self.model, call_id=call_id, attempt=step,
+                started_at=started_at, prompt=None, node_attempt=False,
+            )  # fmt: skip
+
+    def trace_step(self, key: str, entry: Mapping[str, Any]) -> None:
+        """A journaled step of a ``--tool`` turn, said as a flow's tool node says it."""
+        said = step_event(entry)
+        if said is not None:
+            self._turn_event(said[0], key, **said[1])
 
     def _trace_turn(self, key: str, turn: TurnOutcome) -> None:
         kind: EventType = "node_failed" if turn.error is not None else "node_completed"

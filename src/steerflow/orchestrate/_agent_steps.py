@@ -37,6 +37,12 @@ class _Agent(Protocol):
     deadline_hit: bool
     lease_loss: LeaseLoss | None
 
+    def trace_request(self, key: str, call_id: str, step: int, started_at: float) -> None:
+        """A model request of the turn's loop leaves (its traces, issue 45)."""
+
+    def trace_step(self, key: str, entry: Mapping[str, Any]) -> None:
+        """One step of the turn's loop is on record (its traces, issue 45)."""
+
 
 class AgentSteps:
     """:class:`tools.StepHooks` for one turn of an :class:`AgentRun`."""
@@ -63,13 +69,14 @@ class AgentSteps:
         if step > 1 and not meter.room():
             self.run.budget_hit = True
             raise LoopHeld("budget")
-        call_id = uuid.uuid4().hex
+        call_id, started = uuid.uuid4().hex, time.time()
         cost, tokens = meter.reservation()
         await self.writer.record_call(
             call_id, node=self.key, record="op", key=self.key, attempt=step,
-            model=self.run.model, started_at=time.time(), reserved_cost_usd=cost,
+            model=self.run.model, started_at=started, reserved_cost_usd=cost,
             reserved_tokens=tokens,
         )  # fmt: skip
+        self.run.trace_request(self.key, call_id, step, started)
         return Admitted(call_id)
 
     def delivered(self, admitted: Admitted) -> None:
@@ -83,6 +90,7 @@ class AgentSteps:
         """Journal the step (acknowledged) before the loop goes on."""
         if not await self.writer.record_step(entry):
             raise LoopHeld("checkpoint")
+        self.run.trace_step(self.key, entry)
 
     async def await_approval(self, request: Mapping[str, Any]) -> dict[str, Any]:
         """Never asked: an agent's tools need no approval (approvals are flow nodes')."""
