@@ -25,8 +25,9 @@ def _nodes(home: Path) -> list[str]:
     return [str(i.get("node") or i.get("node_key")) for i in read_invocations(home)]
 
 
+@pytest.mark.parametrize("version", ["3", "4"])
 def test_a_flow_killed_after_an_intent_resumes_listing_that_call_and_runs_it_once(
-    tmp_path: Path,
+    tmp_path: Path, version: str
 ) -> None:
     home = tmp_path / "home"
     script = write_yaml(tmp_path / "s.yaml", {n: {"response": n.upper()} for n in "abc"})
@@ -34,7 +35,7 @@ def test_a_flow_killed_after_an_intent_resumes_listing_that_call_and_runs_it_onc
         {"agent_id": n, "instruction": f"do {n}"} for n in "abc"]})  # fmt: skip
     env = child_env(STEERFLOW_FAULT="exit:after:intent-ack:2")
     killed = run_cli(home, "flow", "--plan", plan, "--model", f"script:{script}", "--json",
-                     env=env)  # fmt: skip
+                     "--checkpoint-version", version, env=env)  # fmt: skip
     assert killed.returncode == 137, killed.explain()
     assert len(read_invocations(home)) == 1  # a ran; b's intent is durable, b never sent
     run_id = sorted(p.name for p in (home / "runs").iterdir())[-1]

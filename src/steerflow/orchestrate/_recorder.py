@@ -220,8 +220,8 @@ class CheckpointRecorder:
         return await self._journal(op, lambda: self.writer.record_step(entry))
 
     async def _journal(self, op: Operation, write: Callable[[], Awaitable[bool]]) -> bool:
-        """A version 3 journal record the caller waits on: True once acknowledged."""
-        if self.writer.version != 3:
+        """A journal record (version 3 and later) the caller waits on: True once acknowledged."""
+        if self.writer.version < 3:
             return True
         if self.lost:
             return False
