@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -209,16 +210,29 @@ async def test_failed_write_is_reported_and_previous_file_intact(
     assert set(state["ops"]) == {"research", "draft"} and not w.persisted
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root ignores directory permissions")
+def _read_only(path: Path, on: bool) -> None:
+    """Make ``path`` refuse new entries, for root too (root ignores permission bits).
+
+    As root the directory is made immutable (``chattr +i``, which binds root as well);
+    on a file system without that flag the test cannot make the fault and says so.
+    """
+    if os.geteuid() != 0:
+        os.chmod(path, 0o500 if on else 0o700)
+        return
+    done = subprocess.run(["chattr", "+i" if on else "-i", str(path)], capture_output=True)
+    if done.returncode != 0 and on:
+        pytest.skip(f"root, and chattr +i is refused here: {done.stderr.decode().strip()}")
+
+
 async def test_read_only_directory(tmp_path: Path) -> None:
     w = make_writer(tmp_path)
     await w.flush()
-    os.chmod(tmp_path, 0o500)
+    _read_only(tmp_path, True)
     try:
         with pytest.raises(PersistenceError):
             await w.record("research", status="completed", response="x")
     finally:
-        os.chmod(tmp_path, 0o700)
+        _read_only(tmp_path, False)
     await w.close()
     assert not w.persisted
 
