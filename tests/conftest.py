@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import re
 import resource
 from collections.abc import Generator, Iterator
 from pathlib import Path
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 from blockbuster import BlockBuster, blockbuster_ctx
 
+import rewrite_cache
 import steerflow
 from pg_support import PgServer, pg_server
 from steerflow.state import STATE_DB_URL_ENV
@@ -41,6 +43,13 @@ def pytest_configure(config: pytest.Config) -> None:
     here (a no-op when it is up to date; every xdist worker checks) is enough.
     """
     compileall.compile_dir(Path(steerflow.__file__).parent, quiet=1)
+    if not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None):
+        # The controller of an xdist run, before any worker starts: the suite's own helpers
+        # (imported by every worker and by the `python:` nodes of child processes) and the
+        # test modules' assertion rewrites are compiled once instead of once per worker.
+        tests = Path(__file__).parent
+        compileall.compile_dir(tests, quiet=1, rx=re.compile(r"(^|/)test_[^/]*\.py$"))
+        rewrite_cache.prewarm(config, tests)
 
 
 _CPU_AT_SETUP = pytest.StashKey[float]()

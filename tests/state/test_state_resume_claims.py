@@ -157,7 +157,7 @@ def _pythonpath() -> list[str]:
 
 
 _CLAIMER = """\
-import json, sys
+import json, os, sys
 from pathlib import Path
 from waiting import wait_until
 from steerflow.errors import ResumeClaimedError
@@ -173,7 +173,9 @@ try:
     out = {"ok": row.id}
 except ResumeClaimedError as exc:
     out = {"refused": exc.holder_session_id}
-Path(done).write_text(json.dumps(out))
+# Published whole (write, then rename): the test polls for the file and reads it at once.
+Path(done + ".tmp").write_text(json.dumps(out))
+os.replace(done + ".tmp", done)
 # Stay alive (a live holder) until every claimer has tried.
 wait_until(Path(release).exists, timeout=60, what=release, interval=0.01)
 db.close()
