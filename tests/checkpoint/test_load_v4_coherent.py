@@ -338,6 +338,27 @@ def test_an_unreadable_file_is_refused_naming_it(
     assert reads.count(name) == 1  # refused at once, not read again
 
 
+def test_the_reader_names_an_unreadable_manifest_without_a_default(
+    publications: list[Files], tmp_path: Path, reads: Reads
+) -> None:
+    """As ``load_v3``: the reader names the file itself, not through the report's default."""
+    run = start(tmp_path / "run", publications[4])
+
+    def spoil() -> None:
+        (run / MANIFEST).unlink()
+        (run / MANIFEST).mkdir()
+
+    reads.before[(MANIFEST, 0)] = spoil
+    with pytest.raises(CheckpointRecoveryError) as info:
+        _load_v4.load_v4(str(run / MANIFEST), Report())
+    report = info.value.report
+    assert (report["refusal"]["reason"], report["refusal"]["file"]) == (
+        "unreadable-checkpoint",
+        MANIFEST,
+    )
+    assert report["checkpoint_version"] == 4
+
+
 def test_fold_v4_names_the_file_at_fault_without_a_default(
     publications: list[Files],
 ) -> None:
