@@ -226,6 +226,11 @@ def test_the_unit_loads_and_its_manifest_is_small(unit: Path) -> None:
             "segment-digest-mismatch",
             "differs from the length and digest named",
         ),
+        (  # 0 is a count: the segment is then refused as differing from it
+            lambda d: d["segments"][0].update(bytes=0),
+            "segment-digest-mismatch",
+            "differs from the length and digest named",
+        ),
         (lambda d: d["segments"].reverse(), "sequence-gap", ""),
     ],
 )
@@ -460,3 +465,159 @@ def test_segment_names() -> None:
         None,
     ):
         assert not valid_segment_name(bad)
+
+
+def test_a_seal_that_does_not_match_says_why(unit: Path) -> None:
+    data = (unit / MANIFEST).read_bytes()
+    for spoiled, message in [
+        (
+            data.replace(b'"journal_seq":0', b'"journal_seq": 0'),
+            "manifest-digest-mismatch (file='checkpoint.json'): "
+            "the manifest differs from its digest",
+        ),
+        (
+            data[: data.rindex(SEAL.encode())] + b"}",
+            "invalid-manifest (file='checkpoint.json'): the manifest does not end with its digest",
+        ),
+    ]:
+        (unit / MANIFEST).write_bytes(spoiled)
+        with pytest.raises(CheckpointRecoveryError) as info:
+            load_checkpoint(unit)
+        assert str(info.value) == "checkpoint recovery refused: " + message
+
+
+def test_a_bad_entry_in_a_segment_is_named_by_its_ids_in_checkpoint_json(unit: Path) -> None:
+    """Decision 387: the entry's ids say where it is; ``file`` stays the logical file."""
+
+    def bad(seg: dict[str, Any]) -> None:
+        seg["ops"]["op1"]["status"] = "weird"
+
+    last = len(manifest(unit)["segments"]) - 1
+    name = edit_segment(unit, last, bad)
+    assert name.startswith(MANIFEST + ".seg.")
+    with pytest.raises(CheckpointRecoveryError) as info:
+        load_checkpoint(unit)
+    assert info.value.report["refusal"] == {
+        "reason": "invalid-entry",
+        "seq": None,
+        "line": None,
+        "byte_offset": None,
+        "file": MANIFEST,
+        "entry": {"kind": "op", "agent_id": "op1"},
+    }
+    assert str(info.value) == (
+        "checkpoint recovery refused: invalid-entry at planned node 'op1' "
+        "(file='checkpoint.json'): unsupported status 'weird': not completed or failed"
+    )
+
+
+def _spawn_segment(run: Path) -> int:
+    refs = manifest(run)["segments"]
+    docs = [json.loads((run / ref["name"]).read_bytes()) for ref in refs]
+    return next(i for i, doc in enumerate(docs) if doc["spawned"])
+
+
+@pytest.mark.parametrize(
+    ("spawned", "reason", "detail"),
+    [
+        (lambda e: ["x"], "invalid-entry", "a spawned entry without node_id"),
+        (lambda e: [{**e, "node_id": 7}], "invalid-entry", "a spawned entry without node_id"),
+        (lambda e: [e, e], "invalid-segment", "a node_id repeats"),
+    ],
+)
+def test_a_bad_spawned_list_is_refused_naming_the_segment(
+    unit: Path, spawned: Callable[[dict[str, Any]], list[Any]], reason: str, detail: str
+) -> None:
+    def change(seg: dict[str, Any]) -> None:
+        seg["spawned"] = spawned(seg["spawned"][0])
+
+    name = edit_segment(unit, _spawn_segment(unit), change)
+    with pytest.raises(CheckpointRecoveryError) as info:
+        load_checkpoint(unit)
+    assert (info.value.report["refusal"]["reason"], info.value.report["refusal"]["file"]) == (
+        reason,
+        name,
+    )
+    assert str(info.value) == (
+        f"checkpoint recovery refused: {reason} (file={name!r}): {name!r}: {detail}"
+    )
+
+
+def test_a_spawned_node_rewritten_in_a_later_segment_keeps_its_place(tmp_path: Path) -> None:
+    """The writer replaces a spawned node by ``node_id``; the fold does what it wrote."""
+
+    async def write() -> None:
+        w = make_writer(tmp_path, version=4, max_records=2)
+        await w.record_spawned("n1", status="failed", response="e", parent_id=None)
+        await w.record_spawned("n2", status="completed", response="b", parent_id=None)
+        await w.record("a", status="completed", response="r")
+        await w.record("b", status="completed", response="r")
+        await w.record_spawned("n1", status="completed", response="ok", parent_id=None)
+        await w.record("c", status="completed", response="r")
+        await w.record("d", status="completed", response="r")
+        await w.close()
+
+    asyncio.run(write())
+    holding = [
+        ref["name"]
+        for ref in manifest(tmp_path)["segments"]
+        if any(
+            e["node_id"] == "n1"
+            for e in json.loads((tmp_path / ref["name"]).read_bytes())["spawned"]
+        )
+    ]
+    assert len(holding) == 2  # n1 is in two segments: the fold upserts it
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean"
+    assert [(e["node_id"], e["status"], e["response"]) for e in state["spawned"]] == [
+        ("n1", "completed", "ok"),
+        ("n2", "completed", "b"),
+    ]
+
+
+def test_intents_and_steps_in_the_manifest_are_loaded_as_written(tmp_path: Path) -> None:
+    """A compaction moves open call intents and a tool loop's steps into the manifest."""
+    intent, open_call = "a" * 32, "b" * 32
+    steps = [
+        {"node": "a", "record": "op", "key": "a", "index": 1, "type": "model",
+         "call_id": intent, "status": "completed",
+         "data": {"text": "", "tool_calls": [{"call_id": "c1", "name": "add", "args": {}}]}},
+        {"node": "a", "record": "op", "key": "a", "index": 2, "type": "tool",
+         "call_id": "c1", "status": "in_flight", "data": {"tool": "add", "args": {}}},
+    ]  # fmt: skip
+
+    async def write() -> None:
+        w = make_writer(tmp_path, version=4, max_records=1)
+        for call_id, node in ((intent, "a"), (open_call, "b")):
+            await w.record_call(call_id, node=node, record="op", key=node, attempt=1,
+                                model="script:x", started_at=1.0)  # fmt: skip
+        for step in steps:
+            await w.record_step(step)
+        await w.record("c", status="completed", response="C")  # compacts
+        await w.record("d", status="completed", response="D")
+        await w.close()
+
+    asyncio.run(write())
+    doc = manifest(tmp_path)
+    assert set(doc) >= {"in_flight", "steps"}
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean"
+    assert state["in_flight"] == doc["in_flight"]
+    assert [entry["call_id"] for entry in state["in_flight"]] == [open_call]
+    assert state["steps"] == doc["steps"]
+    assert [{k: v for k, v in s.items() if k != "result_digest"} for s in state["steps"]] == steps
+
+
+def test_a_meta_segment_without_max_spawn_loads_without_it(tmp_path: Path) -> None:
+    async def write() -> None:
+        w = make_writer(tmp_path, version=4, max_records=1, max_spawn=None)
+        await w.record("a", status="completed", response="A")
+        await w.record("b", status="completed", response="B")
+        await w.close()
+
+    asyncio.run(write())
+    meta = json.loads((tmp_path / manifest(tmp_path)["meta"]["name"]).read_bytes())
+    assert "max_spawn" not in meta
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean" and "max_spawn" not in state
+    assert list(state["ops"]) == ["a", "b"]

@@ -238,13 +238,11 @@ def fold_v4(
 ) -> dict[str, Any]:
     """Fold a manifest, its segments' bytes (by name; None: absent) and its journal."""
     manifest = parse_manifest(manifest_bytes, report)
-    file = CHECKPOINT_FILENAME
     try:
-        base = _fold_segments(manifest, segments)
-        file = CHECKPOINT_FILENAME
-        base = check_folded_base(base)
+        base = check_folded_base(_fold_segments(manifest, segments))
     except _InvalidError as bad:
-        where = _file_at_fault(bad, manifest) or file
+        # A segment's own refusal names it; an entry's names the logical file (decision 387).
+        where = _file_at_fault(bad, manifest) or CHECKPOINT_FILENAME
         raise report.refuse(bad.reason, detail=bad.detail, file=where, entry=bad.entry) from None
     return fold_journal(base, journal, report, version=4)
 
