@@ -63,10 +63,12 @@ LONGEST_FIRST = (
     "tests/crash/test_resume_chain.py",
     "tests/e2e/test_lease_takeover.py",
     "tests/e2e/test_studio_live_output.py",
+    "tests/e2e/test_studio_browser_header.py",
     "tests/e2e/test_studio_browser.py",
     "tests/e2e/test_budget_e2e.py",
     "tests/e2e/test_studio_browser_runs.py",
     "tests/e2e/test_provider_plugins_e2e.py",
+    "tests/e2e/test_two_hosts_netns.py",
 )
 
 

@@ -32,6 +32,10 @@ from flow_support import read_invocations
 from playwright.sync_api import Page, expect
 from test_studio_browser import LIVE_MS, Studio, Watched, _shot, studio_process
 
+# The module fixture (its runs and Studio) is built once, on one worker, not once per worker
+# that gets one of its tests (about 9 s of processes each time).
+pytestmark = pytest.mark.xdist_group("studio_header")
+
 browser = shared.browser
 watched = shared.watched
 

@@ -25,6 +25,10 @@ from ctl_support import clean_env, live_flow, run_cli, wait_for, write_yaml
 from playwright.sync_api import Browser, Page, expect
 from test_studio_browser import GATED_CLI, LIVE_MS, Studio, Watched, _shot, studio_process
 
+# The module fixture (its runs and Studio) is built once, on one worker, not once per worker
+# that gets one of its tests (about 9 s of processes each time).
+pytestmark = pytest.mark.xdist_group("studio_runs")
+
 # The shared fixtures: one Chromium for this module, a fresh watched context per test.
 browser = shared.browser
 watched = shared.watched
