@@ -37,10 +37,12 @@ def _end_of(
     """A bar's start and end; a node that died in flight ends where the view stopped it.
 
     Its start plus its duration, not "now": its bar must not grow on every reload of a
-    run that is long dead.
+    run that is long dead. A duration of 0 (the run's last sign of life came before the
+    call's recorded start, as it can when the process is killed just after starting it)
+    or none known is a bar of no length, never one that ends now.
     """
-    if start is not None and end is None and node.status != "running" and node.duration_s:
-        end = start + node.duration_s
+    if start is not None and end is None and node.status != "running":
+        end = start + (node.duration_s or 0.0)
     return start, end
 
 
