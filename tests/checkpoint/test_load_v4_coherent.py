@@ -170,24 +170,20 @@ def test_a_segment_unlinked_under_an_older_manifest_is_read_again(
     assert reads.count(MANIFEST) == 2 and reads.count(gone[1]) == 1
 
 
+@pytest.mark.parametrize(
+    "gone_at",
+    [
+        # Gone when the reader checks the name still holds the manifest it read, back after.
+        pytest.param((JOURNAL, 0), id="missing-for-a-moment"),
+        pytest.param((MANIFEST, 0), id="absent-at-the-first-read"),
+    ],
+)
 def test_a_manifest_missing_for_a_moment_is_read_again(
-    publications: list[Files], tmp_path: Path, reads: Reads
+    publications: list[Files], tmp_path: Path, reads: Reads, gone_at: tuple[str, int]
 ) -> None:
     files = publications[4]
     run = start(tmp_path / "run", files)
-    # Gone when the reader checks the name still holds the manifest it read, back after.
-    reads.before[(JOURNAL, 0)] = lambda: os.rename(run / MANIFEST, run / "aside")
-    reads.before[(MANIFEST, 1)] = lambda: os.rename(run / "aside", run / MANIFEST)
-    assert load_checkpoint(run) == expected(tmp_path, files)
-    assert reads.count(MANIFEST) == 2
-
-
-def test_a_manifest_absent_at_the_first_read_is_read_again(
-    publications: list[Files], tmp_path: Path, reads: Reads
-) -> None:
-    files = publications[4]
-    run = start(tmp_path / "run", files)
-    reads.before[(MANIFEST, 0)] = lambda: os.rename(run / MANIFEST, run / "aside")
+    reads.before[gone_at] = lambda: os.rename(run / MANIFEST, run / "aside")
     reads.before[(MANIFEST, 1)] = lambda: os.rename(run / "aside", run / MANIFEST)
     assert load_checkpoint(run) == expected(tmp_path, files)
     assert reads.count(MANIFEST) == 2
