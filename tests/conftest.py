@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import compileall
+import functools
 import inspect
 import re
 import resource
@@ -103,7 +104,9 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     return (yield)
 
 
-_SHARED_BLOCKBUSTER: list[BlockBuster] = []
+@functools.cache
+def _shared_blockbuster() -> BlockBuster:
+    return BlockBuster(LOOP_MODULES)
 
 
 @pytest.fixture(autouse=True)
@@ -122,9 +125,7 @@ def blockbuster(request: pytest.FixtureRequest) -> Iterator[BlockBuster]:
         with blockbuster_ctx(LOOP_MODULES) as bb:
             yield bb
         return
-    if not _SHARED_BLOCKBUSTER:
-        _SHARED_BLOCKBUSTER.append(BlockBuster(LOOP_MODULES))
-    shared = _SHARED_BLOCKBUSTER[0]
+    shared = _shared_blockbuster()
     shared.activate()
     try:
         yield shared

@@ -1,6 +1,6 @@
 """Rewrite the suite's test modules once, before the xdist workers collect them.
 
-pytest rewrites every test module's ``assert`` statements when it imports it (about 6 s
+pytest rewrites every test module's ``assert`` statements when it imports it (about 3 s
 of CPU for this suite) and caches the result as a ``.pyc`` beside it, except where
 ``PYTHONDONTWRITEBYTECODE`` is set (CI images often set it, this machine's does): then
 each of the ``-n 4`` workers rewrites every module again, on every run. Done here once,
@@ -47,8 +47,9 @@ def prewarm(config: pytest.Config, tests: Path, processes: int = 2) -> None:
     try:
         from _pytest.assertion import rewrite
 
-        needed = (rewrite._rewrite_test, rewrite._write_pyc, rewrite._read_pyc)
-        needed += (rewrite.get_cache_dir, rewrite.try_makedirs, rewrite.PYC_TAIL)
+        for name in ("_rewrite_test", "_write_pyc", "_read_pyc", "get_cache_dir", "try_makedirs",
+                     "PYC_TAIL"):  # fmt: skip
+            getattr(rewrite, name)
         config.stash[rewrite.assertstate_key]
     except (ImportError, AttributeError, KeyError):
         return  # pytest moved them (or assertion rewriting is off): the workers rewrite
