@@ -158,6 +158,7 @@ async def test_messages_start_one_turn_with_the_history(home: Path, capsys: Any)
     result = await task
     assert result.status == "completed" and result.exit_code == ExitCode.OK
     assert [t.response for t in result.turns] == ["reply 1", "reply 2"]
+    assert "reply 1" not in repr(result)  # decision 388: no copy of every reply at the end
     turn2 = provider.requests[1]
     assert [(m.role, m.content) for m in turn2.history] == [
         ("user", "THE-TASK"),

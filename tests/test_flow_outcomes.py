@@ -232,3 +232,17 @@ async def test_an_escalation_retry_of_a_typed_node_is_typed_and_records_its_outp
     state, _ = load_checkpoint(Path(result.run_dir) / "checkpoint.json")
     (retry,) = state["spawned"]
     assert retry["spawn_id"] == "rate.esc1" and retry["output"] == REPLY
+
+
+async def test_a_results_repr_leaves_its_responses_out(tmp_path: Path) -> None:
+    # asyncio.run formats its main task's repr at the end; a batch's responses must not
+    # be copied into one more string there (decision 388).
+    reply = "r" * 5000 + "-marker"
+    plan = Plan([Op("a", "say"), Op("b", "say", depends_on=["a"])])
+    result = await _run(
+        tmp_path, plan, _script(tmp_path, {"a": {"response": reply}, "b": {"response": "x"}})
+    )
+    assert result.status == "completed"
+    assert result.response("a") == reply
+    assert "-marker" not in repr(result)
+    assert "outcomes" not in repr(result)

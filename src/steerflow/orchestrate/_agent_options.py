@@ -197,7 +197,7 @@ class AgentResult:
     status: EndStatus
     exit_code: ExitCode
     checkpoint: dict[str, Any]
-    turns: list[TurnOutcome]
+    turns: list[TurnOutcome] = field(repr=False)  # every reply: see ``FlowResult.outcomes``
     checkpoint_recovery: dict[str, Any] | None = None
     resumed_from: str | None = None
     stopped_by: dict[str, Any] | None = None

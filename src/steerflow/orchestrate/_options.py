@@ -331,7 +331,9 @@ class FlowResult:
     #: Each loop's ``{id, rounds, ended, nodes}`` (issue 40 item 4); absent when none.
     loops: list[dict[str, Any]] = field(default_factory=list)
     #: Every node's response, output and usage by node id (not in ``--json``: decision 287).
-    outcomes: dict[str, NodeOutcome] = field(default_factory=dict)
+    #: Not in the repr either: ``asyncio.run`` formats its main task's repr at the end
+    #: (Python 3.11), which would copy every response of a batch once more (decision 388).
+    outcomes: dict[str, NodeOutcome] = field(default_factory=dict, repr=False)
     #: The class each ``Op(output_schema=cls)`` gave, by op id: ``output``'s default.
     output_classes: dict[str, type] = field(default_factory=dict, repr=False)
 
