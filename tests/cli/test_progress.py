@@ -11,8 +11,11 @@ import contextlib
 import io
 import json
 import math
+import os
+import re
 from pathlib import Path
 
+import pytest
 import yaml
 
 from steerflow.cli import main as cli_main
@@ -247,3 +250,45 @@ def test_the_end_of_run_summary_of_a_large_run_lists_counts_not_every_node(
     assert "  failed     planned  n007  error: broken" in text
     assert "n008" not in text.split("result:")[0]  # completed nodes are not listed one by one
     assert "every node: steerflow show " in text
+
+
+def test_a_terminal_gets_colour_and_hostile_text_is_never_markup(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # A real pseudo-terminal: the rich path (decision 389). A node id that looks like
+    # markup or an emoji code is printed as written, and an escape byte is shown escaped.
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    master, slave = os.openpty()
+    try:
+        with os.fdopen(slave, "w", encoding="utf-8", closefd=True) as tty:
+            progress = Progress(file=tty, clock=Clock())
+            progress(
+                FlowEvent(
+                    type="node_failed", node_key="[bold]x:smile:", data={"error": "a\x1b[2Jb"}
+                )
+            )
+        data = b""
+        while b"\n" not in data:
+            data += os.read(master, 4096)
+    finally:
+        os.close(master)
+    text = data.decode()
+    assert "\x1b[31m" in text or "\x1b[1;31m" in text, repr(text)  # red: the label
+    plain = re.sub(r"\x1b\[[0-9;]*m", "", text)
+    assert "node FAILED [bold]x:smile:: a" in plain, repr(plain)
+    assert "\x1b[2J" not in text
+
+
+def test_a_pipe_gets_the_same_characters_without_colour(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("FORCE_COLOR", raising=False)
+    progress, _, out = _progress()
+    progress(FlowEvent(type="node_failed", node_key="[bold]x:smile:", data={"error": "a\x1b[2Jb"}))
+    progress.control_applied("pause", None)
+    (failed, paused) = _lines(out)
+    assert failed.startswith("node FAILED [bold]x:smile:: a") and "\x1b" not in failed
+    assert paused == "operator pause applied: nodes not yet started wait for a resume"
+    monkeypatch.setenv("FORCE_COLOR", "1")
+    forced, _, out = _progress()
+    forced.control_applied("stop", "c1")
+    assert out.getvalue() == "\x1b[35moperator stop applied\x1b[0m (control c1)\n"

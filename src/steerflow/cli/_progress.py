@@ -11,23 +11,33 @@ checkpoint trouble and warnings are always printed one by one, and so is each pa
 resume and stop the poller applies (:meth:`Progress.control_applied`, fed by
 ``Steering.on_applied``: those never reach the bus). The same rule holds on a terminal and
 in a log: no cursor tricks, so the output stays greppable.
+
+Colour is for people: on a terminal (or with ``FORCE_COLOR`` set) the lines go through
+rich; anywhere else (a log, a pipe, a test) they are the same characters written plainly,
+and rich is never imported. That keeps about a tenth of a ``flow`` process's start-up off
+every scripted run (decision 389). A line is a list of ``(text, style)`` segments, never
+markup, so no text from a plan or a model is parsed as markup or emoji codes.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import sys
 import time
 from collections.abc import Callable
-from typing import TextIO
-
-from rich.console import Console
-from rich.markup import escape
+from typing import TYPE_CHECKING, TextIO
 
 from steerflow.cli._output import printable
 from steerflow.executor import FlowEvent
 
+if TYPE_CHECKING:
+    from rich.console import Console
+
 __all__ = ["BURST", "INTERVAL", "PER_NODE_NODES", "Progress"]
+
+#: One printed line: ``(text, rich style or None)`` segments.
+Segments = list[tuple[str, str | None]]
 
 #: Plans up to this many nodes always get one line per event.
 PER_NODE_NODES = 100
@@ -95,7 +105,9 @@ class Progress:
         clock: Callable[[], float] = time.monotonic,
         file: TextIO | None = None,
     ) -> None:
-        self.console = Console(file=file or sys.stderr, highlight=False, soft_wrap=True)
+        self.file = file or sys.stderr
+        self._console: Console | None = None
+        self._colour = bool(os.environ.get("FORCE_COLOR")) or _is_terminal(self.file)
         self.quiet = quiet
         self.clock = clock
         self.started_at = clock()
@@ -122,7 +134,7 @@ class Progress:
                 self._routine(event)
             return
         if event.type in _STYLE and (not self.quiet or event.type in _IMPORTANT):
-            self.console.print(_line(event))
+            self._print(_line(event))
 
     def control_applied(self, verb: str, control_id: str | None) -> None:
         """A ``Steering.on_applied`` callback: one line per pause, resume or stop applied."""
@@ -130,7 +142,7 @@ class Progress:
             return
         # Only a stop has its control id here (the poller gives pause and resume none).
         detail = f" (control {control_id})" if control_id is not None else _APPLIED.get(verb, "")
-        self.console.print(f"[magenta]operator {escape(printable(verb))} applied[/magenta]{detail}")
+        self._print([(f"operator {printable(verb)} applied", "magenta"), (detail, None)])
 
     def close(self) -> None:
         """The run ended: print the last summary if events were folded since the previous one."""
@@ -151,7 +163,7 @@ class Progress:
             not self._summarising and self._in_window <= BURST
         )
         if per_node:
-            self.console.print(_line(event) if event.type != "checkpoint_saved" else self._saved())
+            self._print(_line(event) if event.type != "checkpoint_saved" else self._saved())
             return
         self._summarising = True
         self._folded += 1
@@ -203,16 +215,26 @@ class Progress:
             self.counts[kind.removeprefix("node_")] += 1
 
     def _plan_ready(self, event: FlowEvent) -> None:
-        self.console.print(
-            f"[bold]plan ready[/bold]: {event.data.get('nodes')} nodes, "
-            f"spawn budget {event.data.get('max_spawn')}"
-        )
+        counts = f": {event.data.get('nodes')} nodes, spawn budget {event.data.get('max_spawn')}"
+        self._print([("plan ready", "bold"), (counts, None)])
         if event.data.get("graph"):
-            graph = printable(event.data["graph"], keep_newlines=True)
-            self.console.print(escape(graph))
+            self._print([(printable(event.data["graph"], keep_newlines=True), None)])
 
-    def _saved(self) -> str:
-        return f"[dim]  checkpoint saved (#{self.saved})[/dim]"
+    def _saved(self) -> Segments:
+        return [(f"  checkpoint saved (#{self.saved})", "dim")]
+
+    def _print(self, segments: Segments) -> None:
+        if not self._colour:
+            self.file.write("".join(text for text, _ in segments) + "\n")
+            self.file.flush()
+            return
+        from rich.text import Text
+
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(file=self.file, highlight=False, soft_wrap=True)
+        self._console.print(Text.assemble(*((text, style or "") for text, style in segments)))
 
     def summary_text(self) -> str:
         """The summary line's text (no markup)."""
@@ -232,10 +254,17 @@ class Progress:
 
     def _summary(self) -> None:
         self._folded = 0
-        self.console.print(f"[bold]{self.summary_text()}[/bold]")
+        self._print([(self.summary_text(), "bold")])
 
 
-def _line(event: FlowEvent) -> str:
+def _is_terminal(file: TextIO) -> bool:
+    try:
+        return file.isatty()
+    except (AttributeError, ValueError):  # no isatty, or a closed stream
+        return False
+
+
+def _line(event: FlowEvent) -> Segments:
     label, colour = _STYLE[event.type]
     detail = ""
     if event.type == "control_applied":
@@ -258,5 +287,5 @@ def _line(event: FlowEvent) -> str:
         detail = f": {event.data['error']}"
     # A run-wide event has no node: "warning: text", not "warning : text".
     text = f" {event.node_key}{detail}" if event.node_key else detail
-    # Rich markup escaping does not touch ESC/OSC bytes: those are escaped first.
-    return f"[{colour}]{label}[/{colour}]{escape(printable(text))}"
+    # ESC/OSC bytes from a model or a plan are escaped before they reach the terminal.
+    return [(label, colour), (printable(text), None)]
