@@ -48,6 +48,7 @@ NEVER = (
     "steerflow.checkpoint._writer",
     "steerflow.cli._cmd_flow",
     "steerflow.studio",
+    "steerflow.state._postgres",  # SQLite here: the backend is never loaded (decision 391)
 )
 #: Not on the ``ctl`` path either: plans and checkpoints are not read to queue a control.
 NEVER_FOR_CTL = (*NEVER, "steerflow.plan", "steerflow.checkpoint", "steerflow.cli._cmd_read")
@@ -71,7 +72,8 @@ def _loaded(home: Path, tmp_path: Path, args: list[str]) -> dict[str, Any]:
     env = {
         k: v
         for k, v in os.environ.items()
-        if k not in ("STEERFLOW_HOME", "STEERFLOW_STATE_DB_URL", "COVERAGE_PROCESS_START")
+        if k
+        not in ("STEERFLOW_HOME", "STEERFLOW_STATE_DB_URL", "COVERAGE_PROCESS_START", "FORCE_COLOR")
     }
     env["SF_MODULES_OUT"] = str(report)
     proc = subprocess.run(
@@ -149,3 +151,15 @@ def test_the_probe_sees_the_flow_machinery(
     assert loaded["exit_code"] == 0
     found = _offending(loaded["modules"], NEVER)
     assert {"pydantic", "steerflow.plan._model", "steerflow.cli._cmd_flow"} <= set(found)
+
+
+def test_a_flow_writing_its_progress_to_a_pipe_never_imports_rich(
+    finished_run: tuple[Path, str, str], tmp_path: Path
+) -> None:
+    """Colour is for terminals: a scripted run pays nothing for rich (decision 389), and a
+    run on SQLite nothing for the PostgreSQL backend (decision 391)."""
+    home, _, _ = finished_run
+    loaded = _loaded(home, tmp_path, ["play", "demo", "--json"])
+    assert loaded["exit_code"] == 0
+    assert "steerflow.cli._progress" in loaded["modules"]  # progress was printed
+    assert _offending(loaded["modules"], ("rich", "steerflow.state._postgres")) == []

@@ -27,7 +27,7 @@ from steerflow.state._owner import (
     process_start_time,
     this_host,
 )
-from steerflow.state._postgres import DB_CONNECT_TIMEOUT_ENV, admission_wait, connect_timeout_s
+from steerflow.state._pg_admission import DB_CONNECT_TIMEOUT_ENV, admission_wait, connect_timeout_s
 from steerflow.state._schema import (
     SCHEMA_VERSION,
     ControlRow,

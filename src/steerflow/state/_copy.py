@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from steerflow.errors import RefusedError
 from steerflow.state._db import StateDB
-from steerflow.state._postgres import is_postgres_url
+from steerflow.state._pg_admission import is_postgres_url
 from steerflow.state._sqlite import sqlite_path_from_url
 
 __all__ = ["COPY_TABLES", "CopyReport", "copy_state", "open_copy_target"]

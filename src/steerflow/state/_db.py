@@ -51,7 +51,7 @@ from steerflow.state._claims import resumed_by as _resumed_by
 from steerflow.state._lease import lease_seconds
 from steerflow.state._owner import Owner, owner_alive
 from steerflow.state._owner import effective_status as _effective_status
-from steerflow.state._postgres import PostgresBackend, check_postgres_url, is_postgres_url
+from steerflow.state._pg_admission import is_postgres_url
 from steerflow.state._schema import (
     ControlRow,
     ControlVerb,
@@ -113,6 +113,8 @@ def normalize_state_db_url(url: str) -> str:
             PostgreSQL without the ``postgres`` extra.
     """
     if is_postgres_url(url):
+        from steerflow.state._postgres import check_postgres_url  # only here: decision 391
+
         check_postgres_url(url)
         return url
     return "sqlite:///" + quote(str(sqlite_path_from_url(url)))
@@ -147,6 +149,8 @@ def db_exists(home: Path) -> bool:
     url = _postgres_url()
     if url is None:
         return db_path(home).is_file()
+    from steerflow.state._postgres import PostgresBackend  # only here: decision 391
+
     backend = PostgresBackend.open(url, read_only=True, busy_timeout_s=BUSY_TIMEOUT_S)
     try:
         return backend.schema_version() > 0
@@ -397,6 +401,8 @@ class StateDB:
         busy_timeout_s: float,
         own_connection: bool = False,
     ) -> StateDB:
+        from steerflow.state._postgres import PostgresBackend  # only here: decision 391
+
         backend = PostgresBackend.open(
             url, read_only=read_only, busy_timeout_s=busy_timeout_s, own=own_connection
         )

@@ -26,9 +26,7 @@ connection the server dropped is replaced on the next call, with backoff.
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import logging
-import math
 import os
 import random
 import re
@@ -40,12 +38,19 @@ from urllib.parse import unquote, urlsplit, urlunsplit
 
 from steerflow.errors import (
     DatabaseBusyError,
-    InvalidValueError,
     RefusedError,
     StateDBLostError,
     SteerflowError,
     UsageError,
     quote_input,
+)
+from steerflow.state._pg_admission import (
+    DB_CONNECT_TIMEOUT_ENV,
+    DEFAULT_DB_CONNECT_TIMEOUT_S,
+    PG_SCHEMES,
+    admission_wait,
+    connect_timeout_s,
+    is_postgres_url,
 )
 from steerflow.state._pg_link import Link, acquire, link_key, release
 from steerflow.state._pg_schema import CONTROLS_CHANNEL, PG_MIGRATIONS, PG_SCHEMA_VERSION_DDL
@@ -67,7 +72,6 @@ __all__ = [
     "redact",
 ]
 
-PG_SCHEMES = ("postgresql", "postgres")
 _MISSING_EXTRA = (
     "STEERFLOW_STATE_DB_URL names a PostgreSQL database, but psycopg is not installed:"
     " pip install 'steerflow[postgres]'"
@@ -77,25 +81,13 @@ _READ_ONLY_STATE = "25006"
 _UNDEFINED_TABLE = "42P01"
 _ADMIT_FIRST_S = 0.25
 _ADMIT_MAX_S = 2.0
-_MAX_CONNECT_TIMEOUT_S = 3600.0
 _log = logging.getLogger("steerflow.state")
 
-DB_CONNECT_TIMEOUT_ENV = "STEERFLOW_DB_CONNECT_TIMEOUT_S"
-"""How long a process waits for a full (or starting) server to admit it (decision 361)."""
-
-DEFAULT_DB_CONNECT_TIMEOUT_S = 60.0
 _MIGRATION_LOCK = "schema-migration"
 _IDLE = 0  # psycopg.pq.TransactionStatus.IDLE, without importing psycopg at module load
 
 
-_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*):")
 _PORT = re.compile(r"[0-9]{1,5}")
-
-
-def is_postgres_url(url: str) -> bool:
-    """Whether ``url`` names a PostgreSQL database (by its scheme; never raises)."""
-    found = _SCHEME.match(url)
-    return found is not None and found.group(1).lower() in PG_SCHEMES
 
 
 def redact(url: str) -> str:
@@ -502,51 +494,6 @@ class PostgresBackend:
                 return
             self._closed = True
         release(self._key, self._link)
-
-
-_admission_override: contextvars.ContextVar[float | None] = contextvars.ContextVar(
-    "steerflow_admission_wait", default=None
-)
-
-
-@contextlib.contextmanager
-def admission_wait(seconds: float) -> Iterator[None]:
-    """Within the block, wait at most ``seconds`` for a full server (0: do not wait).
-
-    A flow that has finished reads its result back with 0: its checkpoint holds the
-    result, so a full server is no reason to keep the operator waiting for it.
-    """
-    token = _admission_override.set(seconds)
-    try:
-        yield
-    finally:
-        _admission_override.reset(token)
-
-
-def connect_timeout_s() -> float:
-    """How long a new process waits to be admitted: ``STEERFLOW_DB_CONNECT_TIMEOUT_S``, else 60.
-
-    Raises:
-        InvalidValueError: The variable is not a number of seconds from 0 to 3600
-            (a usage error, exit 2).
-    """
-    override = _admission_override.get()
-    if override is not None:
-        return override
-    raw = os.environ.get(DB_CONNECT_TIMEOUT_ENV, "").strip()
-    if not raw:
-        return DEFAULT_DB_CONNECT_TIMEOUT_S
-    try:
-        value = float(raw)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or not 0 <= value <= _MAX_CONNECT_TIMEOUT_S:
-        raise InvalidValueError(
-            DB_CONNECT_TIMEOUT_ENV,
-            f"must be a number of seconds from 0 to {_MAX_CONNECT_TIMEOUT_S:g},"
-            f" got {quote_input(raw)}",
-        )
-    return value
 
 
 # libpq reports a refused startup as text (no SQLSTATE reaches the client before the
