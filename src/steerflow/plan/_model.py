@@ -102,7 +102,7 @@ ApprovePattern = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
 
 class RetrySpec(_Strict):

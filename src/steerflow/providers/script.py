@@ -35,7 +35,7 @@ INVOCATION_LOG = "script-invocations.jsonl"
 class ScriptUsage(BaseModel):
     """The usage a scripted call reports (CONTRACT §11): token counts, never negative."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     input_tokens: int | None = Field(default=None, ge=0, strict=True)
     output_tokens: int | None = Field(default=None, ge=0, strict=True)
@@ -50,7 +50,7 @@ class ScriptUsage(BaseModel):
 class ScriptToolCall(BaseModel):
     """One tool call a scripted step asks for: the tool's name and its arguments."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str = Field(min_length=1)
     args: dict[str, Any] = Field(default_factory=dict)
@@ -62,7 +62,7 @@ class ScriptStep(BaseModel):
     ``usage`` is what the step reports; without it, the node's ``usage`` (if any).
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     tool_calls: list[ScriptToolCall] | None = Field(default=None, min_length=1)
     response: Any = None
@@ -88,7 +88,7 @@ class ScriptStep(BaseModel):
 class NodeScript(BaseModel):
     """What a scripted node does; every field optional, unknown keys refused."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     delay: float | None = Field(default=None, ge=0)
     response: Any = None
