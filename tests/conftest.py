@@ -54,7 +54,7 @@ def pytest_configure(config: pytest.Config) -> None:
         rewrite_cache.prewarm(config, tests)
 
 
-_CPU_AT_SETUP = pytest.StashKey[float]()
+_CPU_AT_SETUP = pytest.StashKey[tuple[float, float]]()
 
 
 #: The modules that take longest (docs/testing.md's table), longest first: handed out
@@ -80,11 +80,11 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: rank.get(item.nodeid.partition("::")[0], len(rank)))
 
 
-def _cpu_s() -> float:
-    """CPU seconds of this process and of every child it has reaped so far."""
+def _cpu_s() -> tuple[float, float]:
+    """CPU seconds of this process, and of every child it has reaped so far."""
     own = resource.getrusage(resource.RUSAGE_SELF)
     children = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime, children.ru_utime + children.ru_stime
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -97,10 +97,14 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
     """Record each test's CPU (its process and the children it waited for) as ``cpu_s``.
 
     A JUnit report (``--junitxml``) carries it as a property, which ``scripts/test-durations``
-    sets beside the wall time: the difference is what the test waited for.
+    sets beside the wall time: the difference is what the test waited for. ``cpu_self_s``
+    is the test process's own part (the rest is its children: ``steerflow`` processes,
+    servers).
     """
     if call.when == "teardown" and _CPU_AT_SETUP in item.stash:
-        item.user_properties.append(("cpu_s", round(_cpu_s() - item.stash[_CPU_AT_SETUP], 2)))
+        (own0, kids0), (own1, kids1) = item.stash[_CPU_AT_SETUP], _cpu_s()
+        item.user_properties.append(("cpu_s", round(own1 + kids1 - own0 - kids0, 2)))
+        item.user_properties.append(("cpu_self_s", round(own1 - own0, 2)))
     return (yield)
 
 
