@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from flow_support import child_env, run_cli, write_yaml
 
 pytestmark = pytest.mark.timeout(120)
