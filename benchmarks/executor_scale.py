@@ -30,17 +30,21 @@ compute the same strings:
   the echo text and setting ``needs_artifact_dir = False``;
 - ``steerflow+custom``: the same provider class keeping the ``Provider`` default
   ``needs_artifact_dir = True``: one ``mkdir`` per node, what a custom provider paid before.
+- ``run_flow``, ``run_flow+v4``: the public path a user's batch takes, and the one issue 43
+  measured: ``run_flow(FlowOptions(plan=Plan([Op(...), ...]), model="echo"))`` with its
+  state DB, lease, progress events, version 3 (default) or version 4 checkpoint and its
+  ``FlowResult``; everything but the ``Plan`` built inside the timed run.
 
-Each row runs in a fresh child process, so its peak RSS (``ru_maxrss`` of that child,
-from ``os.wait4``) is its own. Wall and CPU (``time.process_time``: every thread of the
-child) cover the run alone, not imports or graph building. ``bytes`` is what the child
-wrote during the run (``wchar`` of ``/proc/self/io``: base, journal, compactions, branch
-files). ``resp`` is the bytes of every node's response (computed the same way in the
-parent) and ``ratio`` is ``written / resp``, the issue-43 figure (goal: at most 3x at
-10,000 and 100,000 nodes). ``--nodes 1000,10000,100000`` adds the 100,000-node size;
-``--timeout`` bounds each child (a row that does not finish says so). The last column
-is the log-log slope of CPU against nodes between the smallest and largest size
-(1.0 = linear). Figures only; nothing is asserted.
+Each row runs in a fresh child process, so its peak RSS (``VmHWM`` of that child, read by
+the child at its end; ``ru_maxrss`` from ``os.wait4`` off Linux) is its own. Wall and CPU
+(``time.process_time``: every thread of the child) cover the run alone, not imports or graph
+building. ``bytes`` is what the child wrote during the run (``wchar`` of ``/proc/self/io``:
+base, journal, compactions, branch files). ``resp`` is the bytes of every node's response
+(computed the same way in the parent) and ``ratio`` is ``written / resp``, the issue-43
+figure (goal: at most 3x at 10,000 and 100,000 nodes). ``--nodes 1000,10000,100000`` adds
+the 100,000-node size; ``--timeout`` bounds each child (a row that does not finish says so).
+The last column is the log-log slope of CPU against nodes between the smallest and largest
+size (1.0 = linear). Figures only; nothing is asserted.
 
 ``--otel`` adds a ``ROW+otel`` line after each steerflow row: the same run traced (issue 45),
 its tracer subscribed to the executor's events as a run's is, every call's intent opening a
@@ -85,6 +89,8 @@ ROWS = (
     "steerflow+python-async",
     "steerflow+plugin",
     "steerflow+custom",
+    "run_flow",
+    "run_flow+v4",
 )
 LANGGRAPH_HINT = "pip install -e '.[bench]'  (LangGraph 1.2, the optional bench extra)"
 
@@ -352,6 +358,30 @@ def prepare_steerflow(
     return run_v3
 
 
+def prepare_run_flow(
+    nodes: list[tuple[str, str, str | None]], tmp: Path, *, version: int
+) -> Callable[[], Any]:
+    from steerflow.orchestrate import FlowOptions, run_flow
+    from steerflow.plan import Op, Plan
+
+    plan = Plan([Op(k, text, depends_on=[dep] if dep else ()) for k, text, dep in nodes])
+    options = FlowOptions(
+        plan=plan,
+        model="echo",
+        concurrency=CONCURRENCY,
+        checkpoint_version=version,
+        max_plan_entries=len(nodes),
+    )
+
+    async def run() -> dict[str, Any]:
+        result = await run_flow(options, home=tmp / "home")
+        if result.status != "completed":
+            raise RuntimeError(f"run ended {result.status}: {result.error}")
+        return {"completed": sum(n.get("status") == "completed" for n in result.nodes)}
+
+    return run
+
+
 def _trace(executor: Any, graph: Any) -> Any:
     """The run's tracer wired as ``FlowRun`` wires it (``--otel`` rows)."""
     from steerflow.tracing._run import RunTracer
@@ -419,6 +449,18 @@ def wchar() -> int | None:
     return None
 
 
+def own_peak_mib() -> float | None:
+    """This process's peak RSS since its ``exec`` (``VmHWM``), in MiB; None off Linux."""
+    try:
+        with open("/proc/self/status", encoding="ascii") as status:
+            for line in status:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    return None
+
+
 def child(row: str, count: int) -> None:
     """Run one row and print its figures as one JSON line (RSS is read by the parent)."""
     nodes = dag(count)
@@ -430,6 +472,8 @@ def child(row: str, count: int) -> None:
                 run = prepare_langgraph(nodes)
             elif row == "langgraph+sqlite":
                 run = prepare_langgraph(nodes, Path(tmp) / "checkpoints.sqlite")
+            elif row.startswith("run_flow"):
+                run = prepare_run_flow(nodes, Path(tmp), version=4 if "+v4" in row else 3)
             else:
                 run = prepare_steerflow(
                     nodes,
@@ -445,7 +489,7 @@ def child(row: str, count: int) -> None:
         out = asyncio.run(run())
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         after = wchar()
-        out |= {"wall": wall, "cpu": cpu, "nodes": len(nodes)}
+        out |= {"wall": wall, "cpu": cpu, "nodes": len(nodes), "hwm_mib": own_peak_mib()}
         out["bytes"] = after - written if after is not None and written is not None else None
         print(json.dumps(out), flush=True)
 
@@ -479,7 +523,10 @@ def measure(row: str, count: int, timeout: float) -> dict[str, Any]:
         tail = stderr.strip().splitlines()[-1:] or ["?"]
         return {"skipped": f"child exited {proc.returncode}: {tail[0]}"}
     out: dict[str, Any] = json.loads(stdout.strip().splitlines()[-1])
-    out["rss_mib"] = usage.ru_maxrss / 1024  # KiB on Linux
+    # The child's own high-water mark; ru_maxrss (KiB) where /proc has none. ru_maxrss of a
+    # child started by vfork+exec also counts the parent's pages before the exec, so every
+    # small row read the parent's size (66.7 MiB at 1,000 nodes for every row).
+    out["rss_mib"] = out.pop("hwm_mib", None) or usage.ru_maxrss / 1024
     if "skipped" not in out and out["completed"] != out["nodes"]:
         out = {"skipped": f"only {out['completed']} of {out['nodes']} nodes completed"}
     return out

@@ -59,3 +59,18 @@ def test_the_100000_node_v4_run_finishes_within_3x_its_responses() -> None:
     out = json.loads(proc.stdout.strip().splitlines()[-1])
     assert out["completed"] == out["nodes"] == 100_000
     assert out["writer_bytes"] <= 3 * response_bytes(dag(100_000))
+
+
+def test_the_public_path_row_runs_the_users_batch_and_reports_its_own_peak() -> None:
+    """``run_flow+v4``: a user's ``run_flow`` batch, in a child reporting its own VmHWM."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--child", "run_flow+v4", "200"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
+    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert out["completed"] == out["nodes"] == 200
+    # the child's own high-water mark (not ru_maxrss, which counts the parent's pages)
+    assert isinstance(out["hwm_mib"], float) and out["hwm_mib"] > 0
