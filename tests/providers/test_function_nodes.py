@@ -7,6 +7,7 @@ here: a blocking call on the loop under the executor's frames fails the test.
 from __future__ import annotations
 
 import asyncio
+import io
 import stat
 import sys
 import time
@@ -21,7 +22,7 @@ import fn_nodes
 from steerflow import DependencyResult, FunctionNodeError, NodeCall, UsageError
 from steerflow.executor import FlowExecutor, Graph, SharedContext, build_graph
 from steerflow.plan import parse_plan
-from steerflow.providers import FunctionProvider, make_provider
+from steerflow.providers import FunctionProvider, _stdout, make_provider
 from waiting import wait_until, wait_until_async
 
 pytestmark = pytest.mark.timeout(60)
@@ -265,3 +266,22 @@ async def test_prints_go_to_the_calls_live_sink_and_stdout_is_put_back(
     for key, chunks in sinks.items():
         assert "".join(chunks) == "".join(f"print {n} from {key}\n" for n in range(3))
     assert capsys.readouterr().out == "steerflow's own line\n"
+
+
+def test_prints_are_routed_even_after_stdout_was_replaced_while_a_call_hung() -> None:
+    # A call abandoned by a stop still counts as running; stdout replaced since (pytest's
+    # capture between two tests, a user's redirect) must not receive the next call's prints.
+    original = sys.stdout
+    abandoned = _stdout.routed_stdout(lambda text: None)
+    abandoned.__enter__()
+    try:
+        replaced = io.StringIO()
+        sys.stdout = replaced
+        sink: list[str] = []
+        with _stdout.routed_stdout(sink.append):
+            print("from the next call")
+        assert "".join(sink) == "from the next call\n"
+        assert replaced.getvalue() == ""
+    finally:
+        abandoned.__exit__(None, None, None)
+        sys.stdout = original

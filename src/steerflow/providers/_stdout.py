@@ -61,7 +61,10 @@ _proxy: _RoutedStdout | None = None
 def _enter() -> None:
     global _calls, _proxy
     with _lock:
-        if _calls == 0 and sys.stdout is not None and not isinstance(sys.stdout, _RoutedStdout):
+        # Not only for the first call: a call abandoned by a stop still counts, and whoever
+        # replaced ``sys.stdout`` since (a capture, a redirect) must not get the next call's
+        # prints.
+        if sys.stdout is not None and not isinstance(sys.stdout, _RoutedStdout):
             _proxy = _RoutedStdout(sys.stdout)
             sys.stdout = cast(TextIO, _proxy)
         _calls += 1
