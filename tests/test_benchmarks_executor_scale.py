@@ -14,6 +14,7 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -30,6 +31,19 @@ def _v4_bytes(nodes: int, tmp_path: Path) -> tuple[int, int, int]:
     run = prepare_steerflow(dag(nodes), tmp_path, checkpoint=4)
     out = asyncio.run(run())
     return out["completed"], out["writer_bytes"], response_bytes(dag(nodes))
+
+
+def _child(row: str, nodes: int, *, timeout: float) -> dict[str, Any]:
+    """One row run by the benchmark's own child process; its JSON line."""
+    proc = subprocess.run(
+        [sys.executable, str(SCRIPT), "--child", row, str(nodes)],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=True,
+    )
+    out: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return out
 
 
 def test_a_1000_node_v4_run_writes_at_most_3x_its_responses(tmp_path: Path) -> None:
@@ -49,28 +63,14 @@ def test_a_1000_node_v4_run_writes_at_most_3x_its_responses(tmp_path: Path) -> N
 @pytest.mark.timeout(3600)
 def test_the_100000_node_v4_run_finishes_within_3x_its_responses() -> None:
     """The benchmark's own child (a fresh process, as it measures)."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--child", "steerflow+v4", "100000"],
-        capture_output=True,
-        text=True,
-        timeout=3500,
-        check=True,
-    )
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _child("steerflow+v4", 100_000, timeout=3500)
     assert out["completed"] == out["nodes"] == 100_000
     assert out["writer_bytes"] <= 3 * response_bytes(dag(100_000))
 
 
 def test_the_public_path_row_runs_the_users_batch_and_reports_its_own_peak() -> None:
     """``run_flow+v4``: a user's ``run_flow`` batch, in a child reporting its own VmHWM."""
-    proc = subprocess.run(
-        [sys.executable, str(SCRIPT), "--child", "run_flow+v4", "200"],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-    )
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
+    out = _child("run_flow+v4", 200, timeout=120)
     assert out["completed"] == out["nodes"] == 200
     # the child's own high-water mark (not ru_maxrss, which counts the parent's pages)
     assert isinstance(out["hwm_mib"], float) and out["hwm_mib"] > 0
