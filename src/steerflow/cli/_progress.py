@@ -142,7 +142,7 @@ class Progress:
             return
         # Only a stop has its control id here (the poller gives pause and resume none).
         detail = f" (control {control_id})" if control_id is not None else _APPLIED.get(verb, "")
-        self._print([(f"operator {printable(verb)} applied", "magenta"), (detail, None)])
+        self._print([(f"operator {printable(verb)} applied", "magenta"), (printable(detail), None)])
 
     def close(self) -> None:
         """The run ended: print the last summary if events were folded since the previous one."""
