@@ -282,6 +282,8 @@ def test_prints_are_routed_even_after_stdout_was_replaced_while_a_call_hung() ->
             print("from the next call")
         assert "".join(sink) == "from the next call\n"
         assert replaced.getvalue() == ""
+        assert sys.stdout is replaced  # put back once that call returned
     finally:
         abandoned.__exit__(None, None, None)
+        assert sys.stdout is replaced  # the abandoned call's proxy is not ours to undo
         sys.stdout = original

@@ -32,6 +32,7 @@ class _RoutedStdout:
 
     def __init__(self, through: TextIO) -> None:
         self.through = through
+        self.users = 0  # calls inside this proxy (an abandoned one counts until it returns)
 
     def write(self, text: str) -> int:
         sink = _SINK.get()
@@ -54,41 +55,41 @@ class _RoutedStdout:
 
 
 _lock = threading.Lock()
-_calls = 0  # function calls running (an abandoned one counts until its function returns)
-_proxy: _RoutedStdout | None = None
 
 
-def _enter() -> None:
-    global _calls, _proxy
+def _enter() -> _RoutedStdout | None:
     with _lock:
-        # Not only for the first call: a call abandoned by a stop still counts, and whoever
-        # replaced ``sys.stdout`` since (a capture, a redirect) must not get the next call's
-        # prints.
-        if sys.stdout is not None and not isinstance(sys.stdout, _RoutedStdout):
-            _proxy = _RoutedStdout(sys.stdout)
-            sys.stdout = cast(TextIO, _proxy)
-        _calls += 1
+        current = sys.stdout
+        if current is None:
+            return None
+        # A proxy per stream: a call abandoned by a stop keeps the proxy it entered, and
+        # whoever replaced ``sys.stdout`` since (a capture, a redirect) gets a proxy of its
+        # own for the next call, put back when that call returns.
+        if not isinstance(current, _RoutedStdout):
+            current = _RoutedStdout(current)
+            sys.stdout = cast(TextIO, current)
+        current.users += 1
+        return current
 
 
-def _leave() -> None:
-    global _calls, _proxy
+def _leave(proxy: _RoutedStdout | None) -> None:
+    if proxy is None:
+        return
     with _lock:
-        _calls -= 1
-        if _calls == 0 and _proxy is not None:
-            if sys.stdout is cast(TextIO, _proxy):  # else someone replaced it since: theirs
-                sys.stdout = _proxy.through
-            _proxy = None
+        proxy.users -= 1
+        if proxy.users == 0 and sys.stdout is cast(TextIO, proxy):  # else replaced: theirs
+            sys.stdout = proxy.through
 
 
 @contextlib.contextmanager
 def routed_stdout(sink: Sink) -> Iterator[None]:
     """Send what the code run inside the block prints to ``sink`` (this context only)."""
     token = _SINK.set(sink)
-    _enter()
+    proxy = _enter()
     try:
         yield
     finally:
-        _leave()
+        _leave(proxy)
         _SINK.reset(token)
 
 
