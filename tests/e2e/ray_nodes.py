@@ -1,6 +1,6 @@
 """``python:`` node functions for the Ray tests; they run in Ray's workers.
 
-Each call appends ``<event> <node> <pid>`` to the log file its instruction names
+Each call appends ``<event> <node> <pid> <run id>`` to the log file its instruction names
 (``LOG=/path``: a worker does not see the flow process's environment), so the tests count
 calls and see cancellations across processes and nodes.
 """
@@ -24,7 +24,7 @@ def _log(call: NodeCall, event: str) -> None:
     found = _LOG.search(call.instruction)
     if found:
         with open(found.group(1), "a", encoding="utf-8") as log:
-            log.write(f"{event} {call.node_id} {os.getpid()}\n")
+            log.write(f"{event} {call.node_id} {os.getpid()} {call.run_id}\n")
 
 
 def _where() -> dict[str, object]:
