@@ -20,6 +20,7 @@ from pathlib import Path
 
 import pytest
 from ctl_support import (
+    control,
     ctl_status,
     independent_plan,
     live_flow,
@@ -99,6 +100,11 @@ def test_pause_message_stop_and_liveness_across_hosts(
         resumed = _queued("host-b", home_b, url, "resume", sid)
         assert wait_stamped(home_b, resumed, alive=flow.proc).result == "applied"
         message = _queued("host-b", home_b, url, "msg", sid, "from host-b")
+        # Claimed by host-a's poller before n000 ends, so it is rendered into n001 (held
+        # next); released sooner, n001 could start first under load and hold the message
+        # for n002, which waits for n001 (as test_two_hosts_netns.py already waits).
+        wait_for(lambda: control(home_b, message).result, timeout=30,
+                 what="the message claimed", alive=flow.proc)  # fmt: skip
         (home_a / "release-n000").touch()  # the message is rendered into n001, held next
         assert wait_stamped(home_b, message, alive=flow.proc).result == "applied"
         stop = _queued("host-b", home_b, url, "stop", sid, "--reason", "from host-b")
