@@ -12,13 +12,13 @@ import json
 from pathlib import Path
 
 import pytest
-from flow_support import child_env, run_cli, write_yaml
+from flow_support import CliResult, child_env, run_cli, write_yaml
 
 pytestmark = pytest.mark.timeout(120)
 TESTS = Path(__file__).resolve().parents[1]
 
 
-def _flow(tmp_path: Path, function: str) -> tuple[Path, object]:
+def _flow(tmp_path: Path, function: str) -> tuple[Path, CliResult]:
     marks = tmp_path / "marks"
     marks.mkdir()
     plan = write_yaml(tmp_path / "plan.yaml", {"plan": [{"agent_id": "a", "instruction": "go"}]})
@@ -36,7 +36,7 @@ def test_atexit_handlers_run_stdout_arrives_whole_and_teardown_is_skipped(
     tmp_path: Path,
 ) -> None:
     marks, result = _flow(tmp_path, "with_atexit")
-    out = json.loads(result.stdout)  # type: ignore[attr-defined]
+    out = json.loads(result.stdout)
     assert out["status"] == "completed"
     assert out["result"].endswith("x" * 1000) and len(out["result"]) >= 200_000
     assert (marks / "atexit").read_text() == "a"
@@ -48,5 +48,5 @@ def test_a_live_non_daemon_thread_gets_the_normal_exit_that_waits_for_it(
     tmp_path: Path,
 ) -> None:
     marks, result = _flow(tmp_path, "with_thread")
-    assert json.loads(result.stdout)["status"] == "completed"  # type: ignore[attr-defined]
+    assert json.loads(result.stdout)["status"] == "completed"
     assert (marks / "thread").read_text() == "a"  # it ran after the main thread ended
