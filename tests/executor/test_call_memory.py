@@ -74,13 +74,13 @@ async def test_rendered_instruction_with_results_is_rendered_again_not_kept(
     assert sent.startswith(STEER_OPEN) and "mind the parser" in sent
     assert "### a (completed)\n" + str(a.response) in sent
     # the text the provider received is not held by the operation...
-    assert not isinstance(vars(b)["_rendered"], str)
+    assert not isinstance(b._rendered, str)
     # ...yet reading it gives that text exactly, every time, steer block included
     assert b.rendered_instruction == sent
     assert b.rendered_instruction == sent
     assert b.extra["steers"] == ["c-1"]
     # an instruction without dependency results is the one kept as it is
-    assert vars(a)["_rendered"] == provider.requests["a"].instruction == "first"
+    assert a._rendered == provider.requests["a"].instruction == "first"
 
 
 async def test_branch_reads_the_instruction_back_and_a_dependent_inherits_it(

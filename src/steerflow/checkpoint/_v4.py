@@ -32,6 +32,7 @@ import contextlib
 import dataclasses
 import hashlib
 import os
+import threading
 import uuid
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
@@ -42,6 +43,7 @@ from steerflow.errors import CheckpointRecoveryError, PersistenceError
 from . import _capture, _io
 from ._digest import JSON
 from ._load_v4 import SEGMENT_PREFIX, fold_v4, seal_manifest
+from ._readback import ClosedEntries, Location, entry_of_encoding, entry_of_member
 from ._report import Report
 from ._state import Item, State, dumps_compact
 from ._v3 import V3Backend
@@ -135,6 +137,11 @@ class V4Backend(V3Backend):
         self._segments: list[_Segment] = []  # entry segments, in manifest order
         self._retired: list[_Segment] = []  # no longer named once the next manifest is out
         self._orphans: list[_Segment] = []  # written by a compaction that did not publish
+        # Held by a read-back (on the event loop) while it reads through a pin, and here
+        # while a pin is closed: a descriptor number closed under a reader could be
+        # another file's by the time it reads (decision 393).
+        self._pins_lock = threading.Lock()
+        self._closed: ClosedEntries | None = None
 
     # -- the journal line: version 4 --------------------------------------------------------
 
@@ -371,9 +378,46 @@ class V4Backend(V3Backend):
         for seg in self._retired:
             if _io.lstat_identity(pfd, seg.name) == seg.ident:
                 _io.unlink(pfd, seg.name, "segment")
-            with contextlib.suppress(OSError):
+            with self._pins_lock, contextlib.suppress(OSError):
                 os.close(seg.fd)
         self._retired = []
+
+    # -- read-back (decision 393) -----------------------------------------------------------
+
+    def read_entry(self, kind: str, key: str) -> dict[str, JSON]:
+        """The last entry recorded for ``(kind, key)``, read back from this writer's files.
+
+        Safe from another thread than the one persisting: the encodings are swapped whole
+        (``dirty`` only after ``_segments`` names their segment), and pins close under
+        the lock this holds.
+
+        Raises:
+            PersistenceError: Nothing was recorded for it, or it cannot be read back.
+        """
+        ident = (kind, key)
+        with self._pins_lock:
+            if self._closed is not None:
+                return self._closed.read(ident)
+            encoded = self.state.dirty.get(ident)
+            if encoded is not None:
+                return entry_of_encoding(ident, encoded)
+            for seg in reversed(self._segments):
+                where = seg.members.get(ident)
+                if where is not None:
+                    try:
+                        member = os.pread(seg.fd, where[1], where[0])
+                    except OSError as exc:
+                        raise PersistenceError(f"cannot read node {key!r} back: {exc}") from exc
+                    return entry_of_member(ident, member)
+        raise PersistenceError(f"node {key!r} has no entry in the checkpoint")
+
+    def _closed_entries(self) -> ClosedEntries:
+        """Where each entry lies once the pins are closed (the last segment naming it)."""
+        locations: dict[_Id, Location] = {}
+        for seg in self._segments:
+            for ident, (offset, length) in seg.members.items():
+                locations[ident] = (seg.name, seg.ident, offset, length)
+        return ClosedEntries(os.path.abspath(self.dirname), locations, dict(self.state.dirty))
 
     # -- reconciliation and close -----------------------------------------------------------
 
@@ -422,9 +466,11 @@ class V4Backend(V3Backend):
         segs = [*self._segments, *self._retired, *self._orphans]
         if self._meta is not None:
             segs.append(self._meta)
-        for seg in segs:
-            with contextlib.suppress(OSError):
-                os.close(seg.fd)
+        with self._pins_lock:
+            self._closed = self._closed_entries()
+            for seg in segs:
+                with contextlib.suppress(OSError):
+                    os.close(seg.fd)
         self._segments, self._retired, self._orphans, self._meta = [], [], [], None
         super().close()
 

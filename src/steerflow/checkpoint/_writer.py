@@ -330,6 +330,25 @@ class CheckpointWriter:
         """True while the writer refuses records until :meth:`reconcile` (version 3)."""
         return getattr(self._backend, "broken", None) is not None
 
+    @property
+    def reads_back(self) -> bool:
+        """True when :meth:`read_response` can serve what was recorded (version 4, healthy)."""
+        return isinstance(self._backend, V4Backend) and self.persisted and not self.stopped
+
+    def read_response(self, kind: str, key: str) -> object:
+        """The response last recorded for ``key`` (``kind`` ``"op"`` or ``"spawn"``).
+
+        Read back from the checkpoint's files, also once the writer is closed (decision
+        393); from any thread.
+
+        Raises:
+            PersistenceError: Not a version 4 writer, nothing recorded for it, or its
+                file cannot be read back as written.
+        """
+        if not isinstance(self._backend, V4Backend):
+            raise PersistenceError(f"a version {self.version} checkpoint keeps no read-back")
+        return self._backend.read_entry(kind, key).get("response")
+
     async def reconcile(self) -> None:
         """Resume writing after a failure (version 3): adopt the durable prefix on disk.
 

@@ -42,7 +42,7 @@ class Edge:
         return ok
 
 
-@dataclass(eq=False)
+@dataclass(eq=False, slots=True, weakref_slot=True)
 class Operation:
     """One node of the flow; mutable only by the executor that runs it."""
 
@@ -55,7 +55,10 @@ class Operation:
     inherit_context: bool = False
     parent_id: str | None = None
     status: NodeStatus = "pending"
-    response: object = None
+    # ``response``: the reply text, or how to read it back from the checkpoint once the
+    # run keeps it only there (issue 43 item 2, decision 393).
+    _response: object = field(default=None, repr=False)
+    _read_back: Callable[[], object] | None = field(default=None, repr=False)
     error: str | None = None
     # The instruction its provider received: a string, or how to render it again when it
     # embeds its dependencies' results (those stay on their operations: decision 65).
@@ -116,6 +119,33 @@ class Operation:
         return self.status in TERMINAL
 
     @property
+    def response(self) -> object:
+        """The completed call's reply (a typed node's: its output as JSON text), else None.
+
+        Read back from the checkpoint when the run keeps it only there (decision 393).
+        """
+        read = self._read_back
+        return self._response if read is None else read()
+
+    @response.setter
+    def response(self, value: object) -> None:
+        self._response, self._read_back = value, None
+
+    @property
+    def response_in_memory(self) -> object:
+        """``response`` when it is held here, else None (never reads it back)."""
+        return self._response
+
+    @property
+    def response_read_back(self) -> Callable[[], object] | None:
+        """How ``response`` is read back, when it is kept only in the checkpoint."""
+        return self._read_back
+
+    def keep_response_elsewhere(self, read_back: Callable[[], object]) -> None:
+        """Drop the response held here; ``read_back`` returns it from now on."""
+        self._response, self._read_back = None, read_back
+
+    @property
     def rendered_instruction(self) -> str | None:
         """The instruction its provider received (steer block, dependency results)."""
         rendered = self._rendered
@@ -143,14 +173,17 @@ class CallBranch(Sequence[Message]):
     def __init__(self, history: Sequence[Message], op: Operation, reply: str) -> None:
         self._history = tuple(history)
         self._op = op
-        self._reply = reply
+        # The operation's own response is read from it (it may be kept only in the
+        # checkpoint later: decision 393), not held a second time here.
+        self._reply: str | None = None if reply is op.response_in_memory else reply
 
     def _messages(self) -> list[Message]:
         instruction = self._op.rendered_instruction
+        reply = self._reply if self._reply is not None else str(self._op.response)
         return [
             *self._history,
             Message("user", self._op.instruction if instruction is None else instruction),
-            Message("assistant", self._reply),
+            Message("assistant", reply),
         ]
 
     @overload

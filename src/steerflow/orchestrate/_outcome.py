@@ -7,8 +7,8 @@ member has the sinks' text, ``show RUN NODE`` the rest: decision 287).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, TypeVar, overload
 
 from steerflow.errors import UnknownIdError, UsageError
@@ -24,7 +24,8 @@ class NodeOutcome:
     """One node as the run left it: its response, output and usage.
 
     ``response`` is the completed node's reply text (a typed node's: its output as JSON),
-    else None; ``output`` the validated structured output of a node with an
+    else None (a large one of a version 4 run is read back from its checkpoint when
+    asked: decision 393); ``output`` the validated structured output of a node with an
     ``output_schema`` (plain JSON values), else None; ``usage`` what its calls cost
     (``{input_tokens, output_tokens, ..., cost_usd}``), None when nothing was reported.
     """
@@ -32,10 +33,21 @@ class NodeOutcome:
     id: str
     kind: str
     status: str
-    response: object
+    _response: object = field(repr=False)
     output: object
     usage: dict[str, Any] | None
     error: str | None
+    _read_back: Callable[[], object] | None = field(default=None, repr=False, compare=False)
+
+    @property
+    def response(self) -> object:
+        """The reply text (read back from the checkpoint when the run kept it there).
+
+        Raises:
+            PersistenceError: It was kept in the checkpoint and cannot be read back
+                (the run directory was removed or altered); the message names the file.
+        """
+        return self._response if self._read_back is None else self._read_back()
 
 
 def node_outcomes(graph: Graph) -> dict[str, NodeOutcome]:
@@ -47,10 +59,11 @@ def node_outcomes(graph: Graph) -> dict[str, NodeOutcome]:
             id=op.key,
             kind=op.kind,
             status=op.status,
-            response=op.response if done else None,
+            _response=op.response_in_memory if done else None,
             output=op.output if done else None,
             usage=op.usage.to_json() if op.usage is not None else None,
             error=op.error if op.status == "failed" else None,
+            _read_back=op.response_read_back if done else None,
         )
     return out
 

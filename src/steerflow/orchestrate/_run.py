@@ -57,6 +57,7 @@ from steerflow.orchestrate._consent import (
 )
 from steerflow.orchestrate._contract import ContractKeeper, resolve_contract, role_artifacts
 from steerflow.orchestrate._graphview import graph_text, mermaid
+from steerflow.orchestrate._kept import ResponseKeeper
 from steerflow.orchestrate._lease import LeaseKeeper, LeaseLoss, loss_error
 from steerflow.orchestrate._options import (
     EndStatus,
@@ -1031,8 +1032,14 @@ class FlowRun:
         opts = self.options
         # A resume's first publication holds everything it replays (decision 43).
         replayed_ops, replayed_spawned = replay_entries(graph)
+        kept = ResponseKeeper(graph)
+
+        def saved(what: str, key: str) -> None:
+            self.bus.emit(FlowEvent(type="checkpoint_saved", data={"what": what, "key": key}))
+            kept.saved(what, key)
+
         try:
-            return CheckpointWriter(
+            writer = CheckpointWriter(
                 s.run_dir.checkpoint_path,
                 session_id=s.session_id,
                 prompt=prompt,
@@ -1043,13 +1050,13 @@ class FlowRun:
                 version=opts.checkpoint_version,
                 max_records=settings.compact_records,
                 max_bytes=settings.compact_bytes,
-                on_saved=lambda what, key: self.bus.emit(
-                    FlowEvent(type="checkpoint_saved", data={"what": what, "key": key})
-                ),
+                on_saved=saved,
                 ops=replayed_ops,
                 spawned=replayed_spawned,
                 steps=opts.resume.steps if opts.resume is not None else None,
             )
+            kept.writer = writer
+            return writer
         except ValueError as exc:
             if opts.resume is None:
                 raise
