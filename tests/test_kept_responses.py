@@ -76,3 +76,17 @@ async def test_a_kept_response_whose_run_directory_is_gone_is_a_clear_error(
     with pytest.raises(PersistenceError, match=r"cannot read node 'a' back from .*seg\."):
         result.response("a")
     assert str(result.response("small")).endswith("short")  # held: still answers
+
+
+def test_a_later_round_takes_settings_from_round_one_not_its_kept_response() -> None:
+    """A loop's round N copies round 1's settings field by field; never its outcome."""
+    from steerflow.executor import Operation
+    from steerflow.executor._loops import _copy_settings
+
+    first = Operation("x.r1", "do", timeout_s=5.0)
+    first.status = "completed"
+    first.keep_response_elsewhere(lambda: "round one's reply")
+    later = Operation("x.r2", "do")
+    _copy_settings(first, later)
+    assert later.timeout_s == 5.0  # a setting is copied
+    assert later.response is None and later.response_read_back is None

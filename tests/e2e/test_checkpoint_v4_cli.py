@@ -46,3 +46,5 @@ def test_verify_show_rebuild_and_resume_read_a_v4_run(tmp_path: Path) -> None:
     assert resumed.returncode == 0, resumed.stderr
     assert resumed.json["status"] == "completed"
     assert resumed.json["result"] == flow.json["result"]  # all replayed from version 4
+    # ...into version 4 again: a batch stays linear across its resumes (decision 394)
+    assert resumed.json["checkpoint"]["version"] == 4

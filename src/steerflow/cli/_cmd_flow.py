@@ -87,7 +87,9 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         default="3",
         show_default=True,
         help="Checkpoint format: 3 = base + journal, 2 = full snapshot per outcome, "
-        "4 = immutable segments under a manifest + journal (bytes linear in the run).",
+        "4 = immutable segments under a manifest + journal: bytes linear in the run and "
+        "large responses read back from it instead of held; for batches of thousands of "
+        "nodes (docs/batches.md). A resume keeps version 4.",
     ),
     compact_options,
     budget_options,
@@ -575,13 +577,19 @@ def resume(ctx: click.Context, /, target: str, **kw: Any) -> int:
             show_graph=kw["show_graph"],
             timeout_s=kw["timeout"],
             approval_timeout_s=kw["approval_timeout"],
-            checkpoint_version=3,
+            # A version 4 run (a batch) resumes into version 4; any other into 3 (decision 394).
+            checkpoint_version=4 if _source_version(seed) == 4 else 3,
             compact_records=kw["compact_records"],
             compact_bytes=kw["compact_bytes"],
             **budget_kw(kw),
             **executor_kw(kw),
         )
     return execute(home, options, as_json=kw["as_json"])
+
+
+def _source_version(seed: Any) -> object:
+    """The checkpoint version of the run a resume starts from (its loader's report)."""
+    return (seed.checkpoint_recovery or {}).get("checkpoint_version")
 
 
 def tool_call_decisions(values: tuple[str, ...]) -> dict[str, str]:
