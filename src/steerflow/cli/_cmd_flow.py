@@ -101,7 +101,8 @@ _RUN_OPTIONS: list[Callable[[Any], Any]] = [
         show_default=True,
         metavar="N",
         help="Most entries a plan may have: a larger plan file or playbook exits 2, a larger "
-        "planner reply is an invalid reply (one retry); plans are never cut.",
+        "planner reply is an invalid reply (one retry); plans are never cut. A batch of "
+        "thousands of nodes: also --checkpoint-version 4 (docs/batches.md).",
     ),
     click.option(
         "--allow-agent-workers",
