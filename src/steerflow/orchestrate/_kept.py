@@ -26,7 +26,6 @@ class ResponseKeeper:
     def __init__(self, graph: Graph) -> None:
         self.graph = graph
         self.writer: CheckpointWriter | None = None  # set once the writer exists
-        self.kept = 0  # responses now read back from the checkpoint
 
     def saved(self, what: str, key: str) -> None:
         """``what``/``key``'s record is durable: keep its response in the checkpoint only."""
@@ -48,7 +47,6 @@ class ResponseKeeper:
         if recorded != text:
             return
         op.keep_response_elsewhere(_ReadBack(writer, what, key))
-        self.kept += 1
 
 
 class _ReadBack:
