@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 from steerflow.errors import PersistenceError
 
+from . import _io
 from ._digest import JSON, entry_digest
 from ._io import Identity
 from ._state import dumps_compact
@@ -89,8 +90,7 @@ class ClosedEntries:
         except OSError as exc:
             raise PersistenceError(f"cannot read node {key!r} back from {path}: {exc}") from None
         try:
-            st = os.fstat(fd)
-            if (st.st_dev, st.st_ino) != identity:
+            if _io.identity(fd) != identity:
                 raise PersistenceError(f"{path} is no longer the segment this run wrote")
             member = os.pread(fd, length, offset)
         except OSError as exc:

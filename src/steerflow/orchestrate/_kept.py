@@ -9,6 +9,8 @@ prompt, a condition tests it, a view or the run's result asks.
 
 from __future__ import annotations
 
+import functools
+
 from steerflow.checkpoint import CheckpointWriter
 from steerflow.errors import PersistenceError
 from steerflow.executor import Graph
@@ -46,16 +48,4 @@ class ResponseKeeper:
         # writer holds): only a response the checkpoint returns as it is may leave.
         if recorded != text:
             return
-        op.keep_response_elsewhere(_ReadBack(writer, what, key))
-
-
-class _ReadBack:
-    """``writer.read_response(what, key)``, as a small object rather than a closure cell."""
-
-    __slots__ = ("key", "what", "writer")
-
-    def __init__(self, writer: CheckpointWriter, what: str, key: str) -> None:
-        self.writer, self.what, self.key = writer, what, key
-
-    def __call__(self) -> object:
-        return self.writer.read_response(self.what, self.key)
+        op.keep_response_elsewhere(functools.partial(writer.read_response, what, key))
