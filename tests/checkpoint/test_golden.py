@@ -28,12 +28,14 @@ from steerflow.orchestrate._agent_state import read_turns
 from steerflow.resume import plan_replay
 
 GOLDEN = Path(make_golden.__file__).resolve().parent
-UNITS = sorted(make_golden.UNITS)
+#: The generator's units and those an earlier writer wrote (kept to be read, not rewritten).
+ALL_UNITS = {**make_golden.UNITS, **make_golden.FROZEN}
+UNITS = sorted(ALL_UNITS)
 NODE = make_golden.NODE
 
 
 def _run_dir(unit: str) -> Path:
-    return GOLDEN / unit / "runs" / make_golden.UNITS[unit][0]
+    return GOLDEN / unit / "runs" / ALL_UNITS[unit][0]
 
 
 def _expected(unit: str) -> dict[str, Any]:
@@ -68,11 +70,11 @@ def test_a_golden_unit_holds_the_recorded_run(unit: str) -> None:
     messages = state["flow_context"]["operator_messages"]
     assert [m["rendered_into_op"] for m in messages] == ["research", None]
     assert state["config"] == make_golden.CONFIG and state["max_spawn"] == 20
-    version = make_golden.UNITS[unit][1]
+    version = ALL_UNITS[unit][1]
     assert report["status"] == "clean" and report["checkpoint_version"] == version
     if unit in ("v3", "v4"):
         assert (report["records_applied"], report["last_seq"]) == (5, 5)
-    if unit in ("v3-compacted", "v4-compacted"):
+    if unit in ("v3-compacted", "v4-compacted", "v4-compacted-r1"):
         # Compacted: three outcomes live in the base, two in the journal.
         assert (report["records_applied"], report["last_seq"]) == (2, 2)
 
@@ -84,6 +86,7 @@ def test_the_versions_agree_on_the_logical_state() -> None:
 
     assert logical("v2") == logical("v3") == logical("v3-compacted")
     assert logical("v3") == logical("v4") == logical("v4-compacted")
+    assert logical("v4-compacted") == logical("v4-compacted-r1")
 
 
 def test_the_writer_still_produces_the_golden_bytes(tmp_path: Path) -> None:
@@ -93,6 +96,7 @@ def test_the_writer_still_produces_the_golden_bytes(tmp_path: Path) -> None:
     written = sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*") if p.is_file())
     committed = [p for p in committed if p.suffix != ".py" and p.name != "README.md"]
     committed = [p for p in committed if "__pycache__" not in p.parts]
+    committed = [p for p in committed if p.parts[0] not in make_golden.FROZEN]
     assert written == committed
     for rel in written:
         assert (tmp_path / rel).read_bytes() == (GOLDEN / rel).read_bytes(), f"{rel} changed"
@@ -113,7 +117,7 @@ def test_a_copy_of_a_golden_unit_loads_the_same(tmp_path: Path) -> None:
 def test_the_typed_loader_reads_the_same_entries(unit: str) -> None:
     state, report = load_state(_run_dir(unit))
     assert (state.as_dict(), report) == load_checkpoint(_run_dir(unit))
-    assert state.version == make_golden.UNITS[unit][1] and state.rejected == ()
+    assert state.version == ALL_UNITS[unit][1] and state.rejected == ()
     research, draft = state.ops["research"], state.ops["draft"]
     assert isinstance(draft, PlannedEntry)
     assert (research.status, research.response) == ("completed", make_golden.RESPONSES["research"])

@@ -20,7 +20,7 @@ from typing import Any
 import pytest
 from ckpt_support import _disarm_faults, make_writer  # noqa: F401
 
-from steerflow.checkpoint import CheckpointRecoveryError, load_checkpoint
+from steerflow.checkpoint import CheckpointRecoveryError, _v4, load_checkpoint
 from steerflow.checkpoint._load_v4 import seal_manifest, valid_segment_name
 from steerflow.checkpoint._state import dumps_compact
 
@@ -42,7 +42,11 @@ def _unit(run: Path) -> Path:
         await w.close()
 
     run.mkdir(mode=0o700, exist_ok=True)
-    asyncio.run(write())
+    with pytest.MonkeyPatch.context() as patch:
+        # Entry segments only (the form before decision 395, still read): the cases below
+        # edit a segment's JSON; the journal form's own rules are test_v4_journal_segments.
+        patch.setattr(_v4, "PUBLISH_JOURNALS", False)
+        asyncio.run(write())
     return run
 
 
@@ -543,8 +547,22 @@ def test_a_bad_spawned_list_is_refused_naming_the_segment(
     )
 
 
-def test_a_spawned_node_rewritten_in_a_later_segment_keeps_its_place(tmp_path: Path) -> None:
+def _spawned_in(run: Path, ref: dict[str, Any]) -> list[Any]:
+    """The spawned entries a segment holds, in either form (decision 395)."""
+    data = (run / ref["name"]).read_bytes()
+    if "journal" in ref:
+        records = [json.loads(line) for line in data.splitlines()]
+        return [r["entry"] for r in records if r["kind"] == "spawn"]
+    spawned: list[Any] = json.loads(data)["spawned"]
+    return spawned
+
+
+@pytest.mark.parametrize("journals", [True, False], ids=["journal-segments", "entry-segments"])
+def test_a_spawned_node_rewritten_in_a_later_segment_keeps_its_place(
+    tmp_path: Path, journals: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The writer replaces a spawned node by ``node_id``; the fold does what it wrote."""
+    monkeypatch.setattr(_v4, "PUBLISH_JOURNALS", journals)
 
     async def write() -> None:
         w = make_writer(tmp_path, version=4, max_records=2)
@@ -561,10 +579,7 @@ def test_a_spawned_node_rewritten_in_a_later_segment_keeps_its_place(tmp_path: P
     holding = [
         ref["name"]
         for ref in manifest(tmp_path)["segments"]
-        if any(
-            e["node_id"] == "n1"
-            for e in json.loads((tmp_path / ref["name"]).read_bytes())["spawned"]
-        )
+        if any(e["node_id"] == "n1" for e in _spawned_in(tmp_path, ref))
     ]
     assert len(holding) == 2  # n1 is in two segments: the fold upserts it
     state, report = load_checkpoint(tmp_path)

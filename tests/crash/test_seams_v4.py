@@ -45,20 +45,22 @@ RECORD_STEPS = {
     ],
     "append": ["journal-write", "journal-lf", "journal-flush", "journal-fsync", "advance", "ack"],
     "compaction": [
-        *_SEGMENT, "dir-fsync", *_MANIFEST, "cleanup-unlink", "journal-create",
-        "journal-write", "journal-flush", "journal-fsync", "journal-link", "journal-exchange",
-        "pin-close", "segment-unlink",
+        "journal-segment-link", *_SEGMENT, "dir-fsync", *_MANIFEST, "cleanup-unlink",
+        "journal-create", "journal-write", "journal-flush", "journal-fsync", "journal-link",
+        "journal-exchange", "pin-close", "segment-unlink",
     ],
     "close": ["pin-close", "staging-remove"],
 }  # fmt: skip
 #: The seams that exist only in version 4 (the issue's "seam count for the new files").
-NEW_FILE_STEPS = {*_SEGMENT, "segment-unlink", *_MANIFEST}
+#: ``journal-segment-link``: the replaced journal named as a segment (decision 395).
+NEW_FILE_STEPS = {*_SEGMENT, "segment-unlink", "journal-segment-link", *_MANIFEST}
 
-#: The default run's kill points (after each, in a compaction): a segment written, made
-#: durable and named, the names made durable, the manifest written, durable and
-#: swapped in, and a merged segment unlinked (create and the empty flush seam: slow only).
+#: The default run's kill points (after each, in a compaction): the journal named as a
+#: segment, a segment written, made durable and named, the names made durable, the
+#: manifest written, durable and swapped in, and a merged segment unlinked (create and
+#: the empty flush seam: slow only).
 SAMPLE_STEPS = {
-    "segment-write", "segment-fsync", "segment-link", "dir-fsync",
+    "journal-segment-link", "segment-write", "segment-fsync", "segment-link", "dir-fsync",
     "manifest-write", "manifest-fsync", "manifest-exchange", "segment-unlink",
 }  # fmt: skip
 
@@ -92,7 +94,7 @@ def in_sample(case: Case) -> bool:
     """The default run's cases: each new-file seam's first hit after it, in a compaction.
 
     The whole campaign (both ends of every seam of every phase, both modes) is ``slow``
-    (181 kills); the sample keeps :data:`SAMPLE_STEPS` once each, and a torn segment
+    (185 kills); the sample keeps :data:`SAMPLE_STEPS` once each, and a torn segment
     and a torn manifest (short-write mode).
     """
     when, step = case.point.split(":", 1)
@@ -167,4 +169,6 @@ def test_v4_campaign_covers_every_new_file_step(discovery_v4: tuple[list[Case], 
     # Merges happened: more segments were written than compactions ran, and some unlinked.
     steps = [s for p, w, s in hits[False] if w == "after"]
     assert steps.count("segment-unlink") >= 4
+    # Every compaction with outcomes since the last one named its journal as a segment.
+    assert steps.count("journal-segment-link") >= 4
     assert steps.count("segment-link") > steps.count("manifest-exchange")

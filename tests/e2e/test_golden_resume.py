@@ -27,11 +27,11 @@ from steerflow.checkpoint import entry_digest, load_checkpoint
 GOLDEN = Path(make_golden.__file__).resolve().parent
 
 
-@pytest.mark.parametrize("unit", sorted(make_golden.UNITS))
+@pytest.mark.parametrize("unit", sorted({**make_golden.UNITS, **make_golden.FROZEN}))
 def test_resume_of_a_golden_unit_replays_exactly_the_recorded_nodes(
     tmp_path: Path, unit: str
 ) -> None:
-    run_id = make_golden.UNITS[unit][0]
+    run_id = {**make_golden.UNITS, **make_golden.FROZEN}[unit][0]
     home = tmp_path / "home"
     (home / "runs").mkdir(parents=True, mode=0o700)
     source = home / "runs" / run_id

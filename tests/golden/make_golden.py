@@ -62,6 +62,14 @@ UNITS: dict[str, tuple[str, int, int]] = {
     "v4-compacted": ("20260101T000000-00aa10", 4, 3),
 }
 
+#: Units an earlier writer wrote, kept as they were so the reader keeps reading them; the
+#: generator no longer writes them (unit directory -> the run id, version, max_records
+#: it was written with).  ``v4-compacted-r1``: ``v4-compacted`` before decision 395, its
+#: first three outcomes in an entry segment where the writer now publishes the journal.
+FROZEN: dict[str, tuple[str, int, int]] = {
+    "v4-compacted-r1": ("20260101T000000-00aa10", 4, 3),
+}
+
 #: unit directory -> run id of the agent and escalation units (all version 3)
 KIND_UNITS: dict[str, str] = {
     "agent-v3": "20260101T000000-00aa05",

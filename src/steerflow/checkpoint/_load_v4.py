@@ -6,7 +6,9 @@ Files (decision 340)
     ``level``), ``flow_context`` and optionally ``in_flight`` and ``steps``.  Each segment
     ``checkpoint.json.seg.<32 hex>`` is one JSON document naming itself (``segment``):
     the meta segment holds the constant snapshot members, every other one ``ops`` and
-    ``spawned`` entries.  The journal is version 3's, its records saying ``version: 4``.
+    ``spawned`` entries.  The journal is version 3's, its records saying ``version: 4``;
+    a reference with a ``journal`` member (a generation) names a journal a compaction
+    published as a segment (decision 395): its op and spawn records upsert in order.
 
 Integrity
     A segment is read only through a name the manifest gives (a strict pattern: no
@@ -33,7 +35,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from ._load_v3 import _InvalidError, check_folded_base, fold_journal, valid_generation
+from ._load_v3 import (
+    _InvalidError,
+    check_folded_base,
+    check_record,
+    fold_journal,
+    valid_generation,
+)
 from ._read import CHECKPOINT_FILENAME, JOURNAL_FILENAME, Parsed, parse_json, read_pinned
 from ._report import Report
 
@@ -95,6 +103,8 @@ def _is_int(value: object) -> bool:
 
 def _check_ref(ref: object, *, level: bool) -> dict[str, Any]:
     members = {"name", "bytes", "sha256", *(("level",) if level else ())}
+    if level and isinstance(ref, dict) and "journal" in ref:
+        members.add("journal")  # a journal published as a segment (decision 395)
     if not isinstance(ref, dict) or set(ref) != members:
         raise _InvalidError(
             "invalid-manifest", f"a segment reference is not exactly {sorted(members)}"
@@ -107,6 +117,10 @@ def _check_ref(ref: object, *, level: bool) -> dict[str, Any]:
         raise _InvalidError("invalid-manifest", "a segment digest is not 64 hex")
     if level and (not _is_int(ref["level"]) or not 0 <= ref["level"] <= 64):
         raise _InvalidError("invalid-manifest", "a segment level is not 0..64")
+    if "journal" in members and (ref["level"] != 0 or not valid_generation(ref["journal"])):
+        raise _InvalidError(
+            "invalid-manifest", "a journal segment is not level 0 with its records' generation"
+        )
     return ref
 
 
@@ -147,8 +161,8 @@ def segment_names(manifest: Mapping[str, Any]) -> list[str]:
     return [manifest["meta"]["name"], *(ref["name"] for ref in manifest["segments"])]
 
 
-def _segment(ref: Mapping[str, Any], data: bytes | None) -> dict[str, Any]:
-    """Check one segment's bytes against its reference and decode it."""
+def _named_bytes(ref: Mapping[str, Any], data: bytes | None) -> bytes:
+    """``data`` if it is exactly the length and SHA-256 ``ref`` names."""
     name = ref["name"]
     if data is None:
         raise _InvalidError("missing-segment", f"{name!r} is named by the manifest but absent")
@@ -156,6 +170,43 @@ def _segment(ref: Mapping[str, Any], data: bytes | None) -> dict[str, Any]:
         raise _InvalidError(
             "segment-digest-mismatch", f"{name!r} differs from the length and digest named"
         )
+    return data
+
+
+def _journal_entries(ref: Mapping[str, Any], data: bytes | None) -> list[dict[str, Any]]:
+    """The op and spawn records, in order, of a journal published as a segment.
+
+    Every line must be a complete record of the generation ``ref`` names, numbered from 1
+    (a writer publishes only what it wrote and fsync'd whole). Intents and steps are
+    skipped: the manifest restates what was open when it was published.
+    """
+    name = ref["name"]
+    data = _named_bytes(ref, data)
+    if data and not data.endswith(b"\n"):
+        raise _InvalidError("invalid-segment", f"{name!r} ends inside a record")
+    records: list[dict[str, Any]] = []
+    for seq, raw in enumerate(data.split(b"\n")[:-1], start=1):
+        try:
+            rec = check_record(raw, 4)
+        except _InvalidError as bad:
+            bad.detail = f"{name!r} record {seq}: {bad.reason}" + (
+                f" ({bad.detail})" if bad.detail else ""
+            )
+            bad.reason = "invalid-segment"
+            raise
+        if rec["generation"] != ref["journal"] or rec["seq"] != seq:
+            raise _InvalidError(
+                "segment-identity", f"{name!r} record {seq} is not record {seq} of its journal"
+            )
+        if rec["kind"] in ("op", "spawn"):
+            records.append(rec)
+    return records
+
+
+def _segment(ref: Mapping[str, Any], data: bytes | None) -> dict[str, Any]:
+    """Check one segment's bytes against its reference and decode it."""
+    name = ref["name"]
+    data = _named_bytes(ref, data)
     try:
         parsed = parse_json(data)
     except ValueError:
@@ -193,6 +244,18 @@ def _fold_segments(
     spawned: list[Any] = []
     index: dict[str, int] = {}
     for ref in manifest["segments"]:
+        if "journal" in ref:
+            # Records upsert in order, as the journal they were (an entry may repeat).
+            for rec in _journal_entries(ref, segments.get(ref["name"])):
+                entry = rec["entry"]
+                if rec["kind"] == "op":
+                    ops[entry["agent_id"]] = entry
+                elif entry["node_id"] in index:
+                    spawned[index[entry["node_id"]]] = entry
+                else:
+                    index[entry["node_id"]] = len(spawned)
+                    spawned.append(entry)
+            continue
         doc = _segment(ref, segments.get(ref["name"]))
         if set(doc) != _ENTRIES_MEMBERS:
             raise _InvalidError(

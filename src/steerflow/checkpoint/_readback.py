@@ -34,11 +34,13 @@ Location = tuple[str, Identity, int, int]
 def entry_of_member(ident: EntryId, member: bytes) -> dict[str, JSON]:
     """The entry a segment member holds (``"key":{...}`` for an op, ``{...}`` for a spawn).
 
+    A journal published as a segment (decision 395) holds an op's entry bare, ``{...}``.
+
     Raises:
         PersistenceError: The bytes are not that identity's entry.
     """
     kind, key = ident
-    if kind == "op":
+    if kind == "op" and not member.startswith(b"{"):
         prefix = dumps_compact(key) + b":"
         if not member.startswith(prefix):
             raise PersistenceError(f"the checkpoint range read for node {key!r} is another's")

@@ -68,6 +68,9 @@ class V3Backend:
     """Owns the base/journal pair; methods run on a worker thread under the writer lock."""
 
     version = 3
+    #: The count limit reached with more records behind it in the batch: fold them all
+    #: into the base being written (version 4 journals them instead: decision 395).
+    fold_batch_rest = True
 
     def __init__(self, path: str, state: State, *, max_records: int, max_bytes: int) -> None:
         self.dirname = os.path.dirname(path) or "."
@@ -124,13 +127,13 @@ class V3Backend:
                 # Before any compaction, lines still in ``buf`` are dropped, not written:
                 # their items are folded into the state, so the new base holds them.
                 if len(line) > self.max_bytes:
-                    buf.clear()
+                    self._spill(buf, pending)
                     self.state.apply(item, entry)
                     self._compact()  # the oversize transition lands in the new base
                     self.resync = False
                     pending.append(ticket)  # acknowledged by the next commit's checks
                     continue
-                if counted and self.outcomes >= self.max_records and left:
+                if self.fold_batch_rest and counted and self.outcomes >= self.max_records and left:
                     # The count limit, with more records admitted in the same batch:
                     # all of them go into the base that is being written anyway, and
                     # the new journal starts empty (fewer compactions under load).
@@ -149,10 +152,11 @@ class V3Backend:
                     or self.jbytes + len(line) > self.max_bytes
                     or self.seq >= MAX_SEQ
                 ):
-                    buf.clear()
+                    self._spill(buf, pending)
                     self._compact()
                     line = self._line(tail, 1)
                 buf.append(line)
+                self._buffered(item, entry, line)
                 if counted:  # an intent never restates the context: the next outcome does
                     self.resync = False
                 self.seq += 1
@@ -294,20 +298,31 @@ class V3Backend:
             self._head = (self.generation, b'{"version":3,"generation":' + gen + b',"seq":')
         return b"".join((self._head[1], str(seq).encode("ascii"), tail))
 
+    def _buffered(self, item: Item, entry: bytes, line: bytes) -> None:
+        """Called with each line put in the batch's buffer, before ``jbytes`` counts it."""
+
+    def _spill(self, buf: list[bytes], pending: list[Ticket]) -> None:
+        """Before a compaction: drop the batch's unwritten lines (the new base holds them)."""
+        buf.clear()
+
+    def _write_lines(self, buf: list[bytes], pending: list[Ticket]) -> None:
+        """Write and fsync the buffered lines (acknowledging is the caller's)."""
+        assert self._journal is not None
+        fd = self._journal[0]
+        # A batch of call intents alone is its own seam (``intent-write``, ...): fault
+        # points counted in outcome records keep their numbers (decision 217).
+        obj = "journal" if any(_counts(t.item) for t in pending) else "intent"
+        self._check_reachable()
+        self.bytes_written += _io.write_all(fd, group_lines(buf), obj)
+        _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
+        _faults.seam(f"{obj}-flush", "after")
+        _io.fsync(fd, obj)
+        buf.clear()
+
     def _commit(self, buf: list[bytes], pending: list[Ticket]) -> None:
         """Write and fsync the buffered lines, check reachability, acknowledge them."""
         if buf:
-            assert self._journal is not None
-            fd = self._journal[0]
-            # A batch of call intents alone is its own seam (``intent-write``, ...): fault
-            # points counted in outcome records keep their numbers (decision 217).
-            obj = "journal" if any(_counts(t.item) for t in pending) else "intent"
-            self._check_reachable()
-            self.bytes_written += _io.write_all(fd, group_lines(buf), obj)
-            _faults.seam(f"{obj}-flush", "before")  # raw fd: nothing buffered in userspace
-            _faults.seam(f"{obj}-flush", "after")
-            _io.fsync(fd, obj)
-            buf.clear()
+            self._write_lines(buf, pending)
         if pending:
             # Every acknowledgement (a flush or a compacted oversize record included)
             # requires the published names to hold the objects this writer owns.

@@ -8,8 +8,10 @@ Files (decision 340)
     journal with records saying ``version: 4``.
 
 Compaction
-    Where version 3 republishes the whole base, a compaction here writes the entries
-    upserted since the previous manifest as one new level-0 segment, merges the last
+    Where version 3 republishes the whole base, a compaction here names the journal it
+    replaces as a level-0 segment (decision 395: its lines already hold each entry
+    upserted since the previous manifest, fsync'd; a record too large for the journal
+    goes into an entry segment written for it), merges the last
     :data:`SEGMENT_FANOUT` segments into one of the next level when they share a level
     (each identity's current entry, superseded copies dropped), syncs the directory,
     publishes the new manifest exactly as version 3 publishes a base, then the empty
@@ -45,14 +47,19 @@ from ._digest import JSON
 from ._load_v4 import SEGMENT_PREFIX, fold_v4, seal_manifest
 from ._readback import ClosedEntries, Location, entry_of_encoding, entry_of_member
 from ._report import Report
-from ._state import Item, State, dumps_compact
-from ._v3 import V3Backend
+from ._state import Item, State, Ticket, dumps_compact
+from ._v3 import _KIND_ENTRY, V3Backend
 
-__all__ = ["SEGMENT_FANOUT", "SegmentState", "V4Backend"]
+__all__ = ["PUBLISH_JOURNALS", "SEGMENT_FANOUT", "SegmentState", "V4Backend"]
 
 #: Segments of one level merged into one of the next (decision 340): at 128 records per
 #: compaction, one merge level below 4,096 x 32 entries, and at most 31 segments a level.
 SEGMENT_FANOUT = 32
+
+#: A compaction publishes the journal it replaces as a level-0 segment (decision 395).
+#: False writes its entries into a new segment instead, as stops 49-53 did (tests write
+#: that form with it: readers keep reading it).
+PUBLISH_JOURNALS = True
 
 _Id = tuple[str, str]  # ("op", agent_id) or ("spawn", node_id)
 #: What a version 4 writer's state keeps in place of an entry it has encoded.
@@ -117,11 +124,15 @@ class _Segment:
     ident: _io.Identity
     #: Each identity's member (``"key":{...}`` or ``{...}``) as (offset, length), in order.
     members: dict[_Id, tuple[int, int]] = field(default_factory=dict)
+    #: A journal published as a segment: the generation its records carry (decision 395).
+    journal: str | None = None
 
     def ref(self) -> dict[str, JSON]:
         out: dict[str, JSON] = {"name": self.name, "bytes": self.size, "sha256": self.sha256}
         if self.level >= 0:
             out["level"] = self.level
+        if self.journal is not None:
+            out["journal"] = self.journal
         return out
 
 
@@ -129,6 +140,7 @@ class V4Backend(V3Backend):
     """The version 3 backend with a segmented base (see the module docstring)."""
 
     version = 4
+    fold_batch_rest = False  # the records behind go to the new journal (decision 395)
 
     def __init__(self, path: str, state: State, *, max_records: int, max_bytes: int) -> None:
         super().__init__(path, SegmentState.of(state), max_records=max_records, max_bytes=max_bytes)
@@ -142,6 +154,13 @@ class V4Backend(V3Backend):
         # another file's by the time it reads (decision 393).
         self._pins_lock = threading.Lock()
         self._closed: ClosedEntries | None = None
+        # The current journal as a segment-to-be (decision 395): its committed size and
+        # SHA-256, each entry's range in it with the encoding written there, and the
+        # ranges of lines buffered but not yet written.
+        self._jsize = 0
+        self._jdigest = hashlib.sha256()
+        self._jentries: dict[_Id, tuple[int, int, bytes]] = {}
+        self._jbuffered: list[tuple[_Id, int, int, bytes]] = []
 
     # -- the journal line: version 4 --------------------------------------------------------
 
@@ -154,6 +173,42 @@ class V4Backend(V3Backend):
     def _adopt_base(self) -> None:
         """Nothing to adopt: entries live in segments, which keep their own pins."""
 
+    def _buffered(self, item: Item, entry: bytes, line: bytes) -> None:
+        if item.kind not in ("op", "spawn"):
+            return  # intents and steps: the manifest restates what is open
+        # ``line`` is head + seq + ``,"kind":..,"entry":`` + entry + the rest (``_tail``).
+        at = len(self._head[1]) + len(str(self.seq + 1)) + len(_KIND_ENTRY[item.kind])
+        assert line.startswith(entry, at), "the entry is not where the line puts it"
+        self._jbuffered.append(((item.kind, item.key), self.jbytes + at, len(entry), entry))
+
+    def _write_lines(self, buf: list[bytes], pending: list[Ticket]) -> None:
+        digest = self._jdigest.copy()
+        size = self._jsize
+        for line in buf:
+            digest.update(line)
+            size += len(line)
+        buffered, self._jbuffered = self._jbuffered, []
+        super()._write_lines(buf, pending)  # raises, and the writer stops, unless durable
+        self._jdigest, self._jsize = digest, size
+        for ident, offset, length, entry in buffered:
+            self._jentries[ident] = (offset, length, entry)
+
+    def _spill(self, buf: list[bytes], pending: list[Ticket]) -> None:
+        """Write the batch's lines so far: the journal about to be published holds them.
+
+        Dropping them (version 3) would put their entries in a second new segment; they
+        are acknowledged with the rest of the batch, after the compaction.
+        """
+        if buf:
+            self._write_lines(buf, pending)
+
+    def _new_journal(self) -> None:
+        """Forget the journal just replaced: its lines are a segment now, or folded."""
+        self._jsize = 0
+        self._jdigest = hashlib.sha256()
+        self._jentries = {}
+        self._jbuffered = []
+
     # -- publication ------------------------------------------------------------------------
 
     def _initialize(self) -> None:
@@ -162,25 +217,32 @@ class V4Backend(V3Backend):
         self.generation = uuid.uuid4().hex
         old_journal = self._journal
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
+        self._new_journal()
         if old_journal is not None:
             _io.close(old_journal[0], "pin")
         self._publish_manifest()
         self.seq = self.jbytes = self.outcomes = 0
 
     def _compact(self) -> None:
-        """Publish the new entries as a segment, a new manifest, then an empty journal."""
-        self.generation = uuid.uuid4().hex
+        """Publish the new entries as segments, a new manifest, then an empty journal."""
+        self._jbuffered = []  # dropped from the batch: folded into the state instead
+        old_generation, self.generation = self.generation, uuid.uuid4().hex
         old_journal = self._journal
-        self._publish_manifest()
+        self._publish_manifest(old_generation)
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
+        self._new_journal()
         self.seq = self.jbytes = self.outcomes = 0
         self.compactions += 1
         if old_journal is not None:
             _io.close(old_journal[0], "pin")
         self._unlink_retired()
 
-    def _publish_manifest(self) -> None:
-        """Write the new segments, sync the directory, then swap the manifest in."""
+    def _publish_manifest(self, journal_generation: str = "") -> None:
+        """Write the new segments, sync the directory, then swap the manifest in.
+
+        ``journal_generation``: the generation of the journal being replaced (a
+        compaction's), whose entry lines become the first new segment (decision 395).
+        """
         old = self._base
         new: list[_Segment] = []
         if self._meta is None:
@@ -189,9 +251,9 @@ class V4Backend(V3Backend):
             self._orphans.append(self._meta)  # until the manifest naming it is published
         segments = list(self._segments)
         retired: list[_Segment] = []
-        if self.state.dirty:
-            dirty = self.state.dirty
-            seg = self._write_segment(self._entry_pieces(dirty), 0)
+
+        def add(seg: _Segment) -> None:
+            nonlocal retired
             new.append(seg)
             self._orphans.append(seg)
             segments.append(seg)
@@ -204,6 +266,21 @@ class V4Backend(V3Backend):
                 self._orphans.append(merged)
                 retired += group
                 segments[-SEGMENT_FANOUT:] = [merged]
+
+        if self.state.dirty:
+            rest = self.state.dirty
+            if PUBLISH_JOURNALS and self._jentries and journal_generation:
+                add(self._journal_segment(journal_generation))
+                # What the journal holds as it is now needs no second copy; an entry
+                # folded in since (a batch compacted without its lines) does.
+                lines = self._jentries
+                rest = {
+                    ident: enc
+                    for ident, enc in rest.items()
+                    if (line := lines.get(ident)) is None or line[2] is not enc
+                }
+            if rest:
+                add(self._write_segment(self._entry_pieces(rest), 0))
         if new:
             _io.fsync_dir(self._pfd_checked())  # their names are durable before any use
         data = seal_manifest(dumps_compact(self._manifest(segments)))
@@ -284,6 +361,8 @@ class V4Backend(V3Backend):
             data = os.pread(seg.fd, length, offset)
             if len(data) != length:
                 raise OSError(5, f"segment {seg.name!r} is shorter than its members")
+            if seg.journal is not None and ident[0] == "op":
+                return dumps_compact(ident[1]) + b":" + data  # a journal line holds it bare
             return data
 
         ops = ((i, read(i)) for i in order if i[0] == "op")
@@ -315,6 +394,27 @@ class V4Backend(V3Backend):
             yield ident
             yield member
         yield b"]}"
+
+    def _journal_segment(self, generation: str) -> _Segment:
+        """Name the journal being replaced as a level-0 segment (decision 395).
+
+        Every line of it is written and fsync'd (each acknowledgement required it) and
+        nothing appends to it once the compaction replaces it, so it is as immutable as a
+        segment written for the purpose: a second copy of its entries would only cost
+        their bytes again.  ``linkat`` gives it a fresh name (refusing a taken one).
+        """
+        assert self._journal is not None
+        jfd, jid = self._journal
+        pfd = self._pfd_checked()
+        name = SEGMENT_PREFIX + uuid.uuid4().hex
+        _io.link_fd(jfd, pfd, name, "journal-segment")
+        pin = os.open(f"/proc/self/fd/{jfd}", os.O_RDONLY | os.O_CLOEXEC)
+        if _io.identity(pin) != jid or _io.lstat_identity(pfd, name) != jid:
+            os.close(pin)
+            raise PersistenceError(f"{name!r} does not hold the journal this writer wrote")
+        members = {ident: (at, length) for ident, (at, length, _) in self._jentries.items()}
+        digest = self._jdigest.hexdigest()
+        return _Segment(name, 0, self._jsize, digest, pin, jid, members, generation)
 
     def _write_segment(self, pieces: Iterable[bytes | _Id], level: int) -> _Segment:
         """Create, write, fsync and name one segment; return it pinned (read-only fd)."""
@@ -452,6 +552,7 @@ class V4Backend(V3Backend):
                 dirty["spawn", str(entry["node_id"])] = self.state.encode_entry(entry)
             self.state.dirty = dirty
             self.state.forget_all()
+            self._new_journal()  # its lines may be torn: the new segment holds everything
             # Everything is in the new segment: the old ones (and any orphan of the
             # failed compaction) go once the manifest that no longer names them is out.
             self._retired += self._segments + self._orphans

@@ -20,6 +20,7 @@ recorded response (:func:`kept_section`), readable without JavaScript.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,10 @@ from steerflow.plan import is_agent_id
 
 __all__ = [
     "NODE_LIVE_SCRIPT",
+    "STREAMING",
     "KeptOutput",
     "kept_output",
+    "kept_output_whole",
     "kept_section",
     "last_lines",
     "lines_section",
@@ -150,6 +153,28 @@ def kept_output(run_dir: Path, node_key: str, *, segment: int = 0, offset: int =
         if size <= offset:
             text, offset = text[: cut.start()], offset - size
     return KeptOutput(strip_ansi(text), segment, offset, ended)
+
+
+#: A node page in these statuses polls the stream; in any other it keeps what streamed.
+STREAMING = frozenset({"pending", "running", "paused"})
+#: How long an ended node's page waits for the live writer's end mark (decision 396).
+END_MARK_WAIT_S = 2.0
+
+
+def kept_output_whole(run_dir: Path, node_key: str, *, run_running: bool) -> KeptOutput:
+    """:func:`kept_output` of an ended node, once its live files are whole (blocking).
+
+    The live writer appends a call's last chunks on its own tick, after the outcome may
+    be published (decision 235): a page rendered on ``completed`` could keep the stream
+    one chunk short, and it is not polled again. A node that streamed gets an end mark,
+    so while its run is alive this waits for the mark, at most :data:`END_MARK_WAIT_S`.
+    """
+    kept = kept_output(run_dir, node_key)
+    deadline = time.monotonic() + END_MARK_WAIT_S
+    while run_running and kept.text and not kept.ended and time.monotonic() < deadline:
+        time.sleep(0.02)  # the writer's own tick is 20 ms (decision 196)
+        kept = kept_output(run_dir, node_key)
+    return kept
 
 
 #: Terminal escape sequences: CSI (colours, cursor moves), OSC (titles, links), and the

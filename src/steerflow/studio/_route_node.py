@@ -34,7 +34,12 @@ class NodePage(Page):
         except (UnknownIdError, AmbiguousIdError) as exc:
             return HTMLResponse(error_page("not found", str(exc)), 404)
         # Read after the detail: a node that ended in between shows its whole stream.
-        kept = _node_live.kept_output(run.run_dir, detail.id) if run.reachable else None
+        kept = None
+        if run.reachable and detail.status not in _node_live.STREAMING:
+            running = run.status == "running"
+            kept = _node_live.kept_output_whole(run.run_dir, detail.id, run_running=running)
+        elif run.reachable:
+            kept = _node_live.kept_output(run.run_dir, detail.id)
         return HTMLResponse(node_page(detail, kept))
 
     def artifact(self, request: Request) -> Response:

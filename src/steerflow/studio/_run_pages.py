@@ -11,7 +11,13 @@ from urllib.parse import quote, urlencode
 from steerflow.executor import STEER_CLOSE, STEER_OPEN
 from steerflow.orchestrate._detail import response_text
 from steerflow.studio._events import events, events_href, events_table
-from steerflow.studio._node_live import KeptOutput, kept_section, lines_section, live_section
+from steerflow.studio._node_live import (
+    STREAMING,
+    KeptOutput,
+    kept_section,
+    lines_section,
+    live_section,
+)
 from steerflow.studio._pages import (
     control_forms,
     duration,
@@ -599,7 +605,7 @@ def node_page(detail: NodeDetail, kept: KeptOutput | None = None) -> str:
             f'<pre class="response">{esc(shown)}</pre>' if shown is not None else "<p>none</p>"
         )
     body.append(steps_section(detail.raw.get("steps") or []))
-    if detail.status in ("pending", "running", "paused"):
+    if detail.status in STREAMING:
         # The call's output as it comes (issue 31); the script stops once the node ended.
         output = f"/api/runs/{quote(run, safe='')}/nodes/{quote(detail.id, safe='')}/output"
         body.append(live_section(output, esc, kept))
