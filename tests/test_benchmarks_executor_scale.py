@@ -60,10 +60,12 @@ def test_a_1000_node_v4_run_writes_at_most_3x_its_responses(tmp_path: Path) -> N
     assert len(state["ops"]) == 1000
 
 
-#: Checkpoint bytes / response bytes at 100,000 nodes, per row: the issue's goal is 3x. The
-#: public path measured 3.05x (its journal also holds a write-ahead intent line per call,
-#: ~0.10x, issue 38), so it is pinned where it is, against a regression, not at the goal.
-RATIO_100K = {"steerflow+v4": 3.0, "run_flow+v4": 3.1}
+#: Checkpoint bytes / response bytes at 100,000 nodes, per row: the issue's goal is 3x.
+#: Since a compaction publishes its journal as a segment (decision 395) each entry is
+#: written twice (its journal line, its level-1 merge), ~1.1x each with its record's
+#: members, plus a write-ahead intent line per call on the public path (~0.1x): measured
+#: 2.37x there, so both rows are pinned at 2.5x, below the goal, against a regression.
+RATIO_100K = {"steerflow+v4": 2.5, "run_flow+v4": 2.5}
 
 
 @pytest.mark.slow

@@ -125,7 +125,8 @@ class V3Backend:
                 tail = self._tail(item, entry)
                 line = self._line(tail, self.seq + 1)
                 # Before any compaction, lines still in ``buf`` are dropped, not written:
-                # their items are folded into the state, so the new base holds them.
+                # their items are folded into the state, so the new base holds them
+                # (version 4 writes them first: its journal becomes a segment, ``_spill``).
                 if len(line) > self.max_bytes:
                     self._spill(buf, pending)
                     self.state.apply(item, entry)

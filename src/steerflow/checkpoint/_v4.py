@@ -225,7 +225,7 @@ class V4Backend(V3Backend):
 
     def _compact(self) -> None:
         """Publish the new entries as segments, a new manifest, then an empty journal."""
-        self._jbuffered = []  # dropped from the batch: folded into the state instead
+        self._jbuffered = []  # none: ``_spill`` wrote the batch's lines before this
         old_generation, self.generation = self.generation, uuid.uuid4().hex
         old_journal = self._journal
         self._publish_manifest(old_generation)
