@@ -71,16 +71,19 @@ class SegmentState(State):
     """:class:`State` that also keeps the encodings upserted since the last manifest."""
 
     dirty: dict[_Id, bytes] = field(default_factory=dict, repr=False)
+    #: The seeded entries (a resume's) until the first manifest names their segment:
+    #: encoded one at a time as it is written, never all at once (a resumed batch's
+    #: every response would otherwise be held a second time, as bytes).
+    seeded: dict[_Id, dict[str, JSON]] = field(default_factory=dict, repr=False)
 
     @classmethod
     def of(cls, state: State) -> SegmentState:
         fields = {f.name: getattr(state, f.name) for f in dataclasses.fields(state) if f.init}
         made = cls(**fields)
-        # The seeded entries (a resume's) are the first segment's.
         for key, entry in made.ops.items():
-            made.dirty["op", key] = made.encode_entry(entry)
+            made.seeded["op", key] = entry
         for entry in made.spawned:
-            made.dirty["spawn", str(entry["node_id"])] = made.encode_entry(entry)
+            made.seeded["spawn", str(entry["node_id"])] = entry
         made.forget_all()
         return made
 
@@ -267,7 +270,9 @@ class V4Backend(V3Backend):
                 retired += group
                 segments[-SEGMENT_FANOUT:] = [merged]
 
-        if self.state.dirty:
+        if self.state.seeded:  # the first publication (decision 43): they come first
+            add(self._write_segment(self._seeded_pieces(), 0))
+        elif self.state.dirty:
             rest = self.state.dirty
             if PUBLISH_JOURNALS and self._jentries and journal_generation:
                 add(self._journal_segment(journal_generation))
@@ -301,6 +306,7 @@ class V4Backend(V3Backend):
         self._segments = segments
         self._retired += retired
         self.state.dirty = {}
+        self.state.seeded = {}
         if old is not None:
             _io.close(old[0], "pin")
 
@@ -343,6 +349,21 @@ class V4Backend(V3Backend):
         )
         spawned = ((ident, enc) for ident, enc in dirty.items() if ident[0] == "spawn")
         return self._sections(ops, spawned)
+
+    def _seeded_pieces(self) -> Iterator[bytes | _Id]:
+        """The seeded entries (each encoded as it is written), then anything upserted since."""
+        seeded, dirty, state = self.state.seeded, self.state.dirty, self.state
+
+        def members(kind: str) -> Iterator[tuple[_Id, bytes]]:
+            for ident, entry in seeded.items():
+                if ident[0] == kind:  # a later upsert keeps the seeded entry's place
+                    yield ident, dirty.get(ident) or state.encode_entry(entry)
+            for ident, enc in dirty.items():
+                if ident[0] == kind and ident not in seeded:
+                    yield ident, enc
+
+        ops = ((ident, dumps_compact(ident[1]) + b":" + enc) for ident, enc in members("op"))
+        return self._sections(ops, members("spawn"))
 
     def _merged_pieces(self, group: list[_Segment]) -> Iterator[bytes | _Id]:
         """The current entry of every identity ``group`` names, read back from its pin."""
@@ -501,6 +522,9 @@ class V4Backend(V3Backend):
             encoded = self.state.dirty.get(ident)
             if encoded is not None:
                 return entry_of_encoding(ident, encoded)
+            seeded = self.state.seeded.get(ident)
+            if seeded is not None:  # before the first publication
+                return dict(seeded)
             for seg in reversed(self._segments):
                 where = seg.members.get(ident)
                 if where is not None:
@@ -551,6 +575,7 @@ class V4Backend(V3Backend):
             for entry in self.state.spawned:
                 dirty["spawn", str(entry["node_id"])] = self.state.encode_entry(entry)
             self.state.dirty = dirty
+            self.state.seeded = {}
             self.state.forget_all()
             self._new_journal()  # its lines may be torn: the new segment holds everything
             # Everything is in the new segment: the old ones (and any orphan of the
