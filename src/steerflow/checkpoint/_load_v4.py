@@ -28,11 +28,12 @@ Coherent view
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from ._load_v3 import (
@@ -223,11 +224,17 @@ def _segment(ref: Mapping[str, Any], data: bytes | None) -> dict[str, Any]:
     return doc
 
 
-def _fold_segments(
-    manifest: dict[str, Any], segments: Mapping[str, bytes | None]
-) -> dict[str, Any]:
-    """The D4 base the manifest's segments make, in the version 3 base shape."""
-    meta = _segment(manifest["meta"], segments.get(manifest["meta"]["name"]))
+#: A segment's bytes by name (None: absent), read when the fold reaches it.
+_Read = Callable[[str], "bytes | None"]
+
+
+def _fold_segments(manifest: dict[str, Any], read: _Read) -> dict[str, Any]:
+    """The D4 base the manifest's segments make, in the version 3 base shape.
+
+    Each segment is read, checked and folded before the next is read: only one
+    segment's bytes are held at a time (a 100,000-node unit's segments are ~450 MB).
+    """
+    meta = _segment(manifest["meta"], read(manifest["meta"]["name"]))
     if not _META_REQUIRED <= set(meta) <= _META_REQUIRED | {"max_spawn"}:
         raise _InvalidError(
             "invalid-segment", f"{manifest['meta']['name']!r}: its members are not D4's"
@@ -246,7 +253,7 @@ def _fold_segments(
     for ref in manifest["segments"]:
         if "journal" in ref:
             # Records upsert in order, as the journal they were (an entry may repeat).
-            for rec in _journal_entries(ref, segments.get(ref["name"])):
+            for rec in _journal_entries(ref, read(ref["name"])):
                 entry = rec["entry"]
                 if rec["kind"] == "op":
                     ops[entry["agent_id"]] = entry
@@ -256,7 +263,7 @@ def _fold_segments(
                     index[entry["node_id"]] = len(spawned)
                     spawned.append(entry)
             continue
-        doc = _segment(ref, segments.get(ref["name"]))
+        doc = _segment(ref, read(ref["name"]))
         if set(doc) != _ENTRIES_MEMBERS:
             raise _InvalidError(
                 "invalid-segment", f"{ref['name']!r} is not exactly {sorted(_ENTRIES_MEMBERS)}"
@@ -302,12 +309,16 @@ def fold_v4(
     """Fold a manifest, its segments' bytes (by name; None: absent) and its journal."""
     manifest = parse_manifest(manifest_bytes, report)
     try:
-        base = check_folded_base(_fold_segments(manifest, segments))
+        base = check_folded_base(_fold_segments(manifest, segments.get))
     except _InvalidError as bad:
-        # A segment's own refusal names it; an entry's names the logical file (decision 387).
-        where = _file_at_fault(bad, manifest) or CHECKPOINT_FILENAME
-        raise report.refuse(bad.reason, detail=bad.detail, file=where, entry=bad.entry) from None
+        raise _refusal(bad, manifest, report) from None
     return fold_journal(base, journal, report, version=4)
+
+
+def _refusal(bad: _InvalidError, manifest: Mapping[str, Any], report: Report) -> Exception:
+    # A segment's own refusal names it; an entry's names the logical file (decision 387).
+    where = _file_at_fault(bad, manifest) or CHECKPOINT_FILENAME
+    return report.refuse(bad.reason, detail=bad.detail, file=where, entry=bad.entry)
 
 
 def _file_at_fault(bad: _InvalidError, manifest: Mapping[str, Any]) -> str | None:
@@ -334,8 +345,30 @@ def parse_manifest(data: bytes, report: Report) -> dict[str, Any]:
         ) from None
 
 
-def _coherent_read(path: str, report: Report) -> tuple[bytes, dict[str, bytes | None], bytes]:
-    """Read (manifest, its segments, journal) all of one manifest publication."""
+def _still_named(path: str, fd: int) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (no new publication)."""
+    st_pin = os.fstat(fd)
+    try:
+        st_now = os.stat(path, follow_symlinks=False)
+    except FileNotFoundError:
+        return False
+    return (st_pin.st_dev, st_pin.st_ino) == (st_now.st_dev, st_now.st_ino)
+
+
+def _read_segment(dirname: str, pins: list[int], report: Report, name: str) -> bytes | None:
+    """One segment's bytes (None: absent), its descriptor kept open in ``pins``."""
+    try:
+        got = read_pinned(os.path.join(dirname, name))
+    except OSError as exc:
+        raise report.refuse("unreadable-segment", detail=exc.strerror, file=name) from exc
+    if got is None:
+        return None
+    pins.append(got[1])
+    return got[0]
+
+
+def _coherent_load(path: str, report: Report) -> dict[str, Any]:
+    """Fold the manifest, its segments and the journal, all of one publication."""
     dirname = os.path.dirname(path)
     journal_path = os.path.join(dirname, JOURNAL_FILENAME)
     missing_journal = False
@@ -352,19 +385,15 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, dict[str, bytes | 
             continue
         manifest_bytes, manifest_fd = first
         pins: list[int] = []
+        read = functools.partial(_read_segment, dirname, pins, report)
         try:
             manifest = parse_manifest(manifest_bytes, report)
-            segments: dict[str, bytes | None] = {}
-            for name in segment_names(manifest):
-                try:
-                    got = read_pinned(os.path.join(dirname, name))
-                except OSError as exc:
-                    raise report.refuse(
-                        "unreadable-segment", detail=exc.strerror, file=name
-                    ) from exc
-                if got is not None:
-                    pins.append(got[1])
-                segments[name] = None if got is None else got[0]
+            try:
+                base = check_folded_base(_fold_segments(manifest, read))
+            except _InvalidError as bad:
+                if not _still_named(path, manifest_fd):
+                    continue  # a compaction published (and unlinked) meanwhile: read again
+                raise _refusal(bad, manifest, report) from None
             try:
                 journal = read_pinned(journal_path)
             except OSError as exc:
@@ -373,17 +402,12 @@ def _coherent_read(path: str, report: Report) -> tuple[bytes, dict[str, bytes | 
                 ) from exc
             if journal is not None:
                 pins.append(journal[1])
-            st_pin = os.fstat(manifest_fd)
-            try:
-                st_now = os.stat(path, follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            if (st_pin.st_dev, st_pin.st_ino) != (st_now.st_dev, st_now.st_ino):
+            if not _still_named(path, manifest_fd):
                 continue  # a compaction published a new manifest meanwhile: read again
             if journal is None:
                 missing_journal = True
                 continue
-            return manifest_bytes, segments, journal[0]
+            return fold_journal(base, journal[0], report, version=4)
         finally:
             os.close(manifest_fd)
             for fd in pins:
@@ -399,8 +423,7 @@ def load_v4(path: str, report: Report) -> tuple[dict[str, Any], dict[str, Any]]:
     for attempt in range(_ATTEMPTS):
         if attempt:
             time.sleep(0.002 * attempt)
-        manifest, segments, journal = _coherent_read(path, report)
-        state = fold_v4(manifest, segments, journal, report)
+        state = _coherent_load(path, report)
         if not report.stale_generation_records:
             break
     return state, report.as_dict()
