@@ -34,6 +34,10 @@ compute the same strings:
   measured: ``run_flow(FlowOptions(plan=Plan([Op(...), ...]), model="echo"))`` with its
   state DB, lease, progress events, version 3 (default) or version 4 checkpoint and its
   ``FlowResult``; everything but the ``Plan`` built inside the timed run.
+- ``resume+v4``: what a crashed batch's resume costs: the ``run_flow+v4`` batch is run
+  first by a process of its own, then the child loads its checkpoint (``prepare_resume``)
+  and resumes it with ``run_flow``, every node replayed; its peak RSS, bytes and time are
+  the load and the resume's (the ``ckpt`` column: the resumed run's checkpoint).
 
 Each row runs in a fresh child process, so its peak RSS (``VmHWM`` of that child, read by
 the child at its end; ``ru_maxrss`` from ``os.wait4`` off Linux) is its own. Wall and CPU
@@ -92,6 +96,7 @@ ROWS = (
     "steerflow+custom",
     "run_flow",
     "run_flow+v4",
+    "resume+v4",
 )
 LANGGRAPH_HINT = "pip install -e '.[bench]'  (LangGraph 1.2, the optional bench extra)"
 
@@ -386,6 +391,32 @@ def prepare_run_flow(
     return run
 
 
+def prepare_resume_v4(nodes: list[tuple[str, str, str | None]], tmp: Path) -> Callable[[], Any]:
+    """``resume+v4``: the batch run by another process first, then its resume (timed)."""
+    from steerflow.orchestrate import FlowOptions, run_flow
+    from steerflow.orchestrate._resume import prepare_resume
+
+    argv = [sys.executable, os.path.abspath(__file__), "--first-run", str(len(nodes)), str(tmp)]
+    subprocess.run(argv, check=True, stdout=subprocess.DEVNULL)
+    home = tmp / "home"
+
+    async def run() -> dict[str, Any]:
+        (source,) = (home / "runs").iterdir()
+        seed = prepare_resume(home, source.name)
+        options = FlowOptions(
+            resume=seed, model="echo", checkpoint_version=4, max_plan_entries=len(nodes)
+        )
+        result = await run_flow(options, home=home)
+        if result.status != "completed":
+            raise RuntimeError(f"the resume ended {result.status}: {result.error}")
+        return {
+            "completed": sum(n.get("status") == "completed" for n in result.nodes),
+            "writer_bytes": (result.checkpoint or {}).get("bytes_written"),
+        }
+
+    return run
+
+
 def _trace(executor: Any, graph: Any) -> Any:
     """The run's tracer wired as ``FlowRun`` wires it (``--otel`` rows)."""
     from steerflow.tracing._run import RunTracer
@@ -476,6 +507,8 @@ def child(row: str, count: int) -> None:
                 run = prepare_langgraph(nodes)
             elif row == "langgraph+sqlite":
                 run = prepare_langgraph(nodes, Path(tmp) / "checkpoints.sqlite")
+            elif row == "resume+v4":
+                run = prepare_resume_v4(nodes, Path(tmp))
             elif row.startswith("run_flow"):
                 run = prepare_run_flow(nodes, Path(tmp), version=4 if "+v4" in row else 3)
             else:
@@ -556,7 +589,13 @@ def main() -> int:
     )
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per child")
     parser.add_argument("--child", nargs=2, metavar=("ROW", "NODES"), help=argparse.SUPPRESS)
+    parser.add_argument("--first-run", nargs=2, metavar=("NODES", "DIR"), help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.first_run:  # the batch a ``resume+v4`` child resumes, in a process of its own
+        asyncio.run(
+            prepare_run_flow(dag(int(args.first_run[0])), Path(args.first_run[1]), version=4)()
+        )
+        return 0
     if args.child:
         child(args.child[0], int(args.child[1]))
         return 0
