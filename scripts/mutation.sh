@@ -43,7 +43,7 @@ tests_for() {
       echo tests/checkpoint/test_load_v4.py tests/checkpoint/test_load_v4_coherent.py \
         tests/checkpoint/test_load_dispatch.py \
         tests/checkpoint/test_v4_mutations.py tests/checkpoint/test_golden.py \
-        tests/checkpoint/test_v4_journal_segments.py \
+        tests/checkpoint/test_v4_journal_segments.py tests/checkpoint/test_v4_memory.py \
         "tests/checkpoint/test_v3_writer.py::test_reader_sees_coherent_state_during_compactions" ;;
     checkpoint/_entries.py)
       # the one entry validator for both versions (moved out of _load_v3.py by issue 16)
