@@ -1,8 +1,9 @@
 """The CLI's readers on a version 4 checkpoint (issue 43 item 4, decision 340).
 
 A real ``flow --checkpoint-version 4`` run (echo model, compacting after every record,
-so its manifest names several segments); then ``verify``, ``show --json``, ``db
-rebuild`` (into a new state DB) and ``resume`` read it, each a new process.
+so its manifest names several segments, its journals among them); then ``verify``,
+``show --json``, the Studio's run page, ``db rebuild`` (into a new state DB) and ``resume``
+read it, each a new process but the Studio (served over loopback from this one).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ import json
 from pathlib import Path
 
 from flow_support import run_cli
+from test_studio_e2e import studio
 
 PLAN = {
     "plan": [
@@ -33,11 +35,18 @@ def test_verify_show_rebuild_and_resume_read_a_v4_run(tmp_path: Path) -> None:
     run_id, run_dir = flow.json["run_id"], Path(flow.json["run_dir"])
     manifest = json.loads((run_dir / "checkpoint.json").read_text())
     assert manifest["version"] == 4 and len(manifest["segments"]) >= 2
+    # Its compactions published their journals as segments (decision 395): the readers
+    # below read that form.
+    assert [ref for ref in manifest["segments"] if "journal" in ref]
     verify = run_cli(home, "verify", run_id)
     assert verify.returncode == 0, verify.stderr
     show = run_cli(home, "show", run_id, "--json")
     assert show.returncode == 0, show.stderr
     assert show.json["checkpoint"]["version"] == 4
+    with studio(home) as served, served.client() as client:  # the Studio reads it too
+        page = client.get(f"/runs/{run_id}")
+        assert page.status_code == 200, page.text
+        assert "<dt>checkpoint</dt><dd>v4</dd>" in page.text
     (home / "state.db").rename(tmp_path / "old.db")
     rebuild = run_cli(home, "db", "rebuild")
     assert rebuild.returncode == 0, rebuild.stderr
