@@ -339,10 +339,8 @@ def parse_manifest(data: bytes, report: Report) -> dict[str, Any]:
         return _check_manifest(parse_json(body))
     except ValueError:
         raise report.refuse("malformed-json", file=CHECKPOINT_FILENAME) from None
-    except _InvalidError as bad:
-        raise report.refuse(
-            bad.reason, detail=bad.detail, file=CHECKPOINT_FILENAME, entry=bad.entry
-        ) from None
+    except _InvalidError as bad:  # the manifest's own checks: no entry to name
+        raise report.refuse(bad.reason, detail=bad.detail, file=CHECKPOINT_FILENAME) from None
 
 
 def _still_named(path: str, fd: int) -> bool:
