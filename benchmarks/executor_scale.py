@@ -380,15 +380,19 @@ def prepare_run_flow(
     )
 
     async def run() -> dict[str, Any]:
-        result = await run_flow(options, home=tmp / "home")
-        if result.status != "completed":
-            raise RuntimeError(f"run ended {result.status}: {result.error}")
-        return {
-            "completed": sum(n.get("status") == "completed" for n in result.nodes),
-            "writer_bytes": (result.checkpoint or {}).get("bytes_written"),
-        }
+        return _figures(await run_flow(options, home=tmp / "home"))
 
     return run
+
+
+def _figures(result: Any) -> dict[str, Any]:
+    """A ``FlowResult``'s nodes completed and checkpoint bytes (a run that failed raises)."""
+    if result.status != "completed":
+        raise RuntimeError(f"run ended {result.status}: {result.error}")
+    return {
+        "completed": sum(n.get("status") == "completed" for n in result.nodes),
+        "writer_bytes": (result.checkpoint or {}).get("bytes_written"),
+    }
 
 
 def prepare_resume_v4(nodes: list[tuple[str, str, str | None]], tmp: Path) -> Callable[[], Any]:
@@ -406,13 +410,7 @@ def prepare_resume_v4(nodes: list[tuple[str, str, str | None]], tmp: Path) -> Ca
         options = FlowOptions(
             resume=seed, model="echo", checkpoint_version=4, max_plan_entries=len(nodes)
         )
-        result = await run_flow(options, home=home)
-        if result.status != "completed":
-            raise RuntimeError(f"the resume ended {result.status}: {result.error}")
-        return {
-            "completed": sum(n.get("status") == "completed" for n in result.nodes),
-            "writer_bytes": (result.checkpoint or {}).get("bytes_written"),
-        }
+        return _figures(await run_flow(options, home=home))
 
     return run
 
