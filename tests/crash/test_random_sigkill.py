@@ -39,7 +39,11 @@ TRIALS = 200  # the full campaign: `pytest -m slow`
 SAMPLE = 24  # the default run's: lcm(3, 4, 8) trials cover every combination
 SEED = 20261026
 MAX_DELAY = 0.150
-OPTS = {"count": 100_000, "max_records": 4, "max_bytes": 1_500, "big": 1_600}
+OPTS: dict[str, int] = {"count": 100_000, "max_records": 4, "max_bytes": 1_500, "big": 1_600}
+#: Version 4 (decisions 340, 395): every compaction publishes its journal as a segment,
+#: segments merge two at a time, and a batch's lines are written before a compaction
+#: (``_spill``): a kill lands in links, merges and unlinks as well as in appends.
+OPTS_V4 = {**OPTS, "version": 4, "segment_fanout": 2}
 
 
 def _read_until(fd: int, token: bytes, deadline: float) -> bytes:
@@ -57,7 +61,7 @@ def _read_until(fd: int, token: bytes, deadline: float) -> bytes:
     return data
 
 
-def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
+def trial(root: Path, index: int, opts: dict[str, int]) -> tuple[str | None, dict[str, object]]:
     rng = random.Random(SEED + index)
     callers = 3 if index % 3 else 1
     fault = "short-write:64" if index % 4 == 0 else None
@@ -70,7 +74,7 @@ def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
     run = root / f"t{index:03d}"
     run.mkdir()
     proc = subprocess.Popen(
-        child_command(run, concurrency=callers, **OPTS),
+        child_command(run, concurrency=callers, **opts),
         env=child_env(fault),
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
@@ -93,8 +97,8 @@ def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
         flushed=flushed,
         acks=acks,
         in_flight=callers,
-        count=OPTS["count"],
-        big=OPTS["big"],
+        count=opts["count"],
+        big=opts["big"],
     )
     facts: dict[str, object] = {
         "killed": proc.returncode == -signal.SIGKILL,
@@ -117,21 +121,27 @@ def trial(root: Path, index: int) -> tuple[str | None, dict[str, object]]:
 # 120 s default of pyproject.toml, which would cut a loaded run short. 600 s still ends a hang.
 @pytest.mark.slow
 @pytest.mark.timeout(600)
-def test_random_sigkill_loses_no_acknowledged_transition(tmp_path: Path) -> None:
-    campaign(tmp_path, TRIALS)
+@pytest.mark.parametrize("opts", [OPTS, OPTS_V4], ids=["v3", "v4"])
+def test_random_sigkill_loses_no_acknowledged_transition(
+    tmp_path: Path, opts: dict[str, int]
+) -> None:
+    campaign(tmp_path, TRIALS, opts)
 
 
-def test_random_sigkill_sample_loses_no_acknowledged_transition(tmp_path: Path) -> None:
+@pytest.mark.parametrize("opts", [OPTS, OPTS_V4], ids=["v3", "v4"])
+def test_random_sigkill_sample_loses_no_acknowledged_transition(
+    tmp_path: Path, opts: dict[str, int]
+) -> None:
     """The first SAMPLE trials of the full (``slow``) campaign: every caller count, fault
     mode and kill anchor (trial index mod 3, 4 and 8) appears in them."""
-    campaign(tmp_path, SAMPLE)
+    campaign(tmp_path, SAMPLE, opts)
 
 
-def campaign(tmp_path: Path, trials: int) -> None:
+def campaign(tmp_path: Path, trials: int, opts: dict[str, int]) -> None:
     """Run trials ``0 .. trials - 1`` two at a time; assert none lost an acknowledgement."""
     started = time.monotonic()
     with ThreadPoolExecutor(max_workers=PARALLEL) as pool:
-        results = list(pool.map(lambda i: trial(tmp_path, i), range(trials)))
+        results = list(pool.map(lambda i: trial(tmp_path, i, opts), range(trials)))
     problems = [p for p, _ in results if p]
     facts = [f for _, f in results]
     summary = Counter(f"status={f['status']}" for f in facts)
