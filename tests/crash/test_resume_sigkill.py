@@ -13,7 +13,10 @@ Invariants, from ``<home>/script-invocations.jsonl`` and the checkpoint read at 
 * the final checkpoint's responses equal those of the uninterrupted run (the script
   responses are explicit or echo texts built from dependency results: deterministic).
 
-Trials run with the default version 3 checkpoint, and a few with ``--checkpoint-version 2``.
+Trials run with the default version 3 checkpoint, a few with ``--checkpoint-version 2``, and
+a few with ``--checkpoint-version 4 --compact-records 1``: every record after the first is
+a compaction publishing the journal as a segment (decision 395), and the resume of a
+version 4 run writes version 4 (decision 394).
 """
 
 from __future__ import annotations
@@ -51,12 +54,15 @@ SCRIPT = {
 }
 V3_TRIALS = 20
 V2_TRIALS = 6
+V4_TRIALS = 8
 
 _rng = random.Random(1234)
 #: (trial id, checkpoint version, position of the kill within the run's span in [0, 1))
-TRIALS = [(f"v3-{i:02d}", "3", _rng.random()) for i in range(V3_TRIALS)] + [
-    (f"v2-{i:02d}", "2", _rng.random()) for i in range(V2_TRIALS)
-]
+TRIALS = (
+    [(f"v3-{i:02d}", "3", _rng.random()) for i in range(V3_TRIALS)]
+    + [(f"v2-{i:02d}", "2", _rng.random()) for i in range(V2_TRIALS)]
+    + [(f"v4-{i:02d}", "4", _rng.random()) for i in range(V4_TRIALS)]
+)
 
 
 @dataclass(frozen=True)
@@ -81,9 +87,10 @@ def _write_inputs(folder: Path) -> tuple[Path, Path]:
 
 
 def _flow_args(plan: Path, script: Path, version: str) -> list[object]:
+    compact = ["--compact-records", "1"] if version == "4" else []
     return [
         "flow", "--plan", plan, "--model", f"script:{script}", "--concurrency", "2",
-        "--checkpoint-version", version,
+        "--checkpoint-version", version, *compact,
     ]  # fmt: skip
 
 
@@ -198,6 +205,8 @@ def test_sigkill_then_resume_is_faithful(
             break
         target = final["run_id"]
     assert final is not None and final["status"] == "completed", final
+    if version == "4":  # a resume of version 4 stays version 4 (decision 394)
+        assert final["checkpoint"]["version"] == 4, final["checkpoint"]
 
     calls = read_invocations(home)
     killed_run = killed_dir.name if killed_dir else None
