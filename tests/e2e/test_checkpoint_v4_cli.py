@@ -57,3 +57,23 @@ def test_verify_show_rebuild_and_resume_read_a_v4_run(tmp_path: Path) -> None:
     assert resumed.json["result"] == flow.json["result"]  # all replayed from version 4
     # ...into version 4 again: a batch stays linear across its resumes (decision 394)
     assert resumed.json["checkpoint"]["version"] == 4
+
+
+def test_a_batch_left_on_version_3_is_told_to_use_version_4(tmp_path: Path) -> None:
+    """CONTRACT §8 keeps version 3 the default; a flow that admits a batch says so once."""
+    home = tmp_path / "home"
+    plan = tmp_path / "plan.json"
+    plan.write_text(json.dumps(PLAN))
+    base = ["flow", "--plan", plan, "--model", "echo", "--json"]
+    hint = "give --checkpoint-version 4 (docs/batches.md)"
+    told = run_cli(home, *base, "--max-plan-entries", "5000")
+    assert told.returncode == 0, told.stderr
+    assert told.stderr.count(hint) == 1 and told.json["checkpoint"]["version"] == 3
+    for extra in (
+        ["--max-plan-entries", "5000", "--checkpoint-version", "3"],  # chosen: no hint
+        ["--max-plan-entries", "5000", "--checkpoint-version", "4"],
+        ["--max-plan-entries", "1000"],  # no batch
+    ):
+        quiet = run_cli(home, *base, *extra)
+        assert quiet.returncode == 0, quiet.stderr
+        assert hint not in quiet.stderr, extra

@@ -154,9 +154,33 @@ def run_options(func: F) -> F:
     return func
 
 
+#: A plan allowed past this many entries is a batch (``--max-plan-entries``' default).
+_BATCH_ENTRIES = 1000
+
+
+def _batch_hint(kw: dict[str, Any]) -> None:
+    """A batch left on version 3 writes bytes quadratic in its nodes: say what to use.
+
+    CONTRACT §8 keeps version 3 the default, so this only tells (stderr, one line), when
+    ``--max-plan-entries`` admits a batch and ``--checkpoint-version`` was not given.
+    """
+    ctx = click.get_current_context(silent=True)
+    given = ctx is not None and ctx.get_parameter_source("checkpoint_version") not in (
+        click.core.ParameterSource.DEFAULT,
+        None,
+    )
+    if given or int(kw.get("max_plan_entries") or _BATCH_ENTRIES) <= _BATCH_ENTRIES:
+        return
+    warn(
+        "note: a batch on checkpoint version 3 writes bytes that grow with the square of "
+        "its nodes; give --checkpoint-version 4 (docs/batches.md)"
+    )
+
+
 def _flow_options(**kw: Any) -> FlowOptions:
     from steerflow.orchestrate import FlowOptions
 
+    _batch_hint(kw)
     with flags_named():
         return FlowOptions(
             prompt=kw.get("prompt"),
@@ -173,7 +197,7 @@ def _flow_options(**kw: Any) -> FlowOptions:
             dry_run=bool(kw.get("dry_run")),
             show_graph=bool(kw.get("show_graph")),
             kind=kw.get("kind", "flow"),
-            max_plan_entries=int(kw.get("max_plan_entries") or 1000),
+            max_plan_entries=int(kw.get("max_plan_entries") or _BATCH_ENTRIES),
             compact_records=kw.get("compact_records"),
             compact_bytes=kw.get("compact_bytes"),
             allow_agent_workers=bool(kw.get("allow_agent_workers")),
