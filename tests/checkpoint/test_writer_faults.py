@@ -234,3 +234,25 @@ async def test_v4_two_failures_never_retire_a_named_segment(tmp_path: Path) -> N
     state, report = load_checkpoint(tmp_path)
     assert report["status"] == "clean" and report["checkpoint_version"] == 4
     assert set(acked) <= set(state["ops"]) and len(acked) >= 4
+
+
+async def test_v4_a_failed_reconciliation_can_be_retried(tmp_path: Path) -> None:
+    """A full disk: a record fails, its reconciliation fails too (its new segment cannot
+    be written), then space returns and a second reconciliation folds the same durable
+    prefix. The first one must not have forgotten the segments the manifest still names
+    (found by hand: a 3 MiB tmpfs, every later reconciliation refused ``missing-segment``)."""
+    w = make_writer(tmp_path, version=4, max_records=2)
+    for i in range(7):  # compactions: the manifest names journal segments
+        await w.record(f"op{i}", status="completed", response=f"r{i}")
+    _faults.arm("eio:before:journal-write:1,eio:before:segment-write:1")
+    with pytest.raises(PersistenceError):
+        await w.record("lost", status="completed", response="x")
+    with pytest.raises(PersistenceError):
+        await w.reconcile()  # its segment write fails
+    _faults.disarm()
+    await w.reconcile()
+    await w.record("after", status="completed", response="y")
+    await w.close()
+    state, report = load_checkpoint(tmp_path)
+    assert report["status"] == "clean"
+    assert [k for k in state["ops"] if k != "lost"] == [f"op{i}" for i in range(7)] + ["after"]

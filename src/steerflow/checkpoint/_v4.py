@@ -226,12 +226,16 @@ class V4Backend(V3Backend):
         self._publish_manifest()
         self.seq = self.jbytes = self.outcomes = 0
 
-    def _compact(self) -> None:
-        """Publish the new entries as segments, a new manifest, then an empty journal."""
+    def _compact(self, *, replace: bool = False) -> None:
+        """Publish the new entries as segments, a new manifest, then an empty journal.
+
+        ``replace``: the new segments hold every entry (a reconciliation's), so the new
+        manifest names only them.
+        """
         self._jbuffered = []  # none: ``_spill`` wrote the batch's lines before this
         old_generation, self.generation = self.generation, uuid.uuid4().hex
         old_journal = self._journal
-        self._publish_manifest(old_generation)
+        self._publish_manifest(old_generation, replace=replace)
         self._journal = self._publish(self.jname, b"", "journal", previous=old_journal)
         self._new_journal()
         self.seq = self.jbytes = self.outcomes = 0
@@ -240,11 +244,15 @@ class V4Backend(V3Backend):
             _io.close(old_journal[0], "pin")
         self._unlink_retired()
 
-    def _publish_manifest(self, journal_generation: str = "") -> None:
+    def _publish_manifest(self, journal_generation: str = "", *, replace: bool = False) -> None:
         """Write the new segments, sync the directory, then swap the manifest in.
 
         ``journal_generation``: the generation of the journal being replaced (a
         compaction's), whose entry lines become the first new segment (decision 395).
+        ``replace``: name only the new segments; the current ones are retired once the
+        manifest is out. Nothing changes before that: a failed attempt leaves
+        ``_segments`` naming what the published manifest names (a reconciliation retried
+        after a failed one folds them again).
         """
         old = self._base
         new: list[_Segment] = []
@@ -252,8 +260,8 @@ class V4Backend(V3Backend):
             self._meta = self._write_segment(self._meta_pieces(), -1)
             new.append(self._meta)
             self._orphans.append(self._meta)  # until the manifest naming it is published
-        segments = list(self._segments)
-        retired: list[_Segment] = []
+        segments = [] if replace else list(self._segments)
+        retired: list[_Segment] = list(self._segments) if replace else []
 
         def add(seg: _Segment) -> None:
             nonlocal retired
@@ -298,11 +306,14 @@ class V4Backend(V3Backend):
         # Nor is a cascade's intermediate merge, retired below: every segment is in at
         # most one list, so its pin is closed exactly once (a descriptor number closed
         # twice could be another file's by then).
-        self._orphans = [
+        leftover = [
             s
             for s in self._orphans
             if s is not self._meta and s not in segments and s not in retired
         ]
+        if replace:  # what a failed compaction left: no manifest names it now either
+            retired, leftover = retired + leftover, []
+        self._orphans = leftover
         self._segments = segments
         self._retired += retired
         self.state.dirty = {}
@@ -580,9 +591,7 @@ class V4Backend(V3Backend):
             self._new_journal()  # its lines may be torn: the new segment holds everything
             # Everything is in the new segment: the old ones (and any orphan of the
             # failed compaction) go once the manifest that no longer names them is out.
-            self._retired += self._segments + self._orphans
-            self._segments, self._orphans = [], []
-            self._compact()
+            self._compact(replace=True)
         except (OSError, ValueError) as exc:
             raise PersistenceError(f"reconciliation failed: {exc}") from exc
         self.resync = True
