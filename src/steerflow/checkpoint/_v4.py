@@ -157,10 +157,10 @@ class V4Backend(V3Backend):
         # another file's by the time it reads (decision 393).
         self._pins_lock = threading.Lock()
         self._closed: ClosedEntries | None = None
-        # The current journal as a segment-to-be (decision 395): its committed size and
-        # SHA-256, each entry's range in it with the encoding written there, and the
-        # ranges of lines buffered but not yet written.
-        self._jsize = 0
+        # The current journal as a segment-to-be (decision 395): the SHA-256 of what is
+        # written (its size is ``jbytes`` once ``_spill`` wrote the batch's lines), each
+        # entry's range in it with the encoding written there, and the ranges of lines
+        # buffered but not yet written.
         self._jdigest = hashlib.sha256()
         self._jentries: dict[_Id, tuple[int, int, bytes]] = {}
         self._jbuffered: list[tuple[_Id, int, int, bytes]] = []
@@ -186,13 +186,11 @@ class V4Backend(V3Backend):
 
     def _write_lines(self, buf: list[bytes], pending: list[Ticket]) -> None:
         digest = self._jdigest.copy()
-        size = self._jsize
         for line in buf:
             digest.update(line)
-            size += len(line)
         buffered, self._jbuffered = self._jbuffered, []
         super()._write_lines(buf, pending)  # raises, and the writer stops, unless durable
-        self._jdigest, self._jsize = digest, size
+        self._jdigest = digest
         for ident, offset, length, entry in buffered:
             self._jentries[ident] = (offset, length, entry)
 
@@ -207,7 +205,6 @@ class V4Backend(V3Backend):
 
     def _new_journal(self) -> None:
         """Forget the journal just replaced: its lines are a segment now, or folded."""
-        self._jsize = 0
         self._jdigest = hashlib.sha256()
         self._jentries = {}
         self._jbuffered = []
@@ -446,7 +443,8 @@ class V4Backend(V3Backend):
             raise PersistenceError(f"{name!r} does not hold the journal this writer wrote")
         members = {ident: (at, length) for ident, (at, length, _) in self._jentries.items()}
         digest = self._jdigest.hexdigest()
-        return _Segment(name, 0, self._jsize, digest, pin, jid, members, generation)
+        # Every line counted in ``jbytes`` is written: ``_spill`` wrote the batch's.
+        return _Segment(name, 0, self.jbytes, digest, pin, jid, members, generation)
 
     def _write_segment(self, pieces: Iterable[bytes | _Id], level: int) -> _Segment:
         """Create, write, fsync and name one segment; return it pinned (read-only fd)."""
