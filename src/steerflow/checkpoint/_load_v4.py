@@ -250,6 +250,16 @@ def _fold_segments(manifest: dict[str, Any], read: _Read) -> dict[str, Any]:
     ops: dict[str, Any] = {}
     spawned: list[Any] = []
     index: dict[str, int] = {}
+
+    def upsert_spawned(node_id: str, entry: Any) -> None:
+        # In place: a spawned entry keeps the position of its first record.
+        at = index.get(node_id)
+        if at is None:
+            index[node_id] = len(spawned)
+            spawned.append(entry)
+        else:
+            spawned[at] = entry
+
     for ref in manifest["segments"]:
         if "journal" in ref:
             # Records upsert in order, as the journal they were (an entry may repeat).
@@ -257,11 +267,8 @@ def _fold_segments(manifest: dict[str, Any], read: _Read) -> dict[str, Any]:
                 entry = rec["entry"]
                 if rec["kind"] == "op":
                     ops[entry["agent_id"]] = entry
-                elif entry["node_id"] in index:
-                    spawned[index[entry["node_id"]]] = entry
                 else:
-                    index[entry["node_id"]] = len(spawned)
-                    spawned.append(entry)
+                    upsert_spawned(entry["node_id"], entry)
             continue
         doc = _segment(ref, read(ref["name"]))
         if set(doc) != _ENTRIES_MEMBERS:
@@ -283,12 +290,7 @@ def _fold_segments(manifest: dict[str, Any], read: _Read) -> dict[str, Any]:
             if node_id in seen:
                 raise _InvalidError("invalid-segment", f"{ref['name']!r}: a node_id repeats")
             seen.add(node_id)
-            at = index.get(node_id)
-            if at is None:
-                index[node_id] = len(spawned)
-                spawned.append(entry)
-            else:
-                spawned[at] = entry
+            upsert_spawned(node_id, entry)
     base["ops"] = ops
     base["spawned"] = spawned
     for name in ("in_flight", "steps"):
